@@ -1,0 +1,1 @@
+"""Pure search-domain logic: no Dagster import and no file or network I/O in this package."""

@@ -1,0 +1,94 @@
+"""The contract between the study loop and an evaluator (the real replay or a test fake).
+
+An `EvalRequest` is the full evaluation spec: everything that can change a replay's result. Its
+canonical JSON hash is the dedup/cache key, so an identical spec is never replayed twice.
+"""
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+Status = Literal["feasible", "infeasible", "failed", "timed_out"]
+
+
+def canonical_json(obj: Any) -> str:
+    """Sorted keys, compact separators, strict (NaN/inf rejected): stable across processes."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False, default=_default)
+
+
+def _default(obj: Any) -> Any:
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump(mode="json")
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
+
+
+def spec_hash(obj: Any) -> str:
+    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    """One candidate to evaluate.
+
+    sample: the flat unrolled sample (spec §5) plus `backend_version`; JSON-able.
+    workload / goal: `model_dump(mode="json")` of the validated config sections.
+    context: anything else that changes the result (load-predictor result, evaluator fidelity
+        version, router repeats); part of the hash.
+    """
+
+    sample: dict[str, Any]
+    workload: dict[str, Any]
+    goal: dict[str, Any]
+    context: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sample": self.sample, "workload": self.workload, "goal": self.goal, "context": self.context}
+
+    @property
+    def spec_hash(self) -> str:
+        return spec_hash(self.to_dict())
+
+
+@dataclass
+class EvalOutcome:
+    """What evaluating one request produced.
+
+    report: the flat replay summary (mean over repeats for a stochastic router), or None.
+    spread: per-metric {"std": ..., "min": ..., "max": ...} across repeats (kv_router), else {}.
+    derived: fields computed while building the candidate (concurrency, KV capacities,
+        num_gpu_blocks per role) to record on the candidate config.
+    """
+
+    status: Status
+    reason: str | None = None
+    report: dict[str, float] | None = None
+    spread: dict[str, dict[str, float]] = field(default_factory=dict)
+    derived: dict[str, Any] = field(default_factory=dict)
+    replay_seconds: float = 0.0
+    repeats: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status, "reason": self.reason, "report": self.report, "spread": self.spread,
+            "derived": self.derived, "replay_seconds": self.replay_seconds, "repeats": self.repeats,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EvalOutcome":
+        return cls(**d)
+
+
+class Evaluator(Protocol):
+    """Anything that turns a request into an outcome; must never raise for a bad candidate."""
+
+    def evaluate(self, request: EvalRequest) -> EvalOutcome: ...
+
+
+def finite_or_none(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
