@@ -1,0 +1,68 @@
+"""Per-rank KV-cache capacity from AI Configurator's memory estimator, memoised in-process.
+
+`total_kv_size_tokens` is the capacity of one attention-DP rank (each GPU of a TP group holds 1/TP
+of every token), so a role's capacity is per-rank tokens x attention_dp x replicas.
+"""
+
+import logging
+from functools import lru_cache
+
+from spica_pipeline.errors import InfeasibleKVCapacity
+
+# Messages from estimate_kv_cache that mean "this shape cannot hold any KV", not "bad input".
+_INFEASIBLE_MARKERS = ("no KV budget", "Invalid quantized MoE configuration")
+
+
+def memory_fraction_kind(backend: str) -> str:
+    """TRT-LLM reserves a fraction of free memory; vLLM and SGLang a fraction of total memory."""
+    return "of_free" if backend == "trtllm" else "of_total"
+
+
+def estimate_kv_tokens(
+    model_name: str,
+    hardware_sku: str,
+    backend: str,
+    backend_version: str,
+    shape: tuple[int, int, int, int, int],
+    *,
+    max_num_tokens: int = 8192,
+    max_batch_size: int = 256,
+    memory_fraction: float = 0.9,
+    nextn: int = 0,
+) -> int:
+    """Per-rank KV tokens for one engine shape (tp, pp, attention_dp, moe_tp, moe_ep).
+
+    Raises InfeasibleKVCapacity when the weights leave no KV budget; other estimator errors
+    (unknown model, bad parallel width) propagate as ValueError.
+    """
+    return _estimate(model_name, hardware_sku, backend, backend_version, tuple(int(x) for x in shape),
+                     int(max_num_tokens), int(max_batch_size), float(memory_fraction), int(nextn or 0))
+
+
+@lru_cache(maxsize=4096)
+def _estimate(model_name, hardware_sku, backend, backend_version, shape, max_num_tokens, max_batch_size,
+              memory_fraction, nextn) -> int:
+    from aiconfigurator_core.sdk.memory import estimate_kv_cache
+
+    tp, pp, dp, moe_tp, moe_ep = shape
+    is_moe = moe_tp * moe_ep > 1
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        result = estimate_kv_cache(
+            model_name, hardware_sku, backend, backend_version,
+            max_num_tokens=max_num_tokens, max_batch_size=max_batch_size,
+            memory_fraction_kind=memory_fraction_kind(backend), memory_fraction_value=memory_fraction,
+            tp_size=tp, pp_size=pp, attention_dp_size=dp,
+            moe_tp_size=moe_tp if is_moe else None, moe_ep_size=moe_ep if is_moe else None,
+            nextn=nextn, allow_naive_fallback=False, allow_hf_config_download=False,
+        )
+    except ValueError as exc:
+        if any(marker in str(exc) for marker in _INFEASIBLE_MARKERS):
+            raise InfeasibleKVCapacity(
+                f"no KV budget for backend={backend}, shape=tp{tp}/pp{pp}/dp{dp}/moe_tp{moe_tp}/moe_ep{moe_ep}"
+            ) from None
+        raise
+    finally:
+        logging.disable(previous)
+    return int(result["total_kv_size_tokens"])
