@@ -1,0 +1,36 @@
+"""The sweep config: pydantic schema, choice tables and composite presets, and the file loader."""
+
+from spica_pipeline.config import presets
+from spica_pipeline.config.goal import (
+    DEFAULT_PARETO_OBJECTIVES,
+    GOODPUT_TARGETS,
+    OptimizationGoal,
+    SLATarget,
+    Target,
+    planner_target,
+    target_direction,
+)
+from spica_pipeline.config.loader import load_config, parse_yaml_text, render_validation_error
+from spica_pipeline.config.model import SmartSearchConfig
+from spica_pipeline.config.search_space import SearchSpace
+from spica_pipeline.config.sweep import ALGORITHMS, SweepConfig
+from spica_pipeline.config.workload import Workload
+
+__all__ = [
+    "ALGORITHMS",
+    "DEFAULT_PARETO_OBJECTIVES",
+    "GOODPUT_TARGETS",
+    "OptimizationGoal",
+    "SLATarget",
+    "SearchSpace",
+    "SmartSearchConfig",
+    "SweepConfig",
+    "Target",
+    "Workload",
+    "load_config",
+    "parse_yaml_text",
+    "planner_target",
+    "presets",
+    "render_validation_error",
+    "target_direction",
+]

@@ -1,0 +1,195 @@
+"""Reading a config file: bounded, safe YAML and one-line `ConfigError`s (spec §1 stage 1, §8.3)."""
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from spica_pipeline.errors import ConfigError
+
+MAX_CONFIG_BYTES = 1 << 20  # a sweep config is a page of YAML; refuse anything near a megabyte
+MAX_ALIASES = 64  # anchors are fine for sharing a list or two, not for building bombs
+MAX_EXPANDED_NODES = 100_000  # the node count after expanding every alias
+MAX_DEPTH = 64
+
+
+class BoundedSafeLoader(yaml.SafeLoader):
+    """A SafeLoader that bounds alias use, expanded size and nesting, and rejects duplicate keys.
+
+    PyYAML shares aliased nodes, so parsing a "billion laughs" is cheap; the blow-up comes when
+    anything walks the result. We measure the expanded size on the node graph (memoised) and
+    refuse before constructing Python objects.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._aliases = 0
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                event = self.peek_event()
+                raise yaml.composer.ComposerError(
+                    None, None, f"more than {MAX_ALIASES} aliases; refusing a possible alias bomb",
+                    event.start_mark,
+                )
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                event = self.peek_event()
+                raise yaml.composer.ComposerError(
+                    None, None, f"nesting deeper than {MAX_DEPTH} levels", event.start_mark
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def get_single_node(self) -> Any:
+        node = super().get_single_node()
+        if node is not None:
+            _check_expanded_size(node)
+        return node
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if isinstance(key_node, yaml.ScalarNode):
+                    key = (key_node.tag, key_node.value)
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"duplicate key {key_node.value!r}", key_node.start_mark
+                        )
+                    seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _check_expanded_size(root: Any) -> None:
+    """Count nodes as if every alias were expanded; refuse cycles and oversize graphs."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: Any) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise yaml.composer.ComposerError(None, None, "recursive alias", node.start_mark)
+        active.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        else:
+            children = []
+        for child in children:
+            total += size(child)
+            if total > MAX_EXPANDED_NODES:
+                raise yaml.composer.ComposerError(
+                    None, None,
+                    f"the document expands to more than {MAX_EXPANDED_NODES} nodes; refusing a possible "
+                    "alias bomb", node.start_mark,
+                )
+        active.discard(key)
+        sizes[key] = total
+        return total
+
+    size(root)
+
+
+def _one_line(text: str) -> str:
+    return re.sub(r"\s+", " ", str(text)).strip()
+
+
+def _yaml_reason(err: yaml.YAMLError) -> str:
+    if isinstance(err, yaml.MarkedYAMLError):
+        mark = err.problem_mark or err.context_mark
+        parts = [p for p in (err.context, err.problem) if p]
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        return _one_line(where + "; ".join(parts))
+    return _one_line(str(err))
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def render_validation_error(err: ValidationError) -> str:
+    """`<dotted field path>: <reason>` for the first error, plus `(+N more)`."""
+    errors = err.errors(include_url=False)
+    first = errors[0]
+    msg = str(first.get("msg", "invalid value"))
+    kind = first.get("type", "")
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    elif kind == "extra_forbidden":
+        msg = "unknown key (not allowed here)"
+    elif kind == "missing":
+        msg = "field required"
+    else:
+        msg = msg[:1].lower() + msg[1:]
+        if kind not in ("missing",) and "input" in first:
+            msg += f" (got {first['input']!r})" if len(repr(first["input"])) <= 80 else ""
+    path = _loc(tuple(first.get("loc", ())))
+    text = f"{path}: {msg}" if path else msg
+    if len(errors) > 1:
+        text += f" (+{len(errors) - 1} more)"
+    return _one_line(text)
+
+
+def parse_yaml_text(text: str, path: str | Path = "<string>") -> Any:
+    """Parse YAML with the bounded loader; raises ConfigError("malformed YAML in ...")."""
+    loader = BoundedSafeLoader(text)
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as err:
+        raise ConfigError(f"malformed YAML in {path}: {_yaml_reason(err)}") from None
+    except RecursionError:
+        raise ConfigError(f"malformed YAML in {path}: nesting too deep") from None
+    finally:
+        loader.dispose()
+
+
+def load_config(path: str | Path) -> "SmartSearchConfig":  # noqa: F821
+    """Read, parse and validate a config file; every failure is one `ConfigError` line."""
+    from spica_pipeline.config.model import SmartSearchConfig
+
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+    except IsADirectoryError:
+        raise ConfigError(f"could not read config {path}: is a directory") from None
+    except OSError as err:
+        reason = err.strerror or str(err)
+        raise ConfigError(f"could not read config {path}: {_one_line(reason)}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"could not read config {path}: larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"could not read config {path}: invalid UTF-8 at byte {err.start}") from None
+
+    data = parse_yaml_text(text, path)
+    if data is None:
+        raise ConfigError(f"invalid config {path}: the file is empty (expected a mapping with "
+                          "search_space and workload)")
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid config {path}: the top level must be a mapping, got {type(data).__name__}")
+    try:
+        return SmartSearchConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"invalid config {path}: {render_validation_error(err)}") from None
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"invalid config {path}: {_one_line(str(err))}") from None

@@ -1,0 +1,71 @@
+"""`SmartSearchConfig`: the validated sweep input and its cross-section rules (spec §2, §3.2, §4)."""
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from spica_pipeline.config.goal import OptimizationGoal, Target
+from spica_pipeline.config.search_space import SearchSpace
+from spica_pipeline.config.sweep import SweepConfig
+from spica_pipeline.config.types import StrictModel
+from spica_pipeline.config.workload import LOAD_FIELDS, Workload
+
+DEFAULT_PARETO_LOAD = [0.0, 1.0]
+
+
+def _goal_is_pareto(goal: Any) -> bool:
+    target = goal.target if isinstance(goal, OptimizationGoal) else (
+        goal.get("target") if isinstance(goal, dict) else None
+    )
+    return target is Target.PARETO or target == "pareto"
+
+
+class SmartSearchConfig(StrictModel):
+    search_space: SearchSpace
+    workload: Workload
+    goal: OptimizationGoal = Field(default_factory=OptimizationGoal)
+    sweep: SweepConfig = Field(default_factory=SweepConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_pareto_load(cls, data: Any) -> Any:
+        """A synthetic Pareto sweep with no load field sweeps kv_load_ratio over [0, 1]."""
+        if not isinstance(data, dict):
+            return data
+        workload = data.get("workload")
+        if (
+            _goal_is_pareto(data.get("goal"))
+            and isinstance(workload, dict)
+            and workload.get("trace_path") is None
+            and all(workload.get(f) is None for f in LOAD_FIELDS)
+        ):
+            data = {**data, "workload": {**workload, "kv_load_ratio": list(DEFAULT_PARETO_LOAD)}}
+        return data
+
+    @model_validator(mode="after")
+    def _cross_section(self) -> "SmartSearchConfig":
+        ranged = self.workload.kv_load_range() is not None
+        if ranged and not self.goal.is_pareto:
+            raise ValueError(
+                f"a ranged workload.kv_load_ratio is only allowed when goal.target is 'pareto' "
+                f"(got {self.goal.target.value!r}); use one scalar kv_load_ratio"
+            )
+        if ranged and self.sweep.policy == "thorough":
+            raise ValueError(
+                "sweep.policy 'thorough' enumerates a finite space, but workload.kv_load_ratio is a "
+                "continuous range; use one scalar kv_load_ratio or policy 'rapid'"
+            )
+        return self
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "SmartSearchConfig":
+        """Validate a plain dict (raises pydantic.ValidationError; load_config renders it)."""
+        return cls.model_validate(data)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "SmartSearchConfig":
+        """Read, safely parse and validate a YAML file; every failure is a one-line ConfigError."""
+        from spica_pipeline.config.loader import load_config
+
+        return load_config(path)

@@ -1,0 +1,215 @@
+"""`search_space:`: the knobs Spica searches and the context it pins (spec §2.1-§2.7)."""
+
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from spica_pipeline.config import presets
+from spica_pipeline.config.types import (
+    Bool,
+    Float,
+    Fraction,
+    Int,
+    NonNegFloat,
+    NonNegInt,
+    PosFloat,
+    PosInt,
+    StrictModel,
+)
+
+SHAPE_FIELDS = ("tp", "pp", "attention_dp", "moe_tp", "moe_ep", "replicas")
+
+
+def _check_choices(field: str, value: list[Any], allowed: tuple[Any, ...]) -> list[Any]:
+    """An atomic list knob: a non-empty, duplicate-free subset of its choice table."""
+    shown = list(allowed)
+    if not value:
+        raise ValueError(f"{field} must list at least one choice; allowed: {shown}")
+    for i, item in enumerate(value):
+        if item not in allowed:
+            raise ValueError(f"{field} has invalid choice {item!r}; allowed: {shown}")
+        if item in value[:i]:
+            raise ValueError(f"{field} lists {item!r} more than once")
+    return value
+
+
+def _check_shape(where: str, shape: Any) -> None:
+    if not isinstance(shape, dict):
+        raise ValueError(f"{where} must be a dict with a 'tp' field, got {shape!r}")
+    if "tp" not in shape:
+        raise ValueError(f"{where} needs a 'tp' field")
+    unknown = sorted(str(k) for k in shape if k not in SHAPE_FIELDS)
+    if unknown:
+        raise ValueError(f"{where} has unknown keys {unknown}; allowed: {list(SHAPE_FIELDS)}")
+    for key, value in shape.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{where}.{key} must be a positive integer, got {value!r}")
+
+
+class SearchSpace(StrictModel):
+    """Searched knobs are lists (one element pins); context fields are pinned scalars."""
+
+    # deployment (§2.2)
+    deployment_mode: list[str] = Field(default_factory=lambda: ["disagg", "agg"])
+    backend: list[str] = Field(default_factory=lambda: ["vllm"])
+    parallel_configs: list[dict[str, Any]] = Field(default_factory=list)
+    model_name: str = Field(min_length=1)
+    hardware_sku: str = Field(min_length=1)
+    gpu_budget: PosInt = 32
+    min_gpu_budget: PosInt | None = None
+    min_endpoint: PosInt | None = None
+    context_length: PosInt | None = None
+    startup_time: NonNegFloat | None = None
+    aic_nextn: NonNegInt | None = None
+
+    # engine, per role (§2.3)
+    prefill_max_num_batched_tokens: list[Int] = Field(default_factory=lambda: [8192, 16384, 32768])
+    prefill_max_num_seqs: list[Int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256])
+    decode_max_num_batched_tokens: list[Int] = Field(default_factory=lambda: [8192])
+    decode_max_num_seqs: list[Int] = Field(default_factory=lambda: [256, 512, 1024])
+    agg_max_num_batched_tokens: list[Int] = Field(default_factory=lambda: [8192, 16384, 32768])
+    agg_max_num_seqs: list[Int] = Field(default_factory=lambda: [256, 512, 1024])
+    prefill_block_size: PosInt = 64
+    decode_block_size: PosInt = 64
+    agg_block_size: PosInt = 64
+    prefill_gpu_memory_utilization: Fraction = 0.9
+    decode_gpu_memory_utilization: Fraction = 0.9
+    agg_gpu_memory_utilization: Fraction = 0.9
+    prefill_enable_prefix_caching: Bool = True
+    decode_enable_prefix_caching: Bool = False
+    agg_enable_prefix_caching: Bool = True
+
+    # KV manager, G2 host offload (§2.4)
+    num_g2_blocks: NonNegInt = 0
+    kv_bytes_per_token: PosInt | None = None
+    bandwidth_g1_to_g2_gbps: PosFloat | None = None
+    bandwidth_g2_to_g1_gbps: PosFloat | None = None
+    offload_batch_size: PosInt | None = None
+
+    # router (§2.5)
+    router_mode: list[str] = Field(default_factory=lambda: ["kv_router", "round_robin"])
+    overlap_score_credit: list[Float] = Field(default_factory=lambda: [0.0, 0.5, 1.0])
+    prefill_load_scale: list[Float] = Field(
+        default_factory=lambda: [0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
+    )
+    router_temperature: list[Float] = Field(default_factory=lambda: [0.0, 0.2, 0.5, 1.0])
+    host_cache_hit_weight: list[Float] = Field(default_factory=lambda: [0.5, 0.75, 1.0])
+    disk_cache_hit_weight: list[Float] = Field(default_factory=lambda: [0.0, 0.25, 0.5])
+    active_decode_blocks_threshold: NonNegInt | None = None
+    active_prefill_tokens_threshold: NonNegInt | None = None
+    active_prefill_tokens_threshold_frac: NonNegFloat | None = None
+    no_admission_control: Bool = False
+
+    # planner composites (§2.7)
+    planner_scaling_policy: list[str | dict[str, Any]] = Field(
+        default_factory=lambda: list(presets.SCALING_POLICY_PRESETS)
+    )
+    planner_fpm_sampling: list[str | dict[str, Any]] = Field(
+        default_factory=lambda: list(presets.FPM_SAMPLING_PRESETS)
+    )
+    planner_load_sensitivity: list[str | dict[str, Any]] = Field(
+        default_factory=lambda: list(presets.LOAD_SENSITIVITY_PRESETS)
+    )
+    load_predictor_candidates: list[str | dict[str, Any]] = Field(
+        default_factory=lambda: list(presets.LOAD_PREDICTOR_PRESETS)
+    )
+
+    @field_validator("deployment_mode")
+    @classmethod
+    def _modes(cls, v: list[str]) -> list[str]:
+        return _check_choices("deployment_mode", v, presets.DEPLOYMENT_MODES)
+
+    @field_validator("backend")
+    @classmethod
+    def _backends(cls, v: list[str]) -> list[str]:
+        return _check_choices("backend", v, presets.BACKENDS)
+
+    @field_validator("router_mode")
+    @classmethod
+    def _router_modes(cls, v: list[str]) -> list[str]:
+        return _check_choices("router_mode", v, presets.ROUTER_MODES)
+
+    @field_validator(*presets.ENGINE_CHOICES)
+    @classmethod
+    def _engine(cls, v: list[int], info: Any) -> list[int]:
+        return _check_choices(info.field_name, v, presets.ENGINE_CHOICES[info.field_name])
+
+    @field_validator(*presets.ROUTER_CHOICES)
+    @classmethod
+    def _router(cls, v: list[float], info: Any) -> list[float]:
+        return _check_choices(info.field_name, [float(x) for x in v], presets.ROUTER_CHOICES[info.field_name])
+
+    @field_validator(*presets.COMPOSITES, mode="before")
+    @classmethod
+    def _composites(cls, v: Any, info: Any) -> list[Any]:
+        return presets.validate_composite_list(info.field_name, v)
+
+    @field_validator("parallel_configs", mode="before")
+    @classmethod
+    def _parallel_type(cls, v: Any) -> Any:
+        if not isinstance(v, list):
+            raise ValueError("parallel_configs must be a list of shape dicts")
+        for i, entry in enumerate(v):
+            if not isinstance(entry, dict):
+                raise ValueError(f"parallel_configs[{i}] must be a dict, got {entry!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "SearchSpace":
+        self._check_parallel_configs()
+        if self.min_gpu_budget is not None and self.min_gpu_budget > self.gpu_budget:
+            raise ValueError(
+                f"min_gpu_budget ({self.min_gpu_budget}) must be <= gpu_budget ({self.gpu_budget})"
+            )
+        if self.num_g2_blocks > 0 and self.kv_bytes_per_token is None:
+            raise ValueError(
+                "kv_bytes_per_token is required when num_g2_blocks > 0 so replay can model KVBM offload"
+            )
+        if "kv_router" in self.router_mode:
+            set_fields = [f for f in presets.ADMISSION_FIELDS[:3] if getattr(self, f) is not None]
+            if self.no_admission_control:
+                set_fields.append("no_admission_control")
+            if set_fields:
+                raise ValueError(
+                    f"admission-control fields {set_fields} are not supported by the Dynamo replay API "
+                    "with kv_router; remove them or use router_mode: [round_robin]"
+                )
+        return self
+
+    def _check_parallel_configs(self) -> None:
+        if not self.parallel_configs:
+            return
+        if len(self.deployment_mode) != 1:
+            raise ValueError(
+                "pinning parallel_configs requires deployment_mode to list exactly one mode "
+                f"(got {self.deployment_mode}); pin the mode too"
+            )
+        mode = self.deployment_mode[0]
+        for i, entry in enumerate(self.parallel_configs):
+            where = f"parallel_configs[{i}]"
+            if mode == "agg":
+                _check_shape(where, entry)
+                continue
+            for role in ("prefill", "decode"):
+                if role not in entry:
+                    raise ValueError(f"{where}: a disagg entry needs 'prefill' and 'decode' shape dicts")
+                _check_shape(f"{where}.{role}", entry[role])
+            extra = sorted(str(k) for k in entry if k not in ("prefill", "decode"))
+            if extra:
+                raise ValueError(f"{where}: a disagg entry allows only 'prefill' and 'decode', got {extra}")
+
+    # ---- helpers used by the search ----------------------------------------------------------
+
+    @property
+    def round_robin_only(self) -> bool:
+        return self.router_mode == ["round_robin"]
+
+    @property
+    def offload_enabled(self) -> bool:
+        return self.num_g2_blocks > 0
+
+    def choice_lists(self) -> dict[str, list[Any]]:
+        """Every list knob (atomic and composite) by name, in schema order."""
+        names = ("deployment_mode", "backend", *presets.ENGINE_CHOICES, "router_mode",
+                 *presets.ROUTER_CHOICES, *presets.COMPOSITES)
+        return {name: list(getattr(self, name)) for name in names}
