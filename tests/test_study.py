@@ -1,0 +1,183 @@
+"""The branch study loop with fakes: spec §11 items 21-23, exhaustive mode, dedup and resume."""
+
+import random
+
+import pytest
+
+from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest
+from spica_pipeline.search.ledger import TrialRecord, content_view
+from spica_pipeline.search.shapes import RoleShape
+from spica_pipeline.search.study import (
+    MemoryJournal,
+    Proposal,
+    Scored,
+    StudySettings,
+    TrialCounter,
+    run_branch_study,
+)
+
+SHAPE = RoleShape(tp=4, replicas=2)
+
+
+class ScriptedSampler:
+    """Returns scripted batches, then random picks seeded by (seed, history length).
+
+    Like a Vizier designer rebuilt from the ledger, it is stateless between calls: the same
+    history gives the same suggestions, which is what makes resume exact.
+    """
+
+    def __init__(self, batches=(), menu=(256, 512, 768), seed=0, shape=SHAPE, supported=True):
+        self.batches = [list(b) for b in batches]
+        self.menu = list(menu)
+        self.seed = seed
+        self.shape = shape
+        self.supported = supported
+        self.calls = []
+
+    def suggest(self, count, history):
+        self.calls.append((count, len(history)))
+        if self.batches:
+            return [{"seqs": s} for s in self.batches.pop(0)][:count]
+        rng = random.Random(self.seed * 100_003 + len(history))
+        return [{"seqs": rng.choice(self.menu)} for _ in range(count)]
+
+    def propose(self, parameters):
+        selection = {"deployment_mode": "agg", "backend": "vllm", "agg_max_num_seqs": parameters["seqs"]}
+        return Proposal(parameters, selection, self.shape, supported=self.supported)
+
+
+class CountingEvaluator:
+    def __init__(self, fn=None, fail_after=None):
+        self.fn = fn or (lambda sample: EvalOutcome("feasible", report={"throughput": sample["agg_max_num_seqs"]},
+                                                    replay_seconds=0.01))
+        self.calls = []
+        self.fail_after = fail_after
+
+    def __call__(self, requests):
+        out = []
+        for request in requests:
+            if self.fail_after is not None and len(self.calls) >= self.fail_after:
+                raise KeyboardInterrupt("simulated kill")
+            self.calls.append(request.sample["agg_max_num_seqs"])
+            out.append(self.fn(request.sample))
+        return out
+
+
+def build(selection, shape):
+    sample = {**selection, **shape.to_dict(), "used_gpus": shape.used_gpus, "backend_version": "0.24.0"}
+    return EvalRequest(sample=sample, workload={"isl": 100}, goal={"target": "throughput"})
+
+
+def score(outcome):
+    value = float(outcome.report["throughput"])
+    return Scored(score=value, objectives=None, told_metrics={"objective": value})
+
+
+def run(sampler, evaluator, per_round=3, max_rounds=1, workers=1, journal=None, **kw):
+    return run_branch_study("agg", sampler, build, evaluator, score,
+                            StudySettings(per_round=per_round, max_rounds=max_rounds, workers=workers),
+                            journal=journal, **kw)
+
+
+def test_scores_follow_the_evaluator_and_configs_carry_backend_version():
+    result = run(ScriptedSampler(batches=[[256, 512, 768]]), CountingEvaluator())
+    feasible = sorted((r for r in result.records if r.status == "feasible"), key=lambda r: -r.score)
+    assert [r.score for r in feasible] == [768, 512, 256]
+    assert all(r.used_gpus == 8 and r.config["backend_version"] == "0.24.0" for r in feasible)
+
+
+def test_every_trial_infeasible_gives_exactly_33_tells_at_per_round_3():
+    over = CountingEvaluator(lambda s: EvalOutcome("infeasible", reason="over gpu_budget: used_gpus=64 > gpu_budget=32"))
+    result = run(ScriptedSampler(menu=range(1000)), over)
+    assert len(result.records) == 33
+    assert all("over gpu_budget" in r.reason for r in result.records)
+    assert result.stalled
+
+
+def test_unsupported_backend_never_reaches_the_evaluator():
+    evaluator = CountingEvaluator()
+    result = run(ScriptedSampler(menu=range(1000), supported=False), evaluator)
+    assert len(result.records) == 33 and evaluator.calls == []
+    assert all("does not support" in r.reason for r in result.records)
+
+
+def test_build_failure_is_recorded_not_raised():
+    def bad_build(selection, shape):
+        raise KeyError("agg_max_num_seqs")
+    result = run_branch_study("agg", ScriptedSampler(menu=range(1000)), bad_build, CountingEvaluator(), score,
+                              StudySettings(per_round=3, max_rounds=1))
+    assert len(result.records) == 33
+    assert all(r.reason.startswith("candidate build failed: KeyError") for r in result.records)
+
+
+def test_duplicates_in_a_batch_replay_once_and_replacements_fill_the_round():
+    evaluator = CountingEvaluator()
+    sampler = ScriptedSampler(batches=[[256, 256, 256], [512, 768]])
+    result = run(sampler, evaluator)
+    assert sorted(evaluator.calls) == [256, 512, 768]
+    assert len(result.records) == 5
+    assert [r.status for r in result.records].count("cached") == 2
+    assert {r.score for r in result.records} == {256, 512, 768}
+    # the duplicates are told with the same metrics as their primary
+    assert all(r.told_metrics == {"objective": 256.0} for r in result.records[:3])
+
+
+def test_identical_spec_across_rounds_is_never_replayed_twice():
+    evaluator = CountingEvaluator()
+    result = run(ScriptedSampler(menu=(256, 512, 768, 1024), seed=3), evaluator, max_rounds=4)
+    assert len(evaluator.calls) == len(set(evaluator.calls))
+    replayed = [r for r in result.records if r.status == "feasible"]
+    assert len({r.spec_hash for r in replayed}) == len(replayed)
+
+
+def test_waves_respect_the_worker_count():
+    sizes = []
+
+    def evaluator(requests):
+        sizes.append(len(requests))
+        return [EvalOutcome("feasible", report={"throughput": r.sample["agg_max_num_seqs"]}) for r in requests]
+    run(ScriptedSampler(batches=[[1, 2, 3]]), evaluator, workers=2)
+    assert sizes == [2, 1]
+
+
+def test_exhaustive_mode_covers_every_point_exactly_once():
+    points = [Proposal({"seqs": s}, {"deployment_mode": "agg", "backend": "vllm", "agg_max_num_seqs": s}, SHAPE)
+              for s in range(1, 11)]
+    evaluator = CountingEvaluator()
+    result = run_branch_study("agg", ScriptedSampler(), build, evaluator, score,
+                              StudySettings(per_round=3, max_rounds=1, exhaustive=True),
+                              exhaustive_points=points)
+    assert sorted(evaluator.calls) == list(range(1, 11))
+    assert result.mode == "exhaustive" and result.rounds == 4
+
+
+def test_same_seed_same_ledger():
+    a = run(ScriptedSampler(seed=7, menu=range(50)), CountingEvaluator(), max_rounds=5)
+    b = run(ScriptedSampler(seed=7, menu=range(50)), CountingEvaluator(), max_rounds=5)
+    assert [content_view(r.to_row()) for r in a.records] == [content_view(r.to_row()) for r in b.records]
+
+
+def test_resume_after_interruption_equals_uninterrupted_run():
+    """A kill mid-sweep loses no finished evaluation; the rerun's ledger equals a clean run's."""
+    clean = run(ScriptedSampler(seed=11, menu=range(40)), CountingEvaluator(), max_rounds=6)
+
+    journal = MemoryJournal()
+    first = CountingEvaluator(fail_after=7)
+    with pytest.raises(KeyboardInterrupt):
+        run(ScriptedSampler(seed=11, menu=range(40)), first, max_rounds=6, journal=journal)
+    second = CountingEvaluator()
+    resumed = run(ScriptedSampler(seed=11, menu=range(40)), second, max_rounds=6, journal=journal)
+
+    assert [content_view(r.to_row()) for r in resumed.records] == [content_view(r.to_row()) for r in clean.records]
+    assert not set(first.calls) & set(second.calls)  # nothing finished was replayed again
+    assert sorted(first.calls + second.calls) == sorted(
+        r.config["agg_max_num_seqs"] for r in clean.records if r.status == "feasible")
+
+
+def test_trial_numbers_are_sweep_wide_and_rows_round_trip():
+    counter = TrialCounter()
+    a = run(ScriptedSampler(batches=[[1, 2, 3]]), CountingEvaluator(), counter=counter)
+    b = run(ScriptedSampler(batches=[[4, 5, 6]]), CountingEvaluator(), counter=counter)
+    assert [r.trial for r in a.records + b.records] == [1, 2, 3, 4, 5, 6]
+    row = b.records[0].to_row()
+    assert TrialRecord.from_row(row).to_row() == row
