@@ -1,0 +1,165 @@
+"""`spica` command line: `spica validate --config F` (and, later, `spica sweep`).
+
+Bad input ends with exit code 2 and exactly one line on stderr, never a traceback.
+"""
+
+import argparse
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from spica_pipeline.errors import ConfigError
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+
+DESCRIPTION = (
+    "[EXPERIMENTAL] spica: a replay-backed smart sweeper for NVIDIA Dynamo deployments. "
+    "Searches engine, router and planner configurations and scores each candidate in Dynamo Replay."
+)
+
+
+def _one_line(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def _fail(message: str) -> int:
+    print(_one_line(message), file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def load_or_report(path: str) -> Any:
+    """Load a config; returns the config, or an int exit code after printing one line."""
+    from spica_pipeline.config import load_config
+
+    try:
+        return load_config(path)
+    except ConfigError as err:
+        return _fail(str(err))
+    except Exception as err:  # a bug must still not print a traceback at the user
+        return _fail(f"invalid config {path}: unexpected {type(err).__name__}: {err}")
+
+
+def _choices_text(values: list[Any]) -> str:
+    shown = [v if isinstance(v, str) else ("<dict>" if isinstance(v, dict) else repr(v)) for v in values]
+    return ", ".join(str(s) for s in shown)
+
+
+def _inert_reason(space: Any, name: str) -> str | None:
+    """Why a list knob never reaches the study (spec §6.1 pruning), or None when it does."""
+    from spica_pipeline.config import presets
+
+    if name == "load_predictor_candidates":
+        return f"{len(space.load_predictor_candidates)} entries, swept by the load-predictor sub-sweep"
+    if name in presets.ROUTER_CHOICES and space.round_robin_only:
+        return "router_mode is round_robin only"
+    if name in presets.OFFLOAD_ROUTER_KNOBS and not space.offload_enabled:
+        return "num_g2_blocks is 0"
+    if name in ("planner_fpm_sampling", "planner_load_sensitivity") and all(
+        presets.is_static_policy(p) for p in space.planner_scaling_policy
+    ):
+        return "every scaling policy is static"
+    modes = set(space.deployment_mode)
+    if name.startswith(("prefill_", "decode_")) and name in presets.ENGINE_CHOICES and "disagg" not in modes:
+        return "no disagg branch"
+    if name.startswith("agg_") and "agg" not in modes:
+        return "no agg branch"
+    return None
+
+
+def summarize(config: Any) -> list[str]:
+    """A short human summary: branches, searched knobs, pins, workload and goal."""
+    space, workload, goal, sweep = config.search_space, config.workload, config.goal, config.sweep
+    lines = [f"model {space.model_name} on {space.hardware_sku}, gpu_budget {space.gpu_budget}"
+             + (f" (min {space.min_gpu_budget})" if space.min_gpu_budget else "")]
+    lines.append(f"branches: {', '.join(dict.fromkeys(space.deployment_mode))}")
+    searched, pinned, inert = [], [], []
+    for name, values in space.choice_lists().items():
+        if name in ("deployment_mode",):
+            continue
+        why = _inert_reason(space, name)
+        if why:
+            inert.append(f"  {name} ({why})")
+        elif len(values) > 1:
+            searched.append(f"  {name}: {len(values)} choices [{_choices_text(values)}]")
+        else:
+            pinned.append(f"  {name} = {_choices_text(values)}")
+    lines.append(f"searched knobs ({len(searched)}):")
+    lines += searched or ["  (none)"]
+    lines.append(f"pinned knobs ({len(pinned)}):")
+    lines += pinned
+    if inert:
+        lines.append(f"inactive knobs ({len(inert)}):")
+        lines += inert
+    if space.parallel_configs:
+        lines.append(f"parallel_configs: {len(space.parallel_configs)} pinned shape(s)")
+    else:
+        lines.append("parallel_configs: derived by enumeration")
+    shape = workload.shape
+    if workload.is_trace:
+        wl = f"trace {workload.trace_path} (speedup {workload.arrival_speedup_ratio})"
+        if workload.replay_concurrency is not None:
+            wl += f", capped at {workload.replay_concurrency} in flight"
+    else:
+        load = {
+            "request_rate": f"request_rate {workload.request_rate} req/s",
+            "concurrency": f"concurrency {workload.concurrency}",
+            "kv_load": f"kv_load_ratio {workload.kv_load_ratio}",
+        }[shape]
+        wl = f"synthetic isl {workload.isl} osl {workload.osl}, {load}, num_request_ratio {workload.num_request_ratio}"
+    lines.append(f"workload: {wl}")
+    objectives = ", ".join(t.value for t in goal.objectives())
+    g = f"goal: {goal.target.value}" + (f" [{objectives}]" if goal.is_pareto else "")
+    if goal.sla is not None:
+        sla = {k: v for k, v in goal.sla.model_dump().items() if v is not None}
+        g += f", sla {sla}"
+    lines.append(g)
+    lines.append(
+        f"sweep: policy {sweep.policy}, algorithm {sweep.algorithm}, max_rounds {sweep.max_rounds}, "
+        f"per_round {sweep.per_round}, parallel_evals {sweep.parallel_evals}, seed {sweep.seed}"
+    )
+    return lines
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Validate a config file and print what it would sweep."""
+    config = load_or_report(args.config)
+    if isinstance(config, int):
+        return config
+    trace = config.workload.trace_path
+    if trace is not None and not Path(trace).is_file():
+        return _fail(f"invalid config {args.config}: workload.trace_path: no such file {trace!r} "
+                     f"(relative paths resolve against the working directory {Path.cwd()})")
+    print(f"config {args.config} is valid")
+    for line in summarize(config):
+        print(line)
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spica", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    validate = sub.add_parser(
+        "validate", help="[EXPERIMENTAL] validate a sweep config and summarise it",
+        description="[EXPERIMENTAL] Validate a sweep config and print a short summary.",
+    )
+    validate.add_argument("--config", required=True, help="path to the sweep YAML")
+    validate.set_defaults(func=cmd_validate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed usage / help
+        return int(exc.code) if isinstance(exc.code, int) else EXIT_BAD_INPUT
+    func: Callable[[argparse.Namespace], int] = args.func
+    return func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
