@@ -92,3 +92,14 @@ class Evaluator(Protocol):
 
 def finite_or_none(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
+
+
+def json_safe(value: Any) -> Any:
+    """Replace non-finite floats by None, recursively: strict JSON has no inf or NaN."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value

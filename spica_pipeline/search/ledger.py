@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from spica_pipeline.search.evaluation import canonical_json
+from spica_pipeline.search.evaluation import canonical_json, json_safe
 
 STATUSES = ("feasible", "infeasible", "failed", "timed_out", "unsupported", "cached")
 SOURCES = ("vizier", "exhaustive", "warm_start")
@@ -48,7 +48,7 @@ class TrialRecord:
         row = asdict(self)
         for key in (*JSON_COLUMNS, "told_metrics"):
             value = row[key]
-            row[key] = None if value is None else canonical_json(_finite(value))
+            row[key] = None if value is None else canonical_json(json_safe(value))
         if row["score"] is not None and not _is_finite(row["score"]):
             row["score"] = None
         return row
@@ -76,14 +76,3 @@ def content_view(row: dict[str, Any]) -> dict[str, Any]:
 
 def _is_finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and x == x and x not in (float("inf"), float("-inf"))
-
-
-def _finite(value: Any) -> Any:
-    """Replace non-finite floats by None so canonical JSON stays strict."""
-    if isinstance(value, float):
-        return value if _is_finite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
-from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, canonical_json, spec_hash
+from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, canonical_json, json_safe, spec_hash
 from spica_pipeline.search.ledger import TrialRecord
 from spica_pipeline.search.shapes import DisaggShape, ParallelConfig, RoleShape
 
@@ -219,10 +219,10 @@ class _BranchLoop:
 
     def _suggest(self, round_no: int, ask_no: int, count: int) -> tuple[list[dict[str, Any]], float]:
         """Ask the optimizer, or read the answer back from the journal on resume."""
-        key = spec_hash({
+        key = spec_hash(json_safe({
             "branch": self.branch, "round": round_no, "ask": ask_no, "count": count,
             "history": [[h.parameters, h.metrics, h.infeasible_reason] for h in self.history],
-        })
+        }))
         cached = self.journal.get_suggestions(key)
         if cached is not None:
             return cached, 0.0
