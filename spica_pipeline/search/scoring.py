@@ -1,0 +1,404 @@
+"""Goals and scoring (spec §4, §8.1): what a replay report is worth under the pinned goal.
+
+Pure functions over plain values (target strings, report dicts), so the study loop, the merge and
+the tests need no config objects. Everything ranks "higher is better" after signing, except the
+Pareto machinery, which keeps raw values and a direction per objective.
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal, Mapping, NamedTuple, Sequence, TypeVar
+
+Direction = Literal["max", "min"]
+
+PARETO = "pareto"
+GOODPUT_KEY = "goodput_output_throughput_tok_s"
+DEFAULT_PARETO_OBJECTIVES: tuple[str, str] = ("throughput_per_gpu", "throughput_per_user")
+
+# Report keys copied into Candidate.metrics (spec §8.1), in this order when present.
+METRIC_KEYS: tuple[str, ...] = (
+    "output_throughput_tok_s",
+    "mean_ttft_ms",
+    "mean_tpot_ms",
+    "mean_e2e_latency_ms",
+    "mean_output_token_throughput_per_user",
+    "goodput_output_throughput_tok_s",
+    "gpu_hours",
+    "duration_ms",
+    "planner_total_ticks",
+)
+
+
+class Target(NamedTuple):
+    """One scalar goal: its direction, the report key it reads, and whether it divides by avg_gpu."""
+
+    name: str
+    direction: Direction
+    metric: str
+    per_gpu: bool
+    missing: float
+
+
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target("throughput", "max", "output_throughput_tok_s", False, 0.0),
+        Target("throughput_per_gpu", "max", "output_throughput_tok_s", True, 0.0),
+        Target("throughput_per_user", "max", "mean_output_token_throughput_per_user", False, 0.0),
+        Target("e2e_latency", "min", "mean_e2e_latency_ms", False, math.inf),
+        Target("goodput", "max", GOODPUT_KEY, False, 0.0),
+        Target("goodput_per_gpu", "max", GOODPUT_KEY, True, 0.0),
+    )
+}
+GOODPUT_TARGETS = frozenset({"goodput", "goodput_per_gpu"})
+
+
+def _name(target: Any) -> str:
+    """Accept a plain string or a str Enum member (the config's `goal.target`)."""
+    return str(getattr(target, "value", target))
+
+
+def _target(target: Any) -> Target:
+    name = _name(target)
+    if name == PARETO:
+        raise ValueError("'pareto' is multi-objective and has no scalar value; use objective_vector")
+    try:
+        return TARGETS[name]
+    except KeyError:
+        raise ValueError(f"unknown optimization target: {name!r}") from None
+
+
+def direction(target: Any) -> Direction:
+    """'max' for every target but e2e_latency."""
+    if _name(target) == PARETO:
+        raise ValueError("'pareto' is multi-objective and has no scalar direction")
+    return _target(target).direction
+
+
+def directions_for(objectives: Sequence[Any]) -> dict[str, Direction]:
+    """Objective name -> direction, in the given order (what pareto_front and hypervolume take)."""
+    return {_name(o): direction(o) for o in objectives}
+
+
+def _num(report: Mapping[str, Any] | None, key: str) -> float | None:
+    if not report:
+        return None
+    v = report.get(key)
+    if v is None:
+        return None
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
+
+
+def avg_gpu(report: Mapping[str, Any] | None) -> float:
+    """Time-averaged provisioned GPUs: gpu_hours / run hours; 0 when either is missing or <= 0.
+
+    For a static fleet this is the GPU count; for a planner run it averages over startup, serving
+    and drain, which is why per-GPU targets divide by it rather than by the static shape.
+    """
+    gpu_hours = _num(report, "gpu_hours") or 0.0
+    duration_ms = _num(report, "duration_ms") or 0.0
+    if gpu_hours <= 0 or duration_ms <= 0:
+        return 0.0
+    return gpu_hours / (duration_ms / 3_600_000.0)
+
+
+def objective_value(target: Any, report: Mapping[str, Any] | None) -> float:
+    """The raw (unsigned) value of one scalar target read from a flat replay report (spec §4.1)."""
+    t = _target(target)
+    v = _num(report, t.metric)
+    if v is None:
+        return t.missing
+    if t.per_gpu:
+        g = avg_gpu(report)
+        return v / g if g > 0 else 0.0
+    return v
+
+
+def score(target: Any, report: Mapping[str, Any] | None) -> float:
+    """Signed value, higher is better: the raw value, negated for minimised targets."""
+    t = _target(target)
+    v = objective_value(t.name, report)
+    return v if t.direction == "max" else -v
+
+
+def objective_vector(objectives: Sequence[Any], report: Mapping[str, Any] | None) -> dict[str, float]:
+    """Raw value per Pareto objective, keyed by objective name, in the given order."""
+    return {_name(o): objective_value(o, report) for o in objectives}
+
+
+def effective_objectives(target: Any, pareto_objectives: Sequence[Any] | None = None) -> list[str]:
+    """The objective set a goal scores: the scalar target, or the Pareto list (default pair)."""
+    name = _name(target)
+    if name == PARETO:
+        return [_name(o) for o in (pareto_objectives or DEFAULT_PARETO_OBJECTIVES)]
+    _target(name)
+    return [name]
+
+
+def sla_is_satisfying(sla: Mapping[str, Any] | None) -> bool:
+    """An SLA goodput can be judged against: e2e_ms alone, or both ttft_ms and itl_ms."""
+    if not sla:
+        return False
+    return sla.get("e2e_ms") is not None or (sla.get("ttft_ms") is not None and sla.get("itl_ms") is not None)
+
+
+def check_sla_requirement(target: Any, pareto_objectives: Sequence[Any] | None, sla: Mapping[str, Any] | None) -> None:
+    """Spec §4.2/4.3: a goodput objective needs a satisfying SLA; other goals accept any SLA.
+
+    Raises ValueError listing the offending objectives, sorted.
+    """
+    needing = sorted(o for o in effective_objectives(target, pareto_objectives) if o in GOODPUT_TARGETS)
+    if needing and not sla_is_satisfying(sla):
+        raise ValueError(f"{needing} require an SLA target (ttft_ms+itl_ms or e2e_ms)")
+
+
+def require_goodput(objectives: Iterable[Any], report: Mapping[str, Any] | None) -> None:
+    """Fail closed when a goodput objective is active but replay did not account goodput.
+
+    There is no fallback to mean latency: the trial must be recorded as failed.
+    """
+    active = sorted(_name(o) for o in objectives if _name(o) in GOODPUT_TARGETS)
+    if active and (report is None or _num(report, GOODPUT_KEY) is None):
+        raise RuntimeError(
+            f"goal {active} needs '{GOODPUT_KEY}' but the replay report lacks it; install a replay "
+            "version with per-request SLA accounting (ai-dynamo-runtime with goodput support)"
+        )
+
+
+def is_feasible(used_gpus: int, gpu_budget: int) -> bool:
+    """Feasibility is the GPU budget only (spec §4.2); the SLA acts through goodput."""
+    return int(used_gpus) <= int(gpu_budget)
+
+
+SLA_GATE_KEYS: dict[str, str] = {"ttft_ms": "ttft_ms", "itl_ms": "itl_ms", "e2e_ms": "e2e_latency_ms"}
+
+
+def sla_gate(
+    report: Mapping[str, Any] | None,
+    sla: Mapping[str, Any] | None,
+    mode: str | None = "strict",
+    percentile: int = 90,
+) -> tuple[bool, str | None]:
+    """An optional aggregate SLA gate, stricter than Spica (which only uses the SLA via goodput).
+
+    mode "strict": reject a candidate whose p<percentile> (default p90) TTFT, ITL or E2E latency in
+    the replay report exceeds the corresponding SLA threshold that is set (report keys
+    `p90_ttft_ms`, `p90_itl_ms`, `p90_e2e_latency_ms`). A set threshold whose percentile key is
+    missing fails closed. mode None/"off"/"goodput": always passes (the Spica rule).
+    Returns (passes, reason); the reason is a one-line text for the ledger.
+    """
+    if mode in (None, "off", "goodput") or not sla:
+        return True, None
+    if mode != "strict":
+        raise ValueError(f"unknown sla gate mode: {mode!r} (expected 'strict' or 'off')")
+    for sla_key, metric in SLA_GATE_KEYS.items():
+        limit = sla.get(sla_key)
+        if limit is None:
+            continue
+        key = f"p{percentile}_{metric}"
+        observed = _num(report, key)
+        if observed is None:
+            return False, f"sla gate: report lacks {key}"
+        if observed > float(limit):
+            return False, f"sla gate: {key}={observed:.4g} > {sla_key}={float(limit):.4g}"
+    return True, None
+
+
+def metrics_from_report(report: Mapping[str, Any] | None) -> dict[str, float]:
+    """The §8.1 subset of a report: whichever METRIC_KEYS are present and numeric."""
+    out: dict[str, float] = {}
+    for k in METRIC_KEYS:
+        v = _num(report, k)
+        if v is not None:
+            out[k] = v
+    return out
+
+
+@dataclass
+class Candidate:
+    """A feasible configuration and what it scored (spec §8.1), plus where it came from.
+
+    score: scalar goal -> the signed objective; Pareto -> the first objective's raw value
+    (a headline only; Pareto never ranks by it).
+    """
+
+    config: dict[str, Any]
+    used_gpus: int
+    score: float
+    metrics: dict[str, float]
+    objectives: dict[str, float] | None = None
+    branch: str | None = None
+    spec_hash: str | None = None
+    spread: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @classmethod
+    def from_report(
+        cls,
+        config: Mapping[str, Any],
+        report: Mapping[str, Any] | None,
+        target: Any,
+        pareto_objectives: Sequence[Any] | None = None,
+        *,
+        branch: str | None = None,
+        spec_hash: str | None = None,
+        spread: Mapping[str, Mapping[str, float]] | None = None,
+    ) -> "Candidate":
+        """Score a report under the goal; a Pareto goal fills `objectives` and the headline score."""
+        if _name(target) == PARETO:
+            objs = objective_vector(pareto_objectives or DEFAULT_PARETO_OBJECTIVES, report)
+            return cls.pareto(config, objs, metrics_from_report(report), branch=branch,
+                              spec_hash=spec_hash, spread=spread)
+        return cls(
+            config=dict(config), used_gpus=int(config.get("used_gpus", 0)), score=score(target, report),
+            metrics=metrics_from_report(report), objectives=None, branch=branch, spec_hash=spec_hash,
+            spread={k: dict(v) for k, v in (spread or {}).items()},
+        )
+
+    @classmethod
+    def pareto(
+        cls,
+        config: Mapping[str, Any],
+        objectives: Mapping[str, float] | None,
+        metrics: Mapping[str, float] | None = None,
+        **extra: Any,
+    ) -> "Candidate":
+        """A Pareto candidate: score is the first objective's raw value; objectives are required."""
+        if not objectives:
+            raise ValueError("a Pareto candidate needs objectives (raw value per objective)")
+        spread = extra.pop("spread", None) or {}
+        return cls(
+            config=dict(config), used_gpus=int(config.get("used_gpus", 0)),
+            score=float(next(iter(objectives.values()))), metrics=dict(metrics or {}),
+            objectives={k: float(v) for k, v in objectives.items()},
+            spread={k: dict(v) for k, v in spread.items()}, **extra,
+        )
+
+
+C = TypeVar("C")
+
+
+def rank(candidates: Iterable[C]) -> list[C]:
+    """Best score first; equal scores go to fewer GPUs (cheaper); otherwise input order (stable)."""
+    return sorted(candidates, key=lambda c: (-c.score, c.used_gpus))  # type: ignore[attr-defined]
+
+
+def _vector(point: Any, names: Sequence[str] | None) -> tuple[float, ...] | None:
+    """A point's objective values in objective order; None when it has no objectives."""
+    if names is None:
+        return tuple(float(v) for v in point)
+    objs = point.objectives if hasattr(point, "objectives") else point
+    if objs is None:
+        return None
+    return tuple(float(objs.get(n, 0.0) if objs.get(n) is not None else 0.0) for n in names)
+
+
+def _split_directions(directions: Mapping[str, str] | Sequence[str]) -> tuple[list[str] | None, list[str]]:
+    if isinstance(directions, Mapping):
+        names, dirs = list(directions), [str(d) for d in directions.values()]
+    else:
+        names, dirs = None, [str(d) for d in directions]
+    bad = [d for d in dirs if d not in ("max", "min")]
+    if bad:
+        raise ValueError(f"objective directions must be 'max' or 'min', got {bad}")
+    return names, dirs
+
+
+def dominates(a: Sequence[float], b: Sequence[float], dirs: Sequence[str]) -> bool:
+    """a is at least as good as b everywhere (in each objective's direction) and better somewhere."""
+    strictly = False
+    for x, y, d in zip(a, b, dirs):
+        if d == "min":
+            x, y = -x, -y
+        if x < y:
+            return False
+        if x > y:
+            strictly = True
+    return strictly
+
+
+def pareto_front(points: Iterable[C], directions: Mapping[str, str] | Sequence[str]) -> list[C]:
+    """The non-dominated subset, sorted ascending by the last objective (the x axis), stable.
+
+    `directions` as a mapping (objective name -> 'max'|'min') reads each point's `.objectives` (a
+    Candidate) or the point itself as a mapping; points without objectives are ignored and a
+    missing value counts as 0. As a plain sequence it reads each point as a value sequence.
+    Exact ties do not dominate each other, so both are kept. O(n^2), as in Spica.
+    """
+    names, dirs = _split_directions(directions)
+    kept = [(p, v) for p in points if (v := _vector(p, names)) is not None]
+    front = [(p, v) for p, v in kept if not any(dominates(w, v, dirs) for _, w in kept)]
+    front.sort(key=lambda pv: pv[1][-1])
+    return [p for p, _ in front]
+
+
+def default_reference(vectors: Sequence[Sequence[float]], dirs: Sequence[str]) -> tuple[float, ...]:
+    """Origin for maximised objectives; 1.1 x the largest observed value for minimised ones."""
+    ref = []
+    for i, d in enumerate(dirs):
+        if d == "max":
+            ref.append(0.0)
+        else:
+            worst = max((v[i] for v in vectors), default=0.0)
+            ref.append(worst * 1.1)
+    return tuple(ref)
+
+
+def hypervolume(
+    front: Iterable[Any],
+    directions: Mapping[str, str] | Sequence[str],
+    reference: Sequence[float] | None = None,
+) -> float:
+    """Volume dominated by the points and bounded by the reference point (exact in every dimension).
+
+    Points are read like `pareto_front` reads them (dominated points may be included; they add
+    nothing). Reference default: 0 (the origin) for a maximised objective; for a minimised one the
+    worst (largest) observed value times 1.1, so the worst point still encloses some volume. Pass
+    an explicit `reference` to compare hypervolumes across runs or over a convergence series.
+    Points not strictly better than the reference on every objective contribute nothing.
+    Exact sweep for 2-D (O(n log n)); for 3+ D exact slicing over the last objective (HSO),
+    O(n^(d-1) log n), fine for fronts of a few hundred points.
+    """
+    names, dirs = _split_directions(directions)
+    vectors = [v for p in front if (v := _vector(p, names)) is not None]
+    if not vectors:
+        return 0.0
+    ref = tuple(float(r) for r in reference) if reference is not None else default_reference(vectors, dirs)
+    if len(ref) != len(dirs):
+        raise ValueError(f"reference has {len(ref)} values for {len(dirs)} objectives")
+    # Flip minimised objectives so everything is maximised above the reference.
+    sign = [1.0 if d == "max" else -1.0 for d in dirs]
+    r = tuple(s * x for s, x in zip(sign, ref))
+    pts = [tuple(s * x for s, x in zip(sign, v)) for v in vectors]
+    pts = [p for p in pts if all(math.isfinite(x) and x > rx for x, rx in zip(p, r))]
+    return _hv(pts, r)
+
+
+def _hv(points: list[tuple[float, ...]], ref: tuple[float, ...]) -> float:
+    if not points:
+        return 0.0
+    d = len(ref)
+    if d == 1:
+        return max(p[0] for p in points) - ref[0]
+    if d == 2:
+        # Sweep x descending; each point adds the strip of y above the best y seen so far.
+        total, best_y = 0.0, ref[1]
+        for x, y in sorted(points, key=lambda p: (-p[0], -p[1])):
+            if y > best_y:
+                total += (x - ref[0]) * (y - best_y)
+                best_y = y
+        return total
+    # Slice along the last objective: between consecutive distinct levels z_i > z_{i+1}, the
+    # dominated cross-section is the (d-1)-D hypervolume of every point with last value >= z_i.
+    pts = sorted(points, key=lambda p: -p[-1])
+    levels = sorted({p[-1] for p in pts}, reverse=True) + [ref[-1]]
+    total, active, j = 0.0, [], 0
+    for z, z_next in zip(levels, levels[1:]):
+        while j < len(pts) and pts[j][-1] >= z:
+            active.append(pts[j][:-1])
+            j += 1
+        total += _hv(active, ref[:-1]) * (z - z_next)
+    return total
