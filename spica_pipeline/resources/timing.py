@@ -1,0 +1,308 @@
+"""Per-candidate replay fidelity: AIC step timing as a `dynamo_profile` NPZ, and KV capacity.
+
+The replay's default polynomial timing is model/GPU/TP-agnostic and inverts candidate rankings
+(replay-notes §2d), so every engine identity (model, system, backend, version, tp, pp, attention_dp,
+moe_tp, moe_ep, nextn) gets its own table tabulated from aiconfigurator-core's forward-pass model:
+
+* prefill: latency of one pass over the total new tokens in it (every 32 tokens up to the largest
+  chunk budget), linear interpolation in the replay;
+* decode: latency over (sum of context of the batch, mean context) on a log grid, bilinear;
+  fractional batch sizes are interpolated between integer AIC calls.
+
+The replay floors a decode step at 1 ms *before* dividing by `speedup_ratio`, so tables are stored
+x`TIME_SCALE` and the engine args must carry `speedup_ratio=TIME_SCALE` (`TimingTable.speedup_ratio`).
+
+KV capacity per rank (AIC `estimate_kv_cache`) gives the explicit `num_gpu_blocks` (the replay
+silently uses 16384 otherwise) and the KV bytes per token for disagg transfer delays.
+
+Both are cached on disk under `cache_dir` keyed by a content hash of the identity plus
+`FORMAT_VERSION` and the aiconfigurator-core version, written atomically (temp file + rename) so
+concurrent workers never see a torn file, and memoised in-process.
+
+Known limits of the NPZ route (what a per-step AIC callback would add):
+(i) attention over cached prefix / earlier chunks is ignored (AIC: +8/+25/+106 % for a 2k prefill
+    behind 2k/8k/32k of prefix);
+(ii) a prefill pass with several requests is charged as one request of the summed length (<= 10 %
+    high);
+(iii) mixed agg passes are charged prefill + decode, 4-6 % above AIC's fused mixed step;
+(iv) pipeline parallelism is not pipelined: PP changes capacity and GPU count, not pass latency;
+(v) attention-DP ranks are modeled as independent schedulers (`dp_size`) each with this table.
+"""
+
+import hashlib
+import io
+import json
+import logging
+import math
+import os
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from spica_pipeline.errors import InfeasibleKVCapacity
+from spica_pipeline.storage import atomic_write_bytes, atomic_write_text
+
+FORMAT_VERSION = 1
+TIME_SCALE = 10.0
+PREFILL_STEP = 32
+PREFILL_MIN_TOP = 32768
+DECODE_MAX_KV_TOKENS = 8_000_000
+DECODE_MAX_CONTEXT = 262_144
+DECODE_MAX_BATCH = 4096
+N_KV, N_CTX = 56, 48
+_NO_KV_MARKERS = ("no KV budget", "Invalid quantized MoE configuration")
+
+_lock = threading.Lock()
+_timing_memo: dict[str, "TimingTable"] = {}
+_kv_memo: dict[str, "KvCapacity"] = {}
+_models: dict[str, Any] = {}
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("SPICA_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "spica-pipeline"
+
+
+def _aic_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("aiconfigurator-core")
+    except Exception:
+        return "unknown"
+
+
+def _digest(kind: str, identity: dict[str, Any]) -> str:
+    payload = json.dumps({"kind": kind, "format": FORMAT_VERSION, "aic": _aic_version(), **identity},
+                         sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()[:24]
+
+
+class _QuietAIC:
+    """AIC logs fallback/loading chatter at WARNING; keep worker stderr readable."""
+
+    def __enter__(self):
+        self._previous = logging.root.manager.disable
+        logging.disable(logging.WARNING)
+
+    def __exit__(self, *exc):
+        logging.disable(self._previous)
+
+
+@dataclass(frozen=True)
+class EngineIdentity:
+    """Everything a pass latency depends on (not replicas, batching knobs or memory fraction)."""
+
+    model: str
+    system: str
+    backend: str
+    version: str
+    tp: int = 1
+    pp: int = 1
+    attention_dp: int = 1
+    moe_tp: int = 1
+    moe_ep: int = 1
+    nextn: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe_tp * self.moe_ep > 1
+
+    def aic_config(self) -> dict[str, Any]:
+        return {
+            "schema_version": 1, "model_name": self.model, "system_name": self.system, "backend": self.backend,
+            "backend_version": self.version, "kv_block_size": None, "tp_size": self.tp, "pp_size": self.pp,
+            "moe_tp_size": self.moe_tp if self.is_moe else None, "moe_ep_size": self.moe_ep if self.is_moe else None,
+            "attention_dp_size": self.attention_dp, "cp_size": None, "weight_dtype": None, "moe_dtype": None,
+            "activation_dtype": None, "kv_cache_dtype": None, "nextn": self.nextn or None, "extra": {},
+        }
+
+
+@dataclass(frozen=True)
+class TimingTable:
+    """A cached NPZ and how the engine args must reference it."""
+
+    path: str
+    speedup_ratio: float
+    key: str
+
+    def timing_model(self) -> dict[str, Any]:
+        return {"type": "external", "provider": "dynamo_profile", "config": {"path": self.path}}
+
+
+@dataclass(frozen=True)
+class KvCapacity:
+    """Per-rank KV tokens and KV bytes per token per GPU (AIC estimate_kv_cache)."""
+
+    tokens_per_rank: int
+    bytes_per_token: int
+
+    def num_gpu_blocks(self, block_size: int) -> int:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be greater than zero, got {block_size}")
+        return self.tokens_per_rank // block_size
+
+
+class _AicStep:
+    """One identity's forward-pass model; raises on a missing estimate instead of tabulating NaN."""
+
+    def __init__(self, identity: EngineIdentity):
+        from aiconfigurator_core.sdk.rust_engine_step import RustForwardPassPerfModel
+
+        key = json.dumps(asdict(identity), sort_keys=True)
+        model = _models.get(key)
+        if model is None:
+            with _QuietAIC():
+                model = RustForwardPassPerfModel.from_native(identity.aic_config())
+            _models[key] = model
+        self._model = model
+
+    def _est(self, **scheduled: int) -> float:
+        with _QuietAIC():
+            value = self._model.estimate_forward_pass_time_ms(
+                {"version": 1, "wall_time": 0.0, "scheduled_requests": scheduled})
+        if value is None or not math.isfinite(value) or value <= 0:
+            raise RuntimeError(f"aiconfigurator-core has no estimate for {scheduled}: {value!r}")
+        return float(value)
+
+    def prefill(self, new_tokens: int) -> float:
+        return self._est(num_prefill_requests=1, sum_prefill_tokens=int(new_tokens), sum_prefill_kv_tokens=0)
+
+    def decode(self, batch: int, context: int) -> float:
+        return self._est(num_decode_requests=int(batch), sum_decode_kv_tokens=int(batch) * int(context))
+
+    def decode_frac(self, batch: float, context: int) -> float:
+        batch = min(max(1.0, batch), float(DECODE_MAX_BATCH))
+        lo = math.floor(batch)
+        w = batch - lo
+        if w < 1e-9:
+            return self.decode(lo, context)
+        return (1 - w) * self.decode(lo, context) + w * self.decode(lo + 1, context)
+
+
+def prefill_grid(max_num_batched_tokens: int) -> np.ndarray:
+    top = max(int(max_num_batched_tokens), PREFILL_MIN_TOP)
+    return np.unique(np.concatenate([[1, 2, 4, 8, 16], np.arange(PREFILL_STEP, top + 1, PREFILL_STEP), [top]]))
+
+
+def build_timing_arrays(identity: EngineIdentity, max_num_batched_tokens: int) -> dict[str, np.ndarray]:
+    """The NPZ arrays (already x TIME_SCALE) for one identity."""
+    step = _AicStep(identity)
+    p_x = prefill_grid(max_num_batched_tokens).astype(float)
+    p_y = np.array([step.prefill(int(t)) for t in p_x])
+    kv = np.unique(np.concatenate([[1.0], np.geomspace(16, DECODE_MAX_KV_TOKENS, N_KV)]).round())
+    ctx = np.unique(np.geomspace(1, DECODE_MAX_CONTEXT, N_CTX).round())
+    itl = np.empty((len(kv), len(ctx)))
+    for i, x in enumerate(kv):
+        for j, y in enumerate(ctx):
+            itl[i, j] = step.decode_frac(x / y, int(max(1, min(y, x))))
+    return {
+        "prefill_isl": p_x, "prefill_ttft_ms": p_y * TIME_SCALE,
+        "decode_active_kv_tokens": kv, "decode_context_length": ctx, "decode_itl": itl * TIME_SCALE,
+    }
+
+
+def timing_table(identity: EngineIdentity, *, max_num_batched_tokens: int = 8192,
+                 cache_dir: str | os.PathLike | None = None) -> TimingTable:
+    """The cached NPZ for `identity`, building it on first use (about a second, then milliseconds).
+
+    Tables span at least `PREFILL_MIN_TOP` tokens so the searched chunk budgets share one table.
+    """
+    top = max(int(max_num_batched_tokens), PREFILL_MIN_TOP)
+    key = _digest("timing", {**asdict(identity), "prefill_top": top})
+    memo = _timing_memo.get(key)
+    if memo is not None and os.path.exists(memo.path):
+        return memo
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    path = root / "timing" / f"{key}.npz"
+    if not path.exists():
+        arrays = build_timing_arrays(identity, top)
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        atomic_write_bytes(path, buf.getvalue())
+    table = TimingTable(path=str(path), speedup_ratio=TIME_SCALE, key=key)
+    with _lock:
+        _timing_memo[key] = table
+    return table
+
+
+def _memory_fraction_kind(backend: str) -> str:
+    return "of_free" if backend == "trtllm" else "of_total"
+
+
+def kv_capacity(identity: EngineIdentity, *, max_num_tokens: int, max_batch_size: int, memory_fraction: float,
+                cache_dir: str | os.PathLike | None = None) -> KvCapacity:
+    """Per-rank KV capacity for the identity and the candidate's own batching/memory knobs.
+
+    Raises InfeasibleKVCapacity when the weights leave no KV budget.
+    """
+    ident = {**asdict(identity), "max_num_tokens": int(max_num_tokens), "max_batch_size": int(max_batch_size),
+             "memory_fraction": float(memory_fraction)}
+    key = _digest("kv", ident)
+    memo = _kv_memo.get(key)
+    if memo is not None:
+        return memo
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    path = root / "kv" / f"{key}.json"
+    cap: KvCapacity | None = None
+    if path.exists():
+        try:
+            data = json.loads(path.read_text())
+            if "infeasible" in data:
+                raise InfeasibleKVCapacity(data["infeasible"])
+            cap = KvCapacity(int(data["tokens_per_rank"]), int(data["bytes_per_token"]))
+        except (ValueError, KeyError, TypeError):
+            cap = None  # a foreign or stale file: recompute and overwrite
+    if cap is None:
+        try:
+            cap = _estimate_kv(identity, int(max_num_tokens), int(max_batch_size), float(memory_fraction))
+        except InfeasibleKVCapacity as exc:
+            atomic_write_text(path, json.dumps({"infeasible": str(exc)}))
+            raise
+        atomic_write_text(path, json.dumps(asdict(cap)))
+    with _lock:
+        _kv_memo[key] = cap
+    return cap
+
+
+def _estimate_kv(identity: EngineIdentity, max_num_tokens: int, max_batch_size: int,
+                 memory_fraction: float) -> KvCapacity:
+    from aiconfigurator_core.sdk.memory import estimate_kv_cache
+
+    i = identity
+    try:
+        with _QuietAIC():
+            result = estimate_kv_cache(
+                i.model, i.system, i.backend, i.version,
+                max_num_tokens=max_num_tokens, max_batch_size=max_batch_size,
+                memory_fraction_kind=_memory_fraction_kind(i.backend), memory_fraction_value=memory_fraction,
+                tp_size=i.tp, pp_size=i.pp, attention_dp_size=i.attention_dp,
+                moe_tp_size=i.moe_tp if i.is_moe else None, moe_ep_size=i.moe_ep if i.is_moe else None,
+                nextn=i.nextn, allow_naive_fallback=False, allow_hf_config_download=False,
+            )
+    except ValueError as exc:
+        if any(marker in str(exc) for marker in _NO_KV_MARKERS):
+            raise InfeasibleKVCapacity(
+                f"no KV budget for backend={i.backend}, shape=tp{i.tp}/pp{i.pp}/dp{i.attention_dp}/"
+                f"moe_tp{i.moe_tp}/moe_ep{i.moe_ep}"
+            ) from None
+        raise
+    return KvCapacity(int(result["total_kv_size_tokens"]), int(result["kv_size_per_token_bytes"]))
+
+
+def model_context_length(model: str) -> int | None:
+    """The model's max context from AIC's shipped config (None when unknown)."""
+    try:
+        from aiconfigurator_core.sdk.common import DefaultHFModels
+        from aiconfigurator_core.sdk.utils import get_model_config_from_model_path
+
+        if model not in DefaultHFModels:  # never let AIC try a HuggingFace download
+            return None
+        with _QuietAIC():
+            context = get_model_config_from_model_path(model).get("context")
+        return int(context) if context else None
+    except Exception:
+        return None
