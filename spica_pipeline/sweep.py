@@ -1,0 +1,435 @@
+"""The sweep stages as plain functions, shared by the CLI and the Dagster assets.
+
+    validate -> filter planner policies -> load-predictor sub-sweep -> enumerate branches
+        -> one study per branch -> merge by goal
+
+Each stage takes and returns plain values, so a Dagster asset is a thin wrapper around one call.
+`run_sweep` chains them for the CLI, with an on-disk journal so an interrupted sweep resumes.
+"""
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import pandas as pd
+
+from spica_pipeline.config import SmartSearchConfig, target_direction
+from spica_pipeline.journal import FileJournal, RunLock
+from spica_pipeline.search import scoring
+from spica_pipeline.search.encoding import SearchEncoding, build_encoding, enumerate_space
+from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest
+from spica_pipeline.search.ledger import TrialRecord
+from spica_pipeline.search.model_hw import latest_backend_version
+from spica_pipeline.search.sample import unroll_sample
+from spica_pipeline.search.shapes import ParallelConfig
+from spica_pipeline.search.study import (
+    BranchOutcome,
+    HistoryItem,
+    Journal,
+    Proposal,
+    Scored,
+    StudySettings,
+    TrialCounter,
+    run_branch_study,
+)
+
+log = logging.getLogger("spica_pipeline.sweep")
+
+# Bump when anything in the evaluator changes what a replay returns for the same spec: it is part
+# of every spec hash, so old journal entries stop matching instead of being reused wrongly.
+EVALUATOR_FIDELITY = "replay-1.6.1/aic-0.12.0/npz-v1"
+
+
+# --------------------------------------------------------------------------------------------
+# stages 2-4: policy filter, load predictor, branches
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class PreparedSweep:
+    """Everything the studies need, computed once per sweep."""
+
+    config: SmartSearchConfig  # after the policy filter
+    dropped_policies: list[dict[str, Any]]
+    load_predictor: Any  # LoadPredictorResult
+    branches: list[Any]  # BranchSpace
+    warnings: list[str]
+    diagnostics: Any = None
+
+
+def filter_policies(config: SmartSearchConfig):
+    from spica_pipeline.search.policies import filter_scaling_policies
+
+    return filter_scaling_policies(config)
+
+
+def predict_load(config: SmartSearchConfig):
+    from spica_pipeline.load_prediction import load_predictor_for_config
+
+    return load_predictor_for_config(config)
+
+
+def enumerate_branch_spaces(config: SmartSearchConfig):
+    from spica_pipeline.search.branches import enumerate_branches
+
+    return enumerate_branches(config)
+
+
+def prepare(config: SmartSearchConfig) -> PreparedSweep:
+    filtered = filter_policies(config)
+    enumeration = enumerate_branch_spaces(filtered.config)
+    load_predictor = predict_load(filtered.config)
+    return PreparedSweep(
+        config=filtered.config, dropped_policies=list(filtered.dropped), load_predictor=load_predictor,
+        branches=list(enumeration.branches), warnings=list(enumeration.warnings),
+        diagnostics=enumeration.diagnostics,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# stage 5: one study per branch
+# --------------------------------------------------------------------------------------------
+
+def objective_names(config: SmartSearchConfig) -> list[str]:
+    return [t.value for t in config.goal.objectives()]
+
+
+def evaluation_context(config: SmartSearchConfig, load_predictor: Any) -> dict[str, Any]:
+    """What, besides the sample, changes a replay's result (part of every spec hash)."""
+    context: dict[str, Any] = {"fidelity": EVALUATOR_FIDELITY}
+    if load_predictor is not None and hasattr(load_predictor, "to_dict"):
+        context["load_predictor"] = load_predictor.to_dict()
+    if config.workload.trace_path:
+        context["trace_sha256"] = _file_sha256(config.workload.trace_path)
+    return context
+
+
+def candidate_builder(config: SmartSearchConfig, load_predictor: Any) -> Callable[..., EvalRequest]:
+    """Main-process candidate build: unroll, resolve the perf-DB version, attach the context."""
+    workload = config.workload.model_dump(mode="json")
+    goal = config.goal.model_dump(mode="json")
+    context = evaluation_context(config, load_predictor)
+    repeats = config.sweep.router_repeats
+
+    def build(selection: dict[str, Any], parallel_config: ParallelConfig) -> EvalRequest:
+        sample = unroll_sample(config.search_space, selection, parallel_config, load_predictor)
+        sample["backend_version"] = latest_backend_version(sample["hardware_sku"], sample["backend"])
+        if config.workload.concurrency is not None:
+            sample["concurrency"] = config.workload.concurrency
+        ctx = dict(context, router_repeats=repeats if sample.get("router_mode") == "kv_router" else 1)
+        return EvalRequest(sample=sample, workload=workload, goal=goal, context=ctx)
+
+    return build
+
+
+def scorer(config: SmartSearchConfig) -> Callable[[EvalOutcome], Scored]:
+    """Turn a feasible report into the score, objectives and what Vizier is told."""
+    goal = config.goal
+    names = objective_names(config)
+
+    def score(outcome: EvalOutcome) -> Scored:
+        report = outcome.report or {}
+        if goal.is_pareto:
+            objectives = scoring.objective_vector(names, report)
+            if not all(_finite(v) for v in objectives.values()):
+                return Scored(None, objectives, None, reason="replay report lacks an objective metric")
+            return Scored(objectives[names[0]], objectives, dict(objectives))
+        value = scoring.score(goal.target.value, report)
+        if not _finite(value):
+            return Scored(None, None, None, reason=f"replay report has no value for {goal.target.value}")
+        return Scored(value, None, {"objective": value})
+
+    return score
+
+
+def study_metrics(config: SmartSearchConfig) -> list[tuple[str, str]]:
+    if config.goal.is_pareto:
+        return [(name, target_direction(name)) for name in objective_names(config)]
+    return [("objective", "max")]  # the caller pre-signs the score
+
+
+class VizierSampler:
+    """Study loop sampler over a Vizier study: suggest, then decode and project."""
+
+    def __init__(self, study: Any, encoding: SearchEncoding):
+        self.study = study
+        self.encoding = encoding
+
+    def suggest(self, count: int, history: list[HistoryItem]) -> list[dict[str, Any]]:
+        items = [(h.parameters, h.metrics, h.infeasible_reason) for h in history]
+        return [dict(p) for p in self.study.suggest(count, items)]
+
+    def propose(self, parameters: dict[str, Any]) -> Proposal:
+        return propose(self.encoding, parameters)
+
+
+def propose(encoding: SearchEncoding, parameters: dict[str, Any]) -> Proposal:
+    selection, requested = encoding.decode(parameters)
+    if encoding.pinned_config is not None:
+        config, meta = encoding.pinned_config, None
+    else:
+        try:
+            projection = encoding.project(selection, requested)
+        except ValueError as exc:
+            return Proposal(parameters, selection, encoding.parallel_configs[0], None, supported=False,
+                            unsupported_reason=str(exc))
+        config, meta = projection.config, projection.to_dict()
+    index = encoding.parallel_configs.index(config)
+    backend = selection.get("backend")
+    supported = backend is None or backend in encoding.supported_backends[index]
+    return Proposal(parameters, selection, config, meta, supported=supported)
+
+
+def exhaustive_points(encoding: SearchEncoding) -> Iterable[Proposal]:
+    for selection, config in enumerate_space(encoding):
+        yield Proposal(encoding.encode(selection, config), selection, config, None)
+
+
+@dataclass
+class BranchPlan:
+    """How one branch will be searched, decided before any trial runs."""
+
+    branch: Any
+    encoding: SearchEncoding
+    finite_size: int | None
+    budget: int  # evaluations the rapid policy would spend
+    exhaustive: bool
+    why: str
+
+
+def plan_branch(branch: Any, config: SmartSearchConfig) -> BranchPlan:
+    encoding = build_encoding(branch)
+    budget = config.sweep.max_rounds * config.sweep.per_round
+    size = sum(1 for _ in enumerate_space(encoding)) if encoding.is_finite else None
+    if config.sweep.policy == "thorough":
+        return BranchPlan(branch, encoding, size, budget, True, f"policy thorough: all {size} points")
+    if size is not None and size <= budget:
+        return BranchPlan(branch, encoding, size, budget, True,
+                          f"finite space of {size} points <= evaluation budget {budget}: enumerated exhaustively")
+    why = (f"space of {size} points > evaluation budget {budget}" if size is not None
+           else "continuous space")
+    return BranchPlan(branch, encoding, size, budget, False, f"{why}: Vizier {config.sweep.algorithm}")
+
+
+def run_branch(
+    plan: BranchPlan,
+    config: SmartSearchConfig,
+    load_predictor: Any,
+    *,
+    evaluate_wave: Callable[[list[EvalRequest]], list[EvalOutcome]],
+    vizier: Any,
+    journal: Journal | None = None,
+    counter: TrialCounter | None = None,
+    warm_history: Iterable[HistoryItem] = (),
+    on_record: Callable[[TrialRecord], None] | None = None,
+    on_round: Callable[[BranchOutcome], None] | None = None,
+) -> BranchOutcome:
+    settings = StudySettings(per_round=config.sweep.per_round, max_rounds=config.sweep.max_rounds,
+                             workers=max(1, min(config.sweep.parallel_evals, config.sweep.per_round)),
+                             exhaustive=plan.exhaustive)
+    mode = plan.branch.deployment_mode
+    if plan.exhaustive:
+        sampler: Any = VizierSampler(None, plan.encoding)
+        points = exhaustive_points(plan.encoding)
+    else:
+        study = vizier.open_study(plan.encoding, study_metrics(config), seed=_branch_seed(config, mode),
+                                  algorithm=config.sweep.algorithm)
+        sampler, points = VizierSampler(study, plan.encoding), None
+    return run_branch_study(
+        mode, sampler, candidate_builder(config, load_predictor), evaluate_wave, scorer(config), settings,
+        journal=journal, counter=counter, warm_history=warm_history, exhaustive_points=points,
+        on_record=on_record, on_round=on_round,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# the whole sweep (CLI path)
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class SweepResult:
+    config: SmartSearchConfig
+    prepared: PreparedSweep
+    plans: list[BranchPlan]
+    branches: list[BranchOutcome]
+    ledger: pd.DataFrame
+    merge: Any
+    outputs: dict[str, Path] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    resumed_records: int = 0
+
+
+def ledger_frame(records: Iterable[TrialRecord]) -> pd.DataFrame:
+    rows = [r.to_row() for r in records]
+    if not rows:
+        return pd.DataFrame(columns=list(TrialRecord.__dataclass_fields__))
+    return pd.DataFrame(rows)
+
+
+def run_sweep(
+    config: SmartSearchConfig,
+    output_dir: str | Path,
+    *,
+    evaluator: Any = None,
+    vizier: Any = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+    warm_start_ledger: pd.DataFrame | None = None,
+) -> SweepResult:
+    """Run all stages, journalling to `output_dir` so a rerun resumes, and write the outputs."""
+    output_dir = Path(output_dir)
+    emit = progress or (lambda event: None)
+    started = time.perf_counter()
+    with RunLock(output_dir):
+        prepared = prepare(config)
+        config = prepared.config
+        for warning in prepared.warnings:
+            emit({"event": "warning", "message": warning})
+        plans = [plan_branch(branch, config) for branch in prepared.branches]
+        for plan in plans:
+            emit({"event": "plan", "branch": plan.branch.deployment_mode, "why": plan.why,
+                  "exhaustive": plan.exhaustive, "size": plan.finite_size})
+        journal = FileJournal(output_dir / "journal.jsonl")
+        resumed = journal.loaded_records
+        if resumed:
+            emit({"event": "resume", "records": resumed})
+        evaluator = evaluator if evaluator is not None else default_evaluator()
+        vizier = vizier if vizier is not None else default_vizier()
+        outcomes: list[BranchOutcome] = []
+        counter = TrialCounter()
+        workers = max(1, min(config.sweep.parallel_evals, config.sweep.per_round))
+        records: list[TrialRecord] = []
+
+        def on_record(rec: TrialRecord) -> None:
+            records.append(rec)
+            emit({"event": "trial", "record": rec})
+
+        try:
+            with make_pool(evaluator, workers, config.sweep.max_eval_seconds) as pool:
+                for plan in plans:
+                    mode = plan.branch.deployment_mode
+                    emit({"event": "branch", "branch": mode, "exhaustive": plan.exhaustive})
+                    outcome = run_branch(
+                        plan, config, prepared.load_predictor, evaluate_wave=pool.evaluate_wave,
+                        vizier=vizier, journal=journal, counter=counter,
+                        warm_history=warm_history_for(warm_start_ledger, plan),
+                        on_record=on_record,
+                        on_round=lambda result: (emit({"event": "round", "branch": result.branch,
+                                                       "round": result.rounds}),
+                                                 _write_partial_ledger(output_dir, records)),
+                    )
+                    outcomes.append(outcome)
+                    if outcome.stalled:
+                        emit({"event": "stalled", "branch": mode, "rounds": outcome.rounds})
+        finally:
+            journal.close()
+            _write_partial_ledger(output_dir, records)
+
+        ledger = ledger_frame(records)
+        timings = {
+            "optimizer_seconds": sum(o.optimizer_seconds for o in outcomes),
+            "replay_seconds": sum(o.replay_seconds for o in outcomes),
+            "wall_seconds": time.perf_counter() - started,
+        }
+        merge, paths = write_results(output_dir, config, prepared, plans, outcomes, ledger, timings)
+    return SweepResult(config, prepared, plans, outcomes, ledger, merge, paths, timings, resumed)
+
+
+def write_results(output_dir, config, prepared, plans, outcomes, ledger, timings):
+    from spica_pipeline.report import merge_for_config, write_outputs
+
+    merge = merge_for_config(ledger, config)
+    paths = write_outputs(
+        output_dir, ledger, merge,
+        goal_summary=goal_summary(config),
+        workload_summary=workload_summary(config),
+        timings=timings,
+        branch_notes={p.branch.deployment_mode: p.why for p in plans},
+    )
+    return merge, paths
+
+
+def goal_summary(config: SmartSearchConfig) -> dict[str, Any]:
+    goal = config.goal
+    return {
+        "target": goal.target.value,
+        "objectives": objective_names(config),
+        "sla": goal.sla.model_dump(exclude_none=True) if goal.sla else None,
+        "gpu_budget": config.search_space.gpu_budget,
+        "model": config.search_space.model_name,
+        "hardware": config.search_space.hardware_sku,
+    }
+
+
+def workload_summary(config: SmartSearchConfig) -> dict[str, Any]:
+    return {"shape": config.workload.shape, **config.workload.model_dump(mode="json", exclude_none=True)}
+
+
+def warm_history_for(ledger: pd.DataFrame | None, plan: BranchPlan) -> list[HistoryItem]:
+    """Trials of an earlier sweep of the same branch space, re-encoded for this study."""
+    if ledger is None or ledger.empty or plan.exhaustive:
+        return []
+    items = []
+    for row in ledger[ledger["branch"] == plan.branch.deployment_mode].to_dict("records"):
+        rec = TrialRecord.from_row(row)
+        try:
+            parameters = plan.encoding.encode(rec.selection, _config_of(rec))
+        except (ValueError, KeyError, TypeError):
+            continue  # the space changed: this trial has no place in the new study
+        items.append(HistoryItem(parameters, rec.told_metrics, None if rec.told_metrics else rec.reason))
+    return items
+
+
+def _config_of(rec: TrialRecord) -> ParallelConfig:
+    from spica_pipeline.search.shapes import parallel_config_from_dict
+
+    return parallel_config_from_dict(rec.parallel_config)
+
+
+def default_evaluator():
+    from spica_pipeline.resources.replay import ReplayEvaluator
+
+    return ReplayEvaluator()
+
+
+def default_vizier():
+    from spica_pipeline.resources.vizier import VizierClient
+
+    return VizierClient()
+
+
+def make_pool(evaluator: Any, workers: int, max_eval_seconds: float | None):
+    from spica_pipeline.resources.pool import EvaluationPool
+
+    return EvaluationPool(evaluator, workers=workers, max_eval_seconds=max_eval_seconds)
+
+
+def _write_partial_ledger(output_dir: Path, records: list[TrialRecord]) -> None:
+    from spica_pipeline.storage import atomic_write_parquet
+
+    atomic_write_parquet(output_dir / "ledger.parquet", ledger_frame(records))
+
+
+def _branch_seed(config: SmartSearchConfig, mode: str) -> int:
+    digest = hashlib.sha256(f"{config.sweep.seed}:{mode}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
+def _file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and x == x and abs(x) != float("inf")
+
+
+__all__ = [
+    "BranchPlan", "PreparedSweep", "SweepResult", "candidate_builder", "enumerate_branch_spaces",
+    "filter_policies", "ledger_frame", "plan_branch", "predict_load", "prepare", "run_branch", "run_sweep",
+    "scorer",
+]
