@@ -114,6 +114,15 @@ class SearchSpace(StrictModel):
         default_factory=lambda: list(presets.LOAD_PREDICTOR_PRESETS)
     )
 
+    @field_validator("deployment_mode", "backend", "router_mode", *presets.ENGINE_CHOICES,
+                     *presets.ROUTER_CHOICES, mode="before")
+    @classmethod
+    def _no_dicts(cls, v: Any, info: Any) -> Any:
+        """Only the four composite knobs take raw-dict pins (spec §2.7 rule 3)."""
+        if isinstance(v, list) and any(isinstance(x, dict) for x in v):
+            raise ValueError(f"{info.field_name} does not accept a dict entry")
+        return v
+
     @field_validator("deployment_mode")
     @classmethod
     def _modes(cls, v: list[str]) -> list[str]:
