@@ -1,0 +1,147 @@
+import json
+import time
+from collections import defaultdict
+
+import pytest
+
+from spica_pipeline.errors import NoPerfDatabase, NoViableParallelConfig
+from spica_pipeline.search.parallel import (
+    GPU_LADDER,
+    RULES,
+    check_pins,
+    engine_shapes_at,
+    parallel_configs_for,
+)
+from spica_pipeline.search.shapes import DisaggShape, RoleShape
+
+pytestmark = pytest.mark.integration  # real aiconfigurator-core estimates
+
+DENSE, MOE, SKU = "Qwen/Qwen3-32B", "Qwen/Qwen3-30B-A3B", "h200_sxm"
+
+
+def replicas_by_width(configs):
+    out = defaultdict(set)
+    for c in configs:
+        out[c.gpus_per_engine].add(c.replicas)
+    return dict(out)
+
+
+def test_dense_vllm_budget_8_replicas_per_width():
+    result = parallel_configs_for(DENSE, SKU, "vllm", "agg", 8)
+    assert replicas_by_width(result.configs) == {8: {1}, 4: {1, 2}, 2: {1, 2, 3, 4}, 1: set(range(1, 9))}
+    assert all(c.strategy == "tp" and c.tp == c.gpus_per_engine and c.pp == 1 for c in result.configs)
+    diag = result.diagnostics
+    assert diag.pruned_count("ladder") == 1 and diag.configs_kept == 15
+    assert diag.backend_version == "0.27.0" and diag.max_seq_len == 40960  # the model's max context
+
+
+def test_moe_patterns_at_4_and_none_at_1():
+    result = parallel_configs_for(MOE, SKU, "vllm", "agg", 8)
+    at4 = {c.engine_key() for c in result.configs if c.gpus_per_engine == 4}
+    # (tp, pp, dp, moe_tp, moe_ep): TEP, DEP, MoE-TP, DTP
+    assert at4 == {(4, 1, 1, 1, 4), (1, 1, 4, 1, 4), (4, 1, 1, 4, 1), (1, 1, 4, 4, 1)}
+    assert {c.strategy for c in result.configs} == {"tep", "dep", "tp", "dtp"}
+    assert not any(c.gpus_per_engine == 1 for c in result.configs)
+    assert engine_shapes_at(True, "vllm", 1) == []
+    assert replicas_by_width(result.configs) == {2: {1, 2, 3, 4}, 4: {1, 2}, 8: {1}}
+
+
+def test_backend_filters_are_recorded():
+    from spica_pipeline.search.parallel import _Pruned
+
+    pruned = {r: _Pruned() for r in RULES}
+    shapes = engine_shapes_at(True, "trtllm", 4, pruned)
+    assert all(not (s.tp > 1 and s.attention_dp > 1) for s in shapes)
+    assert any("trtllm forbids tp>1 with attention_dp>1" in e for e in pruned["backend_filter"].examples)
+    pruned = {r: _Pruned() for r in RULES}
+    engine_shapes_at(True, "vllm", 4, pruned)
+    assert any("tp4/pp1/dp1/moe_tp2/moe_ep2 (vllm forbids" in e for e in pruned["backend_filter"].examples)
+    # sglang's EP-only kernel filter is dormant: moe_tp2 x moe_ep2 is only rejected as a mixed pattern
+    pruned = {r: _Pruned() for r in RULES}
+    engine_shapes_at(True, "sglang", 4, pruned)
+    assert pruned["backend_filter"].count == 0 and pruned["pattern"].count > 0
+
+
+def test_trtllm_moe_disagg_pair_counts_match_spec():
+    plain = parallel_configs_for(MOE, SKU, "trtllm", "disagg", 8)
+    assert len(plain.configs) == 176
+    assert all(isinstance(c, DisaggShape) and c.used_gpus <= 8 for c in plain.configs)
+    floor = parallel_configs_for(MOE, SKU, "trtllm", "disagg", 8, min_budget=8)
+    assert len(floor.configs) == 96 and all(c.used_gpus == 8 for c in floor.configs)
+    d = floor.diagnostics
+    # every raw prefill x decode pair (28 role configs each) is kept or pruned by exactly one rule
+    assert d.configs_considered == 28 * 28
+    assert d.configs_kept + d.pruned_count("budget") + d.pruned_count("min_budget") + d.pruned_count("kv") == 784
+    assert d.pruned_count("min_budget") == 80
+
+
+def test_agg_min_gpu_budget():
+    result = parallel_configs_for(DENSE, SKU, "sglang", "agg", 8, min_budget=6)
+    assert {c.used_gpus for c in result.configs} == {6, 7, 8}
+    assert result.diagnostics.pruned_count("min_budget") == 15 - len(result.configs)
+
+
+def test_kv_filter_uses_max_seq_len():
+    big = "Qwen/Qwen3-235B-A22B"
+    strict = parallel_configs_for(big, SKU, "vllm", "agg", 4)
+    loose = parallel_configs_for(big, SKU, "vllm", "agg", 4, max_seq_len=4096)
+    kv = dict(strict.diagnostics.kv_tokens)
+    dep4 = "tp1/pp1/dp4/moe_tp1/moe_ep4"
+    assert 4096 < kv[dep4] <= 40960  # a few thousand tokens per rank: too few for the 40k context
+    assert kv["tp2/pp1/dp1/moe_tp1/moe_ep2"] is None  # weights leave no KV budget on 2 GPUs
+    assert not any(c.engine_key() == (1, 1, 4, 1, 4) for c in strict.configs)
+    assert any(c.engine_key() == (1, 1, 4, 1, 4) for c in loose.configs)
+    assert strict.diagnostics.pruned_count("kv") > 0
+    assert any("KV tokens per rank <= max_seq_len 40960" in e
+               for e in strict.diagnostics.to_dict()["pruned"]["kv"]["examples"])
+
+
+def test_model_too_big_for_budget():
+    with pytest.raises(NoViableParallelConfig) as err:
+        parallel_configs_for("meta-llama/Meta-Llama-3.1-405B", SKU, "vllm", "agg", 2)
+    msg = str(err.value)
+    assert "gpu_budget=2" in msg and "kv: 3 pruned" in msg and "no KV budget" in msg and "\n" not in msg
+
+
+def test_no_perf_database_for_backend():
+    with pytest.raises(NoPerfDatabase):
+        parallel_configs_for(DENSE, "b60", "sglang", "agg", 8)
+
+
+def test_memoised_second_call_is_free():
+    args = (MOE, SKU, "sglang", "disagg", 16)
+    first = parallel_configs_for(*args)
+    t0 = time.perf_counter()
+    again = parallel_configs_for(*args)
+    assert again is first and time.perf_counter() - t0 < 0.01
+
+
+def test_diagnostics_json_round_trip():
+    diag = parallel_configs_for(MOE, SKU, "vllm", "disagg", 8, min_budget=4).diagnostics.to_dict()
+    assert json.loads(json.dumps(diag)) == diag
+    assert set(diag["pruned"]) == set(RULES)
+    assert diag["engine_shapes_kept"] == 12 and diag["pruned"]["ladder"]["examples"] == ["g=16 > gpu_budget=8"]
+
+
+def test_pins_checked_against_the_legal_set():
+    legal = {b: parallel_configs_for(MOE, SKU, b, "agg", 8).configs for b in ("vllm", "sglang")}
+    support = check_pins([{"tp": 4, "moe_ep": 4, "replicas": 2}, {"tp": 1, "attention_dp": 2, "moe_tp": 2}],
+                         "agg", legal)
+    assert support == {RoleShape(tp=4, moe_ep=4, replicas=2): ("vllm", "sglang"),
+                       RoleShape(attention_dp=2, moe_tp=2): ("vllm", "sglang")}
+    with pytest.raises(NoViableParallelConfig, match="no configured backend can run the pinned"):
+        check_pins([{"tp": 3}], "agg", legal)
+    with pytest.raises(NoViableParallelConfig,
+                       match=r"legal/KV-feasible for no configured backend: \['tp2/pp1/dp1/moe_tp2/moe_ep2x1'\]"):
+        check_pins([{"tp": 4, "moe_ep": 4}, {"tp": 2, "moe_tp": 2, "moe_ep": 2}], "agg", legal)
+    with pytest.raises(NoViableParallelConfig, match="deployment_mode is 'agg'"):
+        check_pins([{"prefill": {"tp": 2, "moe_ep": 2}, "decode": {"tp": 2, "moe_ep": 2}}], "agg", legal)
+
+
+def test_dense_pin_off_ladder_and_disagg_pins():
+    legal = {"vllm": parallel_configs_for(DENSE, SKU, "vllm", "disagg", 8).configs}
+    pair = {"prefill": {"tp": 2}, "decode": {"tp": 4}}
+    assert check_pins([pair], "disagg", legal) == {DisaggShape(RoleShape(tp=2), RoleShape(tp=4)): ("vllm",)}
+    with pytest.raises(NoViableParallelConfig):
+        check_pins([{"prefill": {"tp": 3}, "decode": {"tp": 4}}], "disagg", legal)
+    assert 3 not in GPU_LADDER
