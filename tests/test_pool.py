@@ -1,0 +1,87 @@
+import time
+
+import pytest
+from pool_fakes import BrokenWarmUp, FakeEvaluator
+
+from spica_pipeline.resources.pool import EvaluationPool
+from spica_pipeline.search.evaluation import EvalRequest
+
+
+def req(behaviour="ok", **extra):
+    return EvalRequest({"behaviour": behaviour, **extra}, {}, {})
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with EvaluationPool(FakeEvaluator("shipped"), workers=2, max_eval_seconds=3.0) as p:
+        yield p
+
+
+def test_normal_in_order_and_evaluator_shipped_once(pool):
+    outs = pool.evaluate_wave([req(value=i) for i in range(6)])
+    assert [o.status for o in outs] == ["feasible"] * 6
+    assert [o.report["value"] for o in outs] == list(range(6))
+    pids = {o.report["pid"] for o in outs}
+    assert len(pids) <= 2  # long-lived workers serve several requests
+    assert all(o.derived["tag"] == "shipped" and o.derived["warm_pid"] == o.report["pid"] for o in outs)
+
+
+def test_exception_becomes_failed(pool):
+    outs = pool.evaluate_wave([req("raise"), req(value=1)])
+    assert outs[0].status == "failed"
+    assert "ValueError: candidate exploded" in outs[0].reason
+    assert outs[1].status == "feasible"
+
+
+def test_hang_times_out_and_worker_is_replaced(pool):
+    before = pool.replaced
+    t0 = time.monotonic()
+    outs = pool.evaluate_wave([req("hang"), req(value=2)])
+    elapsed = time.monotonic() - t0
+    assert outs[0].status == "timed_out"
+    assert outs[0].reason == "exceed runtime: replay > 3s"
+    assert outs[1].status == "feasible" and outs[1].report["value"] == 2
+    assert elapsed < 20
+    assert pool.replaced == before + 1
+    # the pool goes on with a fresh worker
+    assert [o.status for o in pool.evaluate_wave([req(value=i) for i in range(3)])] == ["feasible"] * 3
+
+
+@pytest.mark.parametrize("behaviour, code", [("exit", "exit code 7"), ("segv", "SIGSEGV")])
+def test_dead_worker_fails_its_request_only(pool, behaviour, code):
+    outs = pool.evaluate_wave([req(behaviour), req(value=5), req(value=6)])
+    assert outs[0].status == "failed"
+    assert "worker process died" in outs[0].reason and code in outs[0].reason
+    assert [o.status for o in outs[1:]] == ["feasible", "feasible"]
+    assert [o.status for o in pool.evaluate_wave([req(value=1), req(value=2)])] == ["feasible"] * 2
+
+
+def test_queue_time_does_not_eat_budget():
+    # 4 requests of 1.2 s on 2 workers with a 2 s cap: the second pair waits ~1.2 s in the queue
+    # but must not time out, because its clock starts when a worker takes it.
+    with EvaluationPool(FakeEvaluator(), workers=2, max_eval_seconds=2.0) as p:
+        outs = p.evaluate_wave([req("slow", seconds=1.2, value=i) for i in range(4)])
+    assert [o.status for o in outs] == ["feasible"] * 4
+
+
+def test_no_timeout_when_unbounded():
+    with EvaluationPool(FakeEvaluator(), workers=1, max_eval_seconds=None) as p:
+        outs = p.evaluate_wave([req("slow", seconds=0.3), req()])
+    assert [o.status for o in outs] == ["feasible", "feasible"]
+
+
+def test_worker_that_cannot_start_raises_pool_error():
+    with EvaluationPool(BrokenWarmUp(), workers=1, max_eval_seconds=5) as p:
+        with pytest.raises(RuntimeError, match="failed to start: RuntimeError: no runtime here"):
+            p.evaluate_wave([req()])
+
+
+def test_validation_and_closed():
+    with pytest.raises(ValueError):
+        EvaluationPool(FakeEvaluator(), workers=0)
+    with pytest.raises(ValueError):
+        EvaluationPool(FakeEvaluator(), workers=1, max_eval_seconds=0)
+    p = EvaluationPool(FakeEvaluator(), workers=1)
+    p.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        p.evaluate_wave([req()])
