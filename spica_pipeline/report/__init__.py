@@ -1,0 +1,50 @@
+"""The output layer: ranked candidates or the Pareto front as tables, report.md, plots and
+deployment starting points, all written atomically under one output directory."""
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+from spica_pipeline.report.merge import MergeResult, merge_candidates
+from spica_pipeline.storage import atomic_write_bytes, atomic_write_parquet, atomic_write_text
+
+__all__ = ["MergeResult", "merge_candidates", "write_outputs"]
+
+
+def write_outputs(
+    output_dir: str | Path,
+    ledger_df: pd.DataFrame,
+    merge_result: MergeResult,
+    *,
+    goal_summary: Mapping[str, Any],
+    workload_summary: Mapping[str, Any],
+    timings: Mapping[str, Any],
+    top_n: int = 3,
+) -> dict[str, Path]:
+    """Write every artifact; returns name -> path. Each file is replaced atomically, so a reader
+    never sees a half-written one and a crash leaves the previous run's file intact."""
+    from spica_pipeline.report.deploy import deployment_yaml, readme_text
+    from spica_pipeline.report.markdown import render_report
+    from spica_pipeline.report.plots import convergence_png, pareto_png
+    from spica_pipeline.report.tables import arrow_safe, candidates_frame, describe_candidate
+
+    out = Path(output_dir)
+    m = merge_result
+    paths: dict[str, Path] = {}
+    paths["ledger"] = atomic_write_parquet(out / "ledger.parquet", arrow_safe(ledger_df))
+    table = candidates_frame(m.candidates, m.objectives if m.is_pareto else None)
+    paths["candidates"] = atomic_write_parquet(out / "candidates.parquet", table)
+    paths["candidates_csv"] = atomic_write_text(out / "candidates.csv", table.to_csv(index=False))
+    paths["pareto_png"] = atomic_write_bytes(out / "pareto.png", pareto_png(m))
+    paths["convergence_png"] = atomic_write_bytes(out / "convergence.png", convergence_png(m))
+    for rank, cand in enumerate(m.top(top_n), start=1):
+        d = out / "deploy" / str(rank)
+        paths[f"deploy_{rank}"] = atomic_write_text(d / "deployment.yaml", deployment_yaml(cand, rank, target=m.target))
+        atomic_write_text(d / "README.md", readme_text(cand, rank, describe_candidate(cand, m.target, m.objectives)))
+    files = {k: str(p.relative_to(out)) for k, p in paths.items()}
+    files["report"] = "report.md"
+    text = render_report(m, ledger_df, goal_summary=goal_summary, workload_summary=workload_summary,
+                         timings=timings, files=files)
+    paths["report"] = atomic_write_text(out / "report.md", text)
+    return paths

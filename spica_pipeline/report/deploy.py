@@ -1,0 +1,99 @@
+"""Deployment starting points: the top candidates as YAML a person adapts into a Dynamo deployment.
+
+Built from the flat unrolled sample alone (spec §5), so it shows exactly what replay simulated: the
+engine arguments per role, worker counts, router and planner settings, model, backend and version.
+"""
+
+from typing import Any, Mapping
+
+import yaml
+
+from spica_pipeline.search.scoring import Candidate
+from spica_pipeline.search.shapes import SHAPE_KEYS
+
+ROLE_ENGINE_KEYS = ("max_num_batched_tokens", "max_num_seqs", "block_size", "gpu_memory_utilization",
+                    "enable_prefix_caching")
+OFFLOAD_PREFIXES = ("num_g", "bandwidth_g")
+OFFLOAD_KEYS = ("kv_bytes_per_token", "offload_batch_size")
+ROUTER_KEYS = ("overlap_score_credit", "prefill_load_scale", "router_temperature", "host_cache_hit_weight",
+               "disk_cache_hit_weight", "active_decode_blocks_threshold", "active_prefill_tokens_threshold",
+               "active_prefill_tokens_threshold_frac", "no_admission_control")
+PLANNER_KEYS = ("enable_throughput_scaling", "enable_load_scaling", "throughput_adjustment_interval",
+                "load_adjustment_interval", "max_num_fpm_samples", "fpm_sample_bucket_size",
+                "load_scaling_down_sensitivity", "load_min_observations", "load_predictor",
+                "load_predictor_log1p", "prophet_window_size", "kalman_q_level", "kalman_q_trend", "kalman_r",
+                "kalman_min_points")
+LOAD_KEYS = ("concurrency", "kv_load_ratio", "kv_load_concurrency", "kv_capacity_concurrency")
+
+
+def _role(cfg: Mapping[str, Any], role: str, shape_prefix: str) -> dict[str, Any]:
+    parallel = {k: cfg[f"{shape_prefix}{k}"] for k in SHAPE_KEYS if f"{shape_prefix}{k}" in cfg}
+    count = cfg.get(f"{shape_prefix}replicas", 1)
+    engine = {k: cfg[f"{role}_{k}"] for k in ROLE_ENGINE_KEYS if f"{role}_{k}" in cfg}
+    if role != "decode" and (cfg.get("num_g2_blocks") or 0) > 0:
+        engine.update({k: v for k, v in cfg.items() if v is not None and (k in OFFLOAD_KEYS or k.startswith(OFFLOAD_PREFIXES))})
+    gpus_per_worker = 1
+    for k in ("tp", "pp", "attention_dp"):
+        gpus_per_worker *= int(parallel.get(k, 1) or 1)
+    if cfg.get("aic_nextn") is not None:
+        engine["nextn"] = cfg["aic_nextn"]
+    if cfg.get("startup_time") is not None:
+        engine["startup_time"] = cfg["startup_time"]
+    return {"count": count, "gpus_per_worker": gpus_per_worker, "parallel": parallel, "engine_args": engine}
+
+
+def deployment_dict(c: Candidate, rank: int, *, target: str | None = None) -> dict[str, Any]:
+    """The deployment document for one candidate; `config` carries the full flat sample verbatim."""
+    cfg = c.config
+    mode = cfg.get("deployment_mode", c.branch)
+    if mode == "disagg":
+        workers = {"prefill": _role(cfg, "prefill", "prefill_"), "decode": _role(cfg, "decode", "decode_")}
+    else:
+        workers = {"agg": _role(cfg, "agg", "")}
+    router = {"mode": cfg.get("router_mode", "round_robin")}
+    router_cfg = {k: cfg[k] for k in ROUTER_KEYS if k in cfg}
+    if router_cfg:
+        router["config"] = router_cfg
+    planner_on = bool(cfg.get("enable_throughput_scaling") or cfg.get("enable_load_scaling"))
+    planner: dict[str, Any] = {"enabled": planner_on, "scaling_policy": cfg.get("planner_scaling_policy")}
+    if planner_on:
+        planner["settings"] = {k: cfg[k] for k in PLANNER_KEYS if k in cfg}
+        planner["limits"] = {k: cfg[k] for k in ("gpu_budget", "min_gpu_budget", "min_endpoint") if cfg.get(k) is not None}
+    return {
+        "kind": "SpicaDeploymentCandidate",
+        "note": "starting point simulated by Dynamo Replay; validate on hardware before production",
+        "rank": rank,
+        "branch": c.branch,
+        "spec_hash": c.spec_hash,
+        "model": cfg.get("model_name"),
+        "hardware_sku": cfg.get("hardware_sku"),
+        "backend": cfg.get("backend"),
+        "backend_version": cfg.get("backend_version"),
+        "deployment_mode": mode,
+        "total_gpus": c.used_gpus,
+        "workers": workers,
+        "router": router,
+        "planner": planner,
+        "load": {k: cfg[k] for k in LOAD_KEYS if k in cfg},
+        "expected": {"goal": target, "score": c.score, "objectives": c.objectives, "metrics": c.metrics,
+                     **({"spread": c.spread} if c.spread else {})},
+        "config": dict(cfg),
+    }
+
+
+def deployment_yaml(c: Candidate, rank: int, *, target: str | None = None) -> str:
+    header = (f"# Spica candidate #{rank}: a starting point for a Dynamo deployment (see README.md).\n"
+              "# `workers` lists engine arguments per role; `config` is the exact sample replay simulated.\n")
+    return header + yaml.safe_dump(deployment_dict(c, rank, target=target), sort_keys=False, default_flow_style=False)
+
+
+def readme_text(c: Candidate, rank: int, description: str) -> str:
+    return (
+        f"# Candidate {rank}\n\n{description}\n\n"
+        "`deployment.yaml` is a starting point, not a finished manifest: it records what Dynamo Replay "
+        "simulated for this candidate (engine arguments per role, worker counts, router and planner "
+        "settings, model, backend and perf-database version) and what it measured. Replay error is "
+        "typically 5-15% and load dependent, so carry these settings into your Dynamo deployment "
+        "(DynamoGraphDeployment or launch scripts), map the engine arguments onto the backend's CLI "
+        "flags, and benchmark on real hardware before relying on the numbers.\n"
+    )

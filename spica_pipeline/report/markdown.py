@@ -1,0 +1,117 @@
+"""report.md: what a person reads first after a sweep."""
+
+import json
+import math
+from typing import Any, Mapping
+
+import pandas as pd
+
+from spica_pipeline.report.merge import MergeResult
+from spica_pipeline.report.tables import describe_candidate, fmt_value, goal_value, plot_axes
+
+TOP_RANKED = 10
+MAX_FRONT_ROWS = 50
+
+
+def _kv_lines(d: Mapping[str, Any]) -> list[str]:
+    out = []
+    for k, v in d.items():
+        if isinstance(v, (dict, list)):
+            v = json.dumps(v, sort_keys=True)
+        out.append(f"- **{k}**: {v}")
+    return out or ["- (none given)"]
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(x) for x in r) + " |" for r in rows]
+    return lines
+
+
+def _num(v: Any) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–" if v is None or math.isnan(v) else str(v)
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:,.3g}"
+
+
+def _seconds(ledger: pd.DataFrame, col: str) -> dict[str, float]:
+    if col not in ledger.columns or ledger.empty:
+        return {}
+    per = ledger.groupby("branch", sort=False)[col].sum(min_count=1).fillna(0.0)
+    return {str(b): float(s) for b, s in per.items()}
+
+
+def render_report(
+    merge: MergeResult,
+    ledger: pd.DataFrame,
+    *,
+    goal_summary: Mapping[str, Any],
+    workload_summary: Mapping[str, Any],
+    timings: Mapping[str, Any],
+    files: Mapping[str, str] | None = None,
+) -> str:
+    lines = ["# Spica sweep report", "", "## Goal", *_kv_lines(goal_summary), "",
+             "## Workload", *_kv_lines(workload_summary), ""]
+
+    lines += ["## Outcomes", ""]
+    total = sum(merge.counts.values())
+    lines += _table(["outcome", "trials"], [[k, v] for k, v in merge.counts.items() if v or k == "feasible"]
+                    + [["**total**", total]])
+    lines += ["", f"- unique feasible candidates: {len(merge.feasible)}",
+              f"- duplicates (cache hits and repeated specs, not replayed again): {merge.duplicates}"]
+    if merge.over_budget:
+        lines.append(f"- feasible but over the GPU budget, dropped: {merge.over_budget}")
+    for b in merge.branches:
+        how = "enumerated exhaustively" if b in merge.exhaustive_branches else "searched by Vizier"
+        lines.append(f"- branch `{b}`: {how}")
+    if merge.failure_reasons:
+        lines += ["", "Top failure reasons:", *[f"- {s}" for s in merge.failure_summary(3)]]
+    lines += ["", f"`{merge.summary_line()}`", ""]
+
+    lines += ["## Best configuration", ""]
+    best = merge.best
+    if best is None:
+        lines += ["No feasible candidate (check backends, SLA, gpu_budget and the failure reasons above).", ""]
+    else:
+        lines += [describe_candidate(best, merge.target, merge.objectives), ""]
+        if best.spread:
+            lines.append("Router repeats spread: " + ", ".join(
+                f"{m} std {_num(s.get('std'))}" for m, s in sorted(best.spread.items())))
+            lines.append("")
+
+    if merge.is_pareto:
+        lines += [f"## Pareto front ({len(merge.candidates)} non-dominated, ascending by {merge.objectives[-1]})", ""]
+        rows = []
+        for i, c in enumerate(merge.candidates[:MAX_FRONT_ROWS], 1):
+            rows.append([i, c.branch, *[_num((c.objectives or {}).get(o)) for o in merge.objectives],
+                         c.used_gpus, c.config.get("backend"), describe_candidate(c, merge.target, with_value=False)])
+        lines += _table(["#", "branch", *merge.objectives, "GPUs", "backend", "configuration"], rows)
+        if len(merge.candidates) > MAX_FRONT_ROWS:
+            lines.append(f"\n(first {MAX_FRONT_ROWS} shown; candidates.csv has all {len(merge.candidates)})")
+        lines += ["", f"Hypervolume: {merge.hypervolume:.6g} (reference point {tuple(round(r, 6) for r in merge.reference)};"
+                  " origin for maximised objectives, 1.1 x worst observed for minimised ones)", ""]
+    else:
+        lines += [f"## Ranked candidates (top {min(TOP_RANKED, len(merge.candidates))} of {len(merge.candidates)})", ""]
+        rows = []
+        for i, c in enumerate(merge.candidates[:TOP_RANKED], 1):
+            per_user, per_gpu = plot_axes(c)
+            rows.append([i, c.branch, fmt_value(goal_value(c, merge.target), merge.target), c.used_gpus,
+                         _num(per_gpu), _num(per_user), _num(c.metrics.get("mean_ttft_ms")),
+                         describe_candidate(c, merge.target, with_value=False)])
+        lines += _table(["#", "branch", merge.target, "GPUs", "tok/s/GPU", "tok/s/user", "mean TTFT ms",
+                         "configuration"], rows)
+        lines.append("")
+
+    lines += ["## Time", ""]
+    opt, rep = _seconds(ledger, "optimizer_seconds"), _seconds(ledger, "replay_seconds")
+    rows = [[b, f"{opt.get(b, 0.0):.1f}", f"{rep.get(b, 0.0):.1f}"] for b in merge.branches]
+    rows.append(["**all**", f"{sum(opt.values()):.1f}", f"{sum(rep.values()):.1f}"])
+    lines += _table(["branch", "optimizer s", "replay s"], rows)
+    if timings:
+        lines += ["", *_kv_lines({k: (f"{v:.1f}" if isinstance(v, float) else v) for k, v in timings.items()})]
+    lines.append("")
+    if files:
+        lines += ["## Files", "", *[f"- `{name}`: {path}" for name, path in files.items()], ""]
+    lines.append("Numbers are from Dynamo Replay (simulation); treat them as estimates with a 5-15% error band.")
+    return "\n".join(lines) + "\n"
+

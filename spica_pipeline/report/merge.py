@@ -1,0 +1,260 @@
+"""Stage 6, merge by goal: all branches' feasible ledger rows become one ranked list or one front.
+
+Input is the sweep ledger (one row per trial, JSON-string columns as written by search/ledger.py).
+The merge re-scores each feasible row from its stored replay report, so the result depends only on
+the goal and the reports, never on how a branch happened to sign or store its score.
+"""
+
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+from spica_pipeline.search import scoring
+from spica_pipeline.search.scoring import Candidate
+
+STATUSES = ("feasible", "infeasible", "failed", "timed_out", "unsupported", "cached")
+REQUIRED_COLUMNS = ("branch", "status", "spec_hash", "config", "report", "used_gpus")
+
+
+def _loads(value: Any, default: Any = None) -> Any:
+    """A ledger JSON cell: JSON text, an already-decoded object, or null/NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return default
+    if isinstance(value, (dict, list)):
+        return value
+    if isinstance(value, (bytes, str)):
+        if not value:
+            return default
+        return json.loads(value)
+    return default
+
+
+@dataclass
+class MergeResult:
+    """What the sweep found, by goal: the ranked list or the Pareto front, and how it got there.
+
+    candidates: scalar goal -> every feasible candidate, best first; Pareto -> the front, ascending
+        by the last objective. feasible: every unique feasible candidate in ledger order (for plots).
+    convergence: one row per (scope, evaluation): scope is a branch name or "merged"; evaluation
+        counts the trials that asked for a replay (cached rows are not evaluations) in ledger order,
+        per scope; value is the best score, or the front's hypervolume against the fixed
+        `reference`, after that evaluation (NaN before the first feasible one).
+    """
+
+    target: str
+    objectives: list[str]
+    directions: dict[str, str]
+    candidates: list[Candidate]
+    feasible: list[Candidate]
+    counts: dict[str, int]
+    duplicates: int
+    failure_reasons: list[tuple[str, int]]
+    convergence: pd.DataFrame
+    branches: list[str]
+    exhaustive_branches: list[str] = field(default_factory=list)
+    hypervolume: float | None = None
+    reference: tuple[float, ...] | None = None
+    over_budget: int = 0
+
+    @property
+    def is_pareto(self) -> bool:
+        return self.target == scoring.PARETO
+
+    @property
+    def best(self) -> Candidate | None:
+        """Scalar: the top of the ranking. Pareto: the front point with the best first objective."""
+        top = self.top(1)
+        return top[0] if top else None
+
+    def top(self, n: int) -> list[Candidate]:
+        """The n candidates to hand out first: the ranking's head, or for a front the points best
+        on the first (headline) objective."""
+        if not self.is_pareto:
+            return self.candidates[:n]
+        first = self.objectives[0]
+        sign = 1.0 if self.directions[first] == "max" else -1.0
+        return sorted(self.candidates, key=lambda c: (-sign * (c.objectives or {}).get(first, 0.0), c.used_gpus))[:n]
+
+    def failure_summary(self, k: int = 3) -> list[str]:
+        """Up to k distinct reasons with (xN) counts, then '+K more distinct reason(s)'."""
+        lines = [f"{reason} (x{n})" for reason, n in self.failure_reasons[:k]]
+        if len(self.failure_reasons) > k:
+            lines.append(f"+{len(self.failure_reasons) - k} more distinct reason(s)")
+        return lines
+
+    def cli_lines(self) -> list[str]:
+        """The CLI's result listing (spec §8.3): 'i: score=.. used_gpus=n', or for a front a header
+        then 'i: obj=<4 significant digits>, ... [concurrency=c] used_gpus=n'. Empty when nothing."""
+        if not self.candidates:
+            return []
+        if not self.is_pareto:
+            return [f"{i}: score={c.score} used_gpus={c.used_gpus}" for i, c in enumerate(self.candidates)]
+        lines = [f"pareto front ({len(self.candidates)} non-dominated):"]
+        for i, c in enumerate(self.candidates):
+            objs = ", ".join(f"{k}={v:.4g}" for k, v in (c.objectives or {}).items())
+            conc = c.config.get("concurrency", c.config.get("kv_load_concurrency"))
+            lines.append(f"{i}: {objs}" + (f" concurrency={conc}" if conc is not None else "")
+                         + f" used_gpus={c.used_gpus}")
+        return lines
+
+    def summary_line(self) -> str:
+        """Spica's end-of-run line: outcome counts, then the headline result."""
+        c = self.counts
+        head = (f"feasible={c.get('feasible', 0)} gated={c.get('infeasible', 0) + c.get('timed_out', 0)} "
+                f"unsupported={c.get('unsupported', 0)} failed={c.get('failed', 0)} cache_hits={self.duplicates}")
+        if not self.candidates:
+            return f"{head}; NO feasible candidate"
+        if self.is_pareto:
+            return f"{head}; pareto front: {len(self.candidates)}"
+        best = self.candidates[0]
+        value = best.score if scoring.direction(self.target) == "max" else -best.score
+        return f"{head}; best {self.target}={value:.6g}"
+
+
+def _candidate(row: Mapping[str, Any], target: str, objectives: Sequence[str]) -> Candidate:
+    config = _loads(row.get("config"), {}) or {}
+    if "used_gpus" not in config and row.get("used_gpus") is not None:
+        config = {**config, "used_gpus": int(row["used_gpus"])}
+    report = _loads(row.get("report"))
+    spread = _loads(row.get("spread"), {}) or {}
+    extra = {"branch": row.get("branch"), "spec_hash": row.get("spec_hash"), "spread": spread}
+    if report is not None:
+        cand = Candidate.from_report(config, report, target, objectives if target == scoring.PARETO else None,
+                                     **extra)
+    elif target == scoring.PARETO:
+        # No stored report: fall back to the objective vector the study recorded.
+        cand = Candidate.pareto(config, _loads(row.get("objectives")), {}, **extra)
+    else:
+        s = row.get("score")
+        if s is None or (isinstance(s, float) and math.isnan(s)):
+            raise ValueError(f"ledger row {row.get('spec_hash')!r}: feasible without report or score")
+        cand = Candidate(config=config, used_gpus=int(config.get("used_gpus", 0)), score=float(s),
+                         metrics={}, branch=extra["branch"], spec_hash=extra["spec_hash"], spread=spread)
+    if row.get("used_gpus") is not None and not (isinstance(row["used_gpus"], float) and math.isnan(row["used_gpus"])):
+        cand.used_gpus = int(row["used_gpus"])
+    return cand
+
+
+def merge_candidates(
+    ledger_df: pd.DataFrame,
+    goal_target: Any,
+    objectives: Sequence[Any] | None = None,
+    directions: Mapping[str, str] | None = None,
+    gpu_budget: int | None = None,
+) -> MergeResult:
+    """Merge every branch's feasible trials by goal (spec §1 stage 6).
+
+    Feasible rows only, deduplicated by spec_hash (first occurrence wins and keeps its branch);
+    rows over `gpu_budget` are dropped defensively and counted in `over_budget`. A scalar goal
+    gives the ranked list (score desc, ties to fewer GPUs); `pareto` gives the non-dominated front
+    and its hypervolume (reference: see scoring.hypervolume, fixed over all feasible points).
+    """
+    missing = [c for c in REQUIRED_COLUMNS if c not in ledger_df.columns]
+    if missing:
+        raise ValueError(f"ledger is missing column(s) {missing}")
+    target = scoring._name(goal_target)
+    is_pareto = target == scoring.PARETO
+    if is_pareto:
+        objs = scoring.effective_objectives(target, objectives)
+        dirs = dict(directions) if directions else scoring.directions_for(objs)
+        if list(dirs) != objs:
+            dirs = {o: dirs.get(o) or scoring.direction(o) for o in objs}
+    else:
+        scoring.direction(target)  # validates the target
+        objs, dirs = [target], {target: scoring.direction(target)}
+
+    rows = ledger_df.to_dict("records")
+    counts = {s: 0 for s in STATUSES}
+    reasons: Counter[str] = Counter()
+    seen: set[str] = set()
+    duplicates = over_budget = 0
+    feasible: list[Candidate] = []
+    # Convergence bookkeeping: one evaluation per non-cached row, per branch and merged.
+    branches: list[str] = []
+    evals: Counter[str] = Counter()
+    per_scope: dict[str, list[Candidate]] = {}
+    series: list[dict[str, Any]] = []
+    steps: list[tuple[str, Candidate | None]] = []
+
+    for row in rows:
+        status = str(row.get("status"))
+        branch = str(row.get("branch"))
+        if branch not in branches:
+            branches.append(branch)
+        counts[status] = counts.get(status, 0) + 1
+        if status not in ("feasible", "cached"):
+            reason = row.get("reason")
+            reasons[str(reason) if reason else status] += 1
+        if status == "cached":
+            duplicates += 1
+            continue
+        cand = None
+        if status == "feasible":
+            h = str(row.get("spec_hash"))
+            if h in seen:
+                duplicates += 1
+            elif gpu_budget is not None and not scoring.is_feasible(int(row["used_gpus"]), gpu_budget):
+                over_budget += 1
+            else:
+                seen.add(h)
+                cand = _candidate(row, target, objs)
+                feasible.append(cand)
+        steps.append((branch, cand))
+
+    if is_pareto:
+        reference = scoring.default_reference([_vec(c, objs) for c in feasible], list(dirs.values()))
+        front = scoring.pareto_front(feasible, dirs)
+        hv = scoring.hypervolume(front, dirs, reference) if front else 0.0
+        ranked = front
+    else:
+        reference, hv = None, None
+        ranked = scoring.rank(feasible)
+
+    tracker = {scope: _Tracker(is_pareto, dirs, reference) for scope in (*branches, "merged")}
+    for branch, cand in steps:
+        for scope in (branch, "merged"):
+            evals[scope] += 1
+            series.append({"scope": scope, "evaluation": evals[scope], "value": tracker[scope].add(cand)})
+    convergence = pd.DataFrame(series, columns=["scope", "evaluation", "value"])
+
+    exhaustive = []
+    if "source" in ledger_df.columns:
+        exhaustive = sorted({str(b) for b, s in zip(ledger_df["branch"], ledger_df["source"]) if s == "exhaustive"})
+    return MergeResult(
+        target=target, objectives=objs, directions=dirs, candidates=ranked, feasible=feasible,
+        counts=counts, duplicates=duplicates, failure_reasons=sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])),
+        convergence=convergence, branches=branches, exhaustive_branches=exhaustive,
+        hypervolume=hv, reference=reference, over_budget=over_budget,
+    )
+
+
+def _vec(c: Candidate, objs: Sequence[str]) -> tuple[float, ...]:
+    o = c.objectives or {}
+    return tuple(float(o.get(n) or 0.0) for n in objs)
+
+
+class _Tracker:
+    """Best-so-far for one scope: a running max score, or an incrementally kept front's hypervolume."""
+
+    def __init__(self, is_pareto: bool, dirs: Mapping[str, str], reference: tuple[float, ...] | None):
+        self.is_pareto, self.dirs, self.reference = is_pareto, dict(dirs), reference
+        self.best = math.nan
+        self.front: list[Candidate] = []
+
+    def add(self, cand: Candidate | None) -> float:
+        if cand is None:
+            return self.best
+        if not self.is_pareto:
+            self.best = cand.score if math.isnan(self.best) else max(self.best, cand.score)
+            return self.best
+        objs, dvals = list(self.dirs), list(self.dirs.values())
+        v = _vec(cand, objs)
+        if any(scoring.dominates(_vec(f, objs), v, dvals) for f in self.front) and not math.isnan(self.best):
+            return self.best
+        self.front = [f for f in self.front if not scoring.dominates(v, _vec(f, objs), dvals)] + [cand]
+        self.best = scoring.hypervolume(self.front, self.dirs, self.reference)
+        return self.best

@@ -1,0 +1,168 @@
+"""The candidates table (one flat row per candidate) and the words that describe a candidate."""
+
+import json
+import math
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+from spica_pipeline.search import scoring
+from spica_pipeline.search.scoring import Candidate
+
+UNITS = {
+    "throughput": "tok/s",
+    "throughput_per_gpu": "tok/s/GPU",
+    "throughput_per_user": "tok/s/user",
+    "e2e_latency": "ms",
+    "goodput": "tok/s",
+    "goodput_per_gpu": "tok/s/GPU",
+}
+SPREAD_STATS = ("std", "min", "max")
+
+
+def plot_axes(c: Candidate) -> tuple[float, float]:
+    """(tok/s/user, tok/s/GPU): the InferenceX / AI Configurator axes, from a candidate's metrics."""
+    m = c.metrics
+    return (scoring.objective_value("throughput_per_user", m), scoring.objective_value("throughput_per_gpu", m))
+
+
+def goal_value(c: Candidate, target: str) -> float:
+    """A candidate's raw value for one target (re-read from its metrics, unsigned)."""
+    if c.objectives and target in c.objectives:
+        return c.objectives[target]
+    return scoring.objective_value(target, c.metrics)
+
+
+def fmt_value(value: float, target: str) -> str:
+    if value is None or not math.isfinite(value):
+        return str(value)
+    unit = UNITS.get(target, "")
+    text = f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.3g}"
+    return f"{text} {unit}".strip()
+
+
+def _shape(cfg: Mapping[str, Any], prefix: str = "") -> str:
+    g = lambda k: int(cfg.get(f"{prefix}{k}", 1) or 1)  # noqa: E731
+    tp, pp, dp, mtp, mep = g("tp"), g("pp"), g("attention_dp"), g("moe_tp"), g("moe_ep")
+    parts = [f"TP{tp}"] if tp > 1 or dp == 1 else []
+    if dp > 1:
+        parts.append(f"DP{dp}")
+    if pp > 1:
+        parts.append(f"PP{pp}")
+    if mep > 1:
+        parts.append(f"EP{mep}")
+    if mtp > 1 and mtp != tp:
+        parts.append(f"MoE-TP{mtp}")
+    return "".join(parts) if len(parts) == 1 else "+".join(parts)
+
+
+def describe_shape(cfg: Mapping[str, Any]) -> str:
+    """'4 x TP2 (8 GPUs)' or 'prefill 1 x TP4 + decode 2 x DP8+EP8 (24 GPUs)'."""
+    gpus = cfg.get("used_gpus")
+    if cfg.get("deployment_mode") == "disagg":
+        body = (f"prefill {cfg.get('prefill_replicas', 1)} x {_shape(cfg, 'prefill_')} + "
+                f"decode {cfg.get('decode_replicas', 1)} x {_shape(cfg, 'decode_')}")
+    else:
+        body = f"{cfg.get('replicas', 1)} x {_shape(cfg)}"
+    if gpus is None:
+        return body
+    return f"{body} ({gpus} GPU{'' if int(gpus) == 1 else 's'})"
+
+
+def describe_planner(cfg: Mapping[str, Any]) -> str:
+    policy = cfg.get("planner_scaling_policy")
+    if not (cfg.get("enable_throughput_scaling") or cfg.get("enable_load_scaling")):
+        return "planner disabled"
+    if isinstance(policy, str):
+        text = f"planner {policy}"
+    else:
+        modes = [f"{m} {cfg[f'{m}_adjustment_interval']}s" for m in ("throughput", "load")
+                 if cfg.get(f"enable_{m}_scaling") and cfg.get(f"{m}_adjustment_interval") is not None]
+        text = f"planner custom ({', '.join(modes) or 'scaling on'})"
+    if cfg.get("load_predictor"):
+        text += f" (predictor {cfg['load_predictor']})"
+    return text
+
+
+def describe_router(cfg: Mapping[str, Any]) -> str:
+    mode = cfg.get("router_mode", "round_robin")
+    if mode != "kv_router":
+        return str(mode)
+    knobs = [f"{k}={cfg[k]}" for k in ("overlap_score_credit", "prefill_load_scale", "router_temperature",
+                                          "host_cache_hit_weight") if k in cfg]
+    return f"kv_router ({', '.join(knobs)})" if knobs else "kv_router"
+
+
+def describe_candidate(
+    c: Candidate, target: str, objectives: Sequence[str] | None = None, *, with_value: bool = True
+) -> str:
+    """One line a person can read, e.g.
+    'agg, vllm 0.24.0, 4 x TP2 (8 GPUs), max_num_seqs 512, round_robin, planner disabled: 1,234 tok/s/GPU'.
+    """
+    cfg = c.config
+    mode = cfg.get("deployment_mode", c.branch or "?")
+    backend = " ".join(str(x) for x in (cfg.get("backend"), cfg.get("backend_version")) if x)
+    parts = [str(mode), backend or "?", describe_shape({**cfg, "used_gpus": c.used_gpus})]
+    if mode == "disagg":
+        for role in ("prefill", "decode"):
+            if f"{role}_max_num_seqs" in cfg:
+                parts.append(f"{role} max_num_seqs {cfg[f'{role}_max_num_seqs']}")
+    elif "agg_max_num_seqs" in cfg:
+        parts.append(f"max_num_seqs {cfg['agg_max_num_seqs']}")
+        if "agg_max_num_batched_tokens" in cfg:
+            parts.append(f"max_num_batched_tokens {cfg['agg_max_num_batched_tokens']}")
+    parts += [describe_router(cfg), describe_planner(cfg)]
+    for k in ("concurrency", "kv_load_ratio"):
+        if cfg.get(k) is not None:
+            parts.append(f"{k} {cfg[k]:g}" if isinstance(cfg[k], float) else f"{k} {cfg[k]}")
+    if not with_value:
+        return ", ".join(parts)
+    names = list(objectives or c.objectives or []) if target == scoring.PARETO else [target]
+    values = ", ".join(fmt_value(goal_value(c, n), n) + ("" if len(names) == 1 else f" ({n})") for n in names)
+    return f"{', '.join(parts)}: {values}"
+
+
+def _cell(v: Any) -> Any:
+    """Nested config values (raw planner dicts, lists) become JSON text so every column is flat."""
+    if isinstance(v, (dict, list, tuple)):
+        return json.dumps(v, sort_keys=True)
+    return v
+
+
+def candidates_frame(candidates: Sequence[Candidate], objectives: Sequence[str] | None = None) -> pd.DataFrame:
+    """One row per candidate in the given order: rank, branch, score/objectives, metrics, spread, cfg.*."""
+    rows = []
+    for i, c in enumerate(candidates, start=1):
+        per_user, per_gpu = plot_axes(c)
+        row: dict[str, Any] = {"rank": i, "branch": c.branch, "spec_hash": c.spec_hash,
+                               "used_gpus": c.used_gpus, "score": c.score}
+        for name in objectives or []:
+            row[f"obj.{name}"] = (c.objectives or {}).get(name)
+        for k in scoring.METRIC_KEYS:
+            row[k] = c.metrics.get(k)
+        row["avg_gpu"] = scoring.avg_gpu(c.metrics)
+        row["tok_s_per_gpu"] = per_gpu
+        row["tok_s_per_user"] = per_user
+        for metric, stats in sorted((c.spread or {}).items()):
+            for s in SPREAD_STATS:
+                if s in stats:
+                    row[f"spread.{metric}.{s}"] = stats[s]
+        for k, v in c.config.items():
+            row[f"cfg.{k}"] = _cell(v)
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    return arrow_safe(frame)
+
+
+def arrow_safe(frame: pd.DataFrame) -> pd.DataFrame:
+    """Columns mixing strings with numbers (a knob absent in some rows is fine) become text,
+    so Parquet can store them."""
+    frame = frame.copy()
+    for col in frame.columns:
+        if frame[col].dtype != object:
+            continue
+        kinds = {type(v) for v in frame[col] if v is not None and not (isinstance(v, float) and math.isnan(v))}
+        if len(kinds) > 1 and not kinds <= {int, float, bool}:
+            frame[col] = [None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+                          for v in frame[col]]
+    return frame
