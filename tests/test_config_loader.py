@@ -140,3 +140,11 @@ def test_from_dict_and_real_trace_example():
     c = lc(REPO / "examples" / "configs" / "trace.yaml")
     assert c.workload.is_trace and c.workload.trace_path == "examples/traces/small_mooncake.jsonl"
     assert SmartSearchConfig.from_dict(c.model_dump(mode="json")) == c
+
+
+def test_exponent_floats_are_numbers_and_null_sections_are_defaults(tmp_path):
+    text = GOOD.replace("concurrency: 4", "request_rate: 2.5e1") + "goal:\nsweep:\n"
+    c = load_config(write(tmp_path, text))
+    assert c.workload.request_rate == 25.0
+    assert c.goal.target.value == "throughput" and c.sweep.max_rounds == 20
+    assert parse_yaml_text("a: e3\nb: 1e3\nc: 12") == {"a": "e3", "b": 1000.0, "c": 12}

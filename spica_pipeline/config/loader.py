@@ -68,6 +68,14 @@ class BoundedSafeLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# YAML 1.1 (PyYAML) reads `1e3` as a string; a config author means the number, as YAML 1.2 does.
+BoundedSafeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 def _check_expanded_size(root: Any) -> None:
     """Count nodes as if every alias were expanded; refuse cycles and oversize graphs."""
     sizes: dict[int, int] = {}

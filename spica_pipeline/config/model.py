@@ -33,6 +33,8 @@ class SmartSearchConfig(StrictModel):
         """A synthetic Pareto sweep with no load field sweeps kv_load_ratio over [0, 1]."""
         if not isinstance(data, dict):
             return data
+        # An empty `goal:` or `sweep:` section (YAML null) means "all defaults".
+        data = {k: v for k, v in data.items() if not (k in ("goal", "sweep") and v is None)}
         workload = data.get("workload")
         if (
             _goal_is_pareto(data.get("goal"))
