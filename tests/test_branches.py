@@ -120,7 +120,7 @@ def test_pins():
 def test_unknown_sku_and_model_fail_up_front():
     with pytest.raises(ModelHardwareError, match="unknown hardware_sku 'h300_sxm'"):
         enumerate_branches(config(hardware_sku="h300_sxm"))
-    with pytest.raises(ModelHardwareError, match="no shipped aiconfigurator-core config"):
+    with pytest.raises(ModelHardwareError, match="not one of aiconfigurator-core.s shipped offline models"):
         enumerate_branches(config(model_name="acme/secret-70b"))
 
 

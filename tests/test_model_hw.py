@@ -69,7 +69,7 @@ def test_unknown_model_is_one_line_and_truncated():
     with pytest.raises(ModelHardwareError) as err:
         model_facts("Qwen/Qwen3-33B")
     msg = str(err.value)
-    assert "\n" not in msg and "no shipped aiconfigurator-core config" in msg
+    assert "\n" not in msg and "not one of aiconfigurator-core's shipped offline models" in msg
     assert "available (" in msg and "Qwen/Qwen3-32B" in msg and "more)" in msg
     assert len(msg) < 400
 

@@ -145,3 +145,19 @@ def test_dense_pin_off_ladder_and_disagg_pins():
     with pytest.raises(NoViableParallelConfig):
         check_pins([{"prefill": {"tp": 3}, "decode": {"tp": 4}}], "disagg", legal)
     assert 3 not in GPU_LADDER
+
+
+def test_width_the_model_cannot_split_is_pruned_not_fatal():
+    # Qwen3.5-27B has 24 attention heads: TP16 cannot be modelled, TP1..TP8 still can
+    result = parallel_configs_for("Qwen/Qwen3.5-27B", SKU, "vllm", "agg", 16)
+    assert max(c.tp for c in result.configs) == 8
+    kv = result.diagnostics.to_dict()["pruned"]["kv"]
+    assert kv["count"] == 1 and "not modellable" in kv["examples"][0] and "tp_size 16" in kv["examples"][0]
+
+
+def test_model_aic_cannot_estimate_is_one_line_error():
+    from spica_pipeline.errors import ModelHardwareError
+
+    with pytest.raises(ModelHardwareError, match="cannot estimate KV capacity for model") as err:
+        parallel_configs_for("nvidia/Llama-3_3-Nemotron-Super-49B-v1", SKU, "vllm", "agg", 2)
+    assert "\n" not in str(err.value)

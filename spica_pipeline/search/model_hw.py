@@ -107,7 +107,7 @@ def check_model(model_name: str) -> None:
     models = available_models()
     if model_name not in models:
         raise ModelHardwareError(
-            f"model_name {model_name!r} has no shipped aiconfigurator-core config (offline only); "
+            f"model_name {model_name!r} is not one of aiconfigurator-core's shipped offline models; "
             f"available ({len(models)}): {_one_line_choices(model_name, list(models))}"
         )
 

@@ -9,7 +9,8 @@ counted per rule in `EnumerationDiagnostics`, so a user can see why a shape is a
 
 Deviation from upstream, on purpose: an AIC ValueError saying a width does not divide the model
 (e.g. "num_heads 40 should be divisible by tp_size 16") prunes that shape under rule "kv" instead
-of aborting the whole run: the shape cannot be modelled, the others still can.
+of aborting the whole run: the shape cannot be modelled, the others still can. Any other estimator
+ValueError is about the model itself and aborts, as a one-line ModelHardwareError.
 """
 
 from collections import Counter
@@ -149,9 +150,13 @@ def _probe_kv(model: str, hardware: str, backend: str, version: str, shape: Role
     except InfeasibleKVCapacity:
         return None, "no KV budget (weights leave no room)"
     except ValueError as exc:
-        if any(marker in str(exc) for marker in _UNMODELLABLE_MARKERS):
-            return None, "not modellable: " + str(exc).split(": ")[-1].splitlines()[0]
-        raise
+        text = str(exc).strip()
+        if any(marker in text for marker in _UNMODELLABLE_MARKERS):
+            return None, "not modellable: " + text.split(": ")[-1].splitlines()[0].strip()
+        raise ModelHardwareError(  # not about this shape: the model itself cannot be estimated
+            f"aiconfigurator-core cannot estimate KV capacity for model {model!r} on {hardware} "
+            f"(backend={backend} {version}, {shape_label(shape, False)}): {text.splitlines()[0] if text else exc!r}"
+        ) from None
     return tokens, f"{tokens} KV tokens per rank"
 
 
