@@ -311,3 +311,20 @@ def test_describe_candidate_in_words():
     text = describe_candidate(c, "e2e_latency", with_value=False)
     assert text.startswith("disagg, vllm 0.24.0, prefill 1 x TP8+EP8 + decode 2 x DP8+EP8 (24 GPUs)")
     assert "kv_router (overlap_score_credit=1.0)" in text and text.endswith("planner throughput_180_5")
+
+
+def test_merge_for_config_reads_goal_and_budget(tmp_path):
+    from types import SimpleNamespace
+
+    from spica_pipeline.config.goal import OptimizationGoal
+    from spica_pipeline.report import merge_for_config
+
+    ledger = make_ledger(seed=5, n=45)
+    cfg = SimpleNamespace(goal=OptimizationGoal(target="pareto", pareto_objectives=["e2e_latency", "throughput"]),
+                          search_space=SimpleNamespace(gpu_budget=4))
+    m = merge_for_config(ledger, cfg)
+    assert m.objectives == ["e2e_latency", "throughput"] and m.directions == {"e2e_latency": "min", "throughput": "max"}
+    assert all(c.used_gpus <= 4 for c in m.feasible) and m.over_budget > 0
+    write_outputs(tmp_path, ledger, m, goal_summary={"target": "pareto"}, workload_summary={}, timings={},
+                  branch_notes={"agg": "space of 90 points > evaluation budget 40: Vizier DEFAULT"})
+    assert "branch `agg`: searched by Vizier (space of 90 points" in (tmp_path / "report.md").read_text()

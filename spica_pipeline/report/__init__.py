@@ -6,10 +6,10 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from spica_pipeline.report.merge import MergeResult, merge_candidates
+from spica_pipeline.report.merge import MergeResult, merge_candidates, merge_for_config
 from spica_pipeline.storage import atomic_write_bytes, atomic_write_parquet, atomic_write_text
 
-__all__ = ["MergeResult", "merge_candidates", "write_outputs"]
+__all__ = ["MergeResult", "merge_candidates", "merge_for_config", "write_outputs"]
 
 
 def write_outputs(
@@ -21,9 +21,13 @@ def write_outputs(
     workload_summary: Mapping[str, Any],
     timings: Mapping[str, Any],
     top_n: int = 3,
+    branch_notes: Mapping[str, str] | None = None,
 ) -> dict[str, Path]:
     """Write every artifact; returns name -> path. Each file is replaced atomically, so a reader
-    never sees a half-written one and a crash leaves the previous run's file intact."""
+    never sees a half-written one and a crash leaves the previous run's file intact.
+
+    branch_notes: branch -> why it was searched the way it was (shown in report.md).
+    """
     from spica_pipeline.report.deploy import deployment_yaml, readme_text
     from spica_pipeline.report.markdown import render_report
     from spica_pipeline.report.plots import convergence_png, pareto_png
@@ -45,6 +49,6 @@ def write_outputs(
     files = {k: str(p.relative_to(out)) for k, p in paths.items()}
     files["report"] = "report.md"
     text = render_report(m, ledger_df, goal_summary=goal_summary, workload_summary=workload_summary,
-                         timings=timings, files=files)
+                         timings=timings, files=files, branch_notes=branch_notes)
     paths["report"] = atomic_write_text(out / "report.md", text)
     return paths

@@ -49,6 +49,7 @@ def render_report(
     workload_summary: Mapping[str, Any],
     timings: Mapping[str, Any],
     files: Mapping[str, str] | None = None,
+    branch_notes: Mapping[str, str] | None = None,
 ) -> str:
     lines = ["# Spica sweep report", "", "## Goal", *_kv_lines(goal_summary), "",
              "## Workload", *_kv_lines(workload_summary), ""]
@@ -63,7 +64,8 @@ def render_report(
         lines.append(f"- feasible but over the GPU budget, dropped: {merge.over_budget}")
     for b in merge.branches:
         how = "enumerated exhaustively" if b in merge.exhaustive_branches else "searched by Vizier"
-        lines.append(f"- branch `{b}`: {how}")
+        note = (branch_notes or {}).get(b)
+        lines.append(f"- branch `{b}`: {how}" + (f" ({note})" if note else ""))
     if merge.failure_reasons:
         lines += ["", "Top failure reasons:", *[f"- {s}" for s in merge.failure_summary(3)]]
     lines += ["", f"`{merge.summary_line()}`", ""]

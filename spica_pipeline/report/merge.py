@@ -232,6 +232,13 @@ def merge_candidates(
     )
 
 
+def merge_for_config(ledger_df: pd.DataFrame, config: Any) -> MergeResult:
+    """merge_candidates driven by a validated SmartSearchConfig (its goal and GPU budget)."""
+    goal = config.goal
+    objectives = [scoring._name(o) for o in goal.objectives()] if goal.is_pareto else None
+    return merge_candidates(ledger_df, goal.target, objectives, None, config.search_space.gpu_budget)
+
+
 def _vec(c: Candidate, objs: Sequence[str]) -> tuple[float, ...]:
     o = c.objectives or {}
     return tuple(float(o.get(n) or 0.0) for n in objs)
