@@ -47,12 +47,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = vars(parser.parse_args())
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)],
+                         capture_output=True, text=True, check=True)
     wall = time.perf_counter() - t0
     r = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"space: {args['model']} on {args['sku']}, gpu_budget={args['budget']}, modes={args['modes']}, "
           f"backends={args['backends']}; pool sizes {r['pools']}")
-    print(f"cold (fresh process, caches empty): {r['cold_s']:.3f} s   (process wall incl. imports {wall:.1f} s)")
+    print(f"cold (fresh process, caches empty): {r['cold_s']:.3f} s "
+          f"(process wall incl. imports {wall:.1f} s)")
     print(f"memoised (same call again, best of {args['repeats']}): {r['memo_s'] * 1000:.2f} ms")
     print(f"ratio cold/memoised: {r['cold_s'] / r['memo_s']:.0f}x")
 

@@ -45,7 +45,8 @@ def test_default_modes_order_backends_and_knob_layout():
     assert agg.knob_choices["backend"] == ["sglang", "trtllm", "vllm"]
     assert all(s == ("sglang", "trtllm", "vllm") for s in agg.supported_backends)
     assert len(disagg.parallel_configs) == 176 and len(disagg.supported_backends) == 176
-    assert list(agg.knob_choices) == [*ROUTER, *PLANNER, "agg_max_num_batched_tokens", "agg_max_num_seqs", "backend"]
+    engine = ["agg_max_num_batched_tokens", "agg_max_num_seqs"]
+    assert list(agg.knob_choices) == [*ROUTER, *PLANNER, *engine, "backend"]
     assert "prefill_max_num_seqs" in disagg.knob_choices and "agg_max_num_seqs" not in disagg.knob_choices
     assert "host_cache_hit_weight" not in agg.knob_choices  # offload off
     assert agg.diagnostics["vllm"]["configs_kept"] == 28
@@ -99,7 +100,8 @@ def test_backend_without_perf_db_dropped_from_backend_knob():
 
 def test_no_viable_mode_names_the_budget():
     with pytest.raises(NoViableParallelConfig,
-                       match=r"no deployment_mode has a viable parallel config \(skipped \['disagg', 'agg'\]\); "
+                       match=r"no deployment_mode has a viable parallel config "
+                             r"\(skipped \['disagg', 'agg'\]\); "
                              r"check backends / model / hardware / gpu_budget=2"):
         enumerate_branches(config(model_name="meta-llama/Meta-Llama-3.1-405B", gpu_budget=2))
 

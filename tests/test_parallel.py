@@ -71,7 +71,8 @@ def test_trtllm_moe_disagg_pair_counts_match_spec():
     d = floor.diagnostics
     # every raw prefill x decode pair (28 role configs each) is kept or pruned by exactly one rule
     assert d.configs_considered == 28 * 28
-    assert d.configs_kept + d.pruned_count("budget") + d.pruned_count("min_budget") + d.pruned_count("kv") == 784
+    pruned = sum(d.pruned_count(rule) for rule in ("budget", "min_budget", "kv"))
+    assert d.configs_kept + pruned == 784
     assert d.pruned_count("min_budget") == 80
 
 
@@ -120,7 +121,8 @@ def test_diagnostics_json_round_trip():
     diag = parallel_configs_for(MOE, SKU, "vllm", "disagg", 8, min_budget=4).diagnostics.to_dict()
     assert json.loads(json.dumps(diag)) == diag
     assert set(diag["pruned"]) == set(RULES)
-    assert diag["engine_shapes_kept"] == 12 and diag["pruned"]["ladder"]["examples"] == ["g=16 > gpu_budget=8"]
+    assert diag["engine_shapes_kept"] == 12
+    assert diag["pruned"]["ladder"]["examples"] == ["g=16 > gpu_budget=8"]
 
 
 def test_pins_checked_against_the_legal_set():
@@ -132,7 +134,8 @@ def test_pins_checked_against_the_legal_set():
     with pytest.raises(NoViableParallelConfig, match="no configured backend can run the pinned"):
         check_pins([{"tp": 3}], "agg", legal)
     with pytest.raises(NoViableParallelConfig,
-                       match=r"legal/KV-feasible for no configured backend: \['tp2/pp1/dp1/moe_tp2/moe_ep2x1'\]"):
+                       match=r"legal/KV-feasible for no configured backend: "
+                             r"\['tp2/pp1/dp1/moe_tp2/moe_ep2x1'\]"):
         check_pins([{"tp": 4, "moe_ep": 4}, {"tp": 2, "moe_tp": 2, "moe_ep": 2}], "agg", legal)
     with pytest.raises(NoViableParallelConfig, match="deployment_mode is 'agg'"):
         check_pins([{"prefill": {"tp": 2, "moe_ep": 2}, "decode": {"tp": 2, "moe_ep": 2}}], "agg", legal)

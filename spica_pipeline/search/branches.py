@@ -86,8 +86,9 @@ class BranchEnumeration:
     diagnostics: dict[str, dict[str, Any]]
 
 
-def knob_choices_for(space: Any, mode: str, viable_backends: list[str],
-                     kv_load_ratio: float | list[float] | None) -> tuple[dict[str, list[Any]], dict[str, tuple[float, float]]]:
+def knob_choices_for(
+    space: Any, mode: str, viable_backends: list[str], kv_load_ratio: float | list[float] | None
+) -> tuple[dict[str, list[Any]], dict[str, tuple[float, float]]]:
     """Spec §6.1 step 4: the searched knobs of one mode with dependent knobs pruned."""
     knobs: dict[str, list[Any]] = {"router_mode": list(space.router_mode)}
     if list(space.router_mode) != ["round_robin"]:
@@ -139,7 +140,8 @@ def enumerate_branches(config: Any) -> BranchEnumeration:
                 result = parallel_configs_for(space.model_name, space.hardware_sku, backend, mode, budget,
                                               space.min_gpu_budget, max_seq_len)
             except (NoPerfDatabase, NoViableParallelConfig) as exc:
-                warnings.append(f"smart-sweep: backend '{backend}' dropped for deployment_mode='{mode}': {exc}")
+                warnings.append(f"smart-sweep: backend '{backend}' dropped for deployment_mode='{mode}': "
+                                f"{exc}")
                 mode_diag[backend] = {"error": str(exc)}
                 continue
             legal[backend] = result.configs
@@ -161,8 +163,8 @@ def enumerate_branches(config: Any) -> BranchEnumeration:
         if not pool:
             skipped.append(mode)
             extra = f" (replay-incompatible: {excluded})" if excluded else ""
-            warnings.append(f"smart-sweep: deployment_mode='{mode}' skipped — no configured backend has a viable "
-                            f"parallel config within gpu_budget={budget}{extra}")
+            warnings.append(f"smart-sweep: deployment_mode='{mode}' skipped — no configured backend has "
+                            f"a viable parallel config within gpu_budget={budget}{extra}")
             continue
         knobs, float_ranges = knob_choices_for(space, mode, viable, config.workload.kv_load_ratio)
         branches.append(BranchSpace(deployment_mode=mode, parallel_configs=pool, supported_backends=supported,

@@ -117,7 +117,8 @@ def check_hardware(hardware_sku: str) -> None:
     systems = available_systems()
     if hardware_sku not in systems:
         raise ModelHardwareError(
-            f"unknown hardware_sku {hardware_sku!r}; available: {_one_line_choices(hardware_sku, list(systems), 20)}"
+            f"unknown hardware_sku {hardware_sku!r}; "
+            f"available: {_one_line_choices(hardware_sku, list(systems), 20)}"
         )
 
 
@@ -132,7 +133,8 @@ def model_facts(model_name: str) -> ModelFacts:
     with _QuietAIC():
         try:
             parsed = get_model_config_from_model_path(model_name)
-            single_gpu = build_model_config(tp_size=1, pp_size=1, attention_dp_size=1, moe_tp_size=1, moe_ep_size=1)
+            single_gpu = build_model_config(tp_size=1, pp_size=1, attention_dp_size=1, moe_tp_size=1,
+                                            moe_ep_size=1)
             model = get_model(model_name, single_gpu, "vllm")
             weight_bytes = int(sum(op.get_weights() for op in model.context_ops))
         except Exception as exc:  # an AIC model-zoo failure for a shipped id: name it, on one line
@@ -198,7 +200,8 @@ def latest_backend_version(hardware_sku: str, backend: str) -> str:
     if not versions:
         have = supported_backends(hardware_sku)
         raise NoPerfDatabase(
-            f"aiconfigurator-core has no perf database for backend={backend!r} on hardware_sku={hardware_sku!r}; "
+            f"aiconfigurator-core has no perf database for backend={backend!r} "
+            f"on hardware_sku={hardware_sku!r}; "
             f"available there: {', '.join(sorted(have)) or 'none'}"
         )
     return max(versions, key=_version_sort_tuple)

@@ -88,7 +88,8 @@ class EnumerationDiagnostics:
             "model_name", "hardware_sku", "backend", "backend_version", "deployment_mode", "gpu_budget",
             "min_gpu_budget", "max_seq_len", "engine_shapes_considered", "engine_shapes_kept",
             "configs_considered", "configs_kept")}
-        out["pruned"] = {rule: {"count": count, "examples": list(examples)} for rule, count, examples in self.pruned}
+        out["pruned"] = {rule: {"count": count, "examples": list(examples)}
+                         for rule, count, examples in self.pruned}
         out["kv_tokens"] = dict(self.kv_tokens)
         return out
 
@@ -118,7 +119,8 @@ def _backend_rejects(backend: str, tp: int, dp: int, moe_tp: int, moe_ep: int) -
     return None
 
 
-def engine_shapes_at(is_moe: bool, backend: str, gpus: int, pruned: dict[str, _Pruned] | None = None) -> list[RoleShape]:
+def engine_shapes_at(is_moe: bool, backend: str, gpus: int,
+                     pruned: dict[str, _Pruned] | None = None) -> list[RoleShape]:
     """Engine layouts of exactly `gpus` GPUs (pp=1, replicas=1), sorted; records what was pruned."""
     pruned = pruned if pruned is not None else {r: _Pruned() for r in RULES}
     if not is_moe:
@@ -144,7 +146,8 @@ def engine_shapes_at(is_moe: bool, backend: str, gpus: int, pruned: dict[str, _P
     return sorted(shapes)
 
 
-def _probe_kv(model: str, hardware: str, backend: str, version: str, shape: RoleShape) -> tuple[int | None, str]:
+def _probe_kv(model: str, hardware: str, backend: str, version: str,
+              shape: RoleShape) -> tuple[int | None, str]:
     try:
         tokens = estimate_kv_tokens(model, hardware, backend, version, shape.engine_key(), **KV_PROBE)
     except InfeasibleKVCapacity:
@@ -155,7 +158,8 @@ def _probe_kv(model: str, hardware: str, backend: str, version: str, shape: Role
             return None, "not modellable: " + text.split(": ")[-1].splitlines()[0].strip()
         raise ModelHardwareError(  # not about this shape: the model itself cannot be estimated
             f"aiconfigurator-core cannot estimate KV capacity for model {model!r} on {hardware} "
-            f"(backend={backend} {version}, {shape_label(shape, False)}): {text.splitlines()[0] if text else exc!r}"
+            f"(backend={backend} {version}, {shape_label(shape, False)}): "
+            f"{text.splitlines()[0] if text else repr(exc)}"
         ) from None
     return tokens, f"{tokens} KV tokens per rank"
 
@@ -186,7 +190,8 @@ def parallel_configs_for(
         raise ValueError(f"deployment_mode must be 'agg' or 'disagg', got {mode!r}")
     check_hardware(hardware)
     seq = resolve_max_seq_len(model, max_seq_len)
-    return _enumerate(model, hardware, backend, mode, int(budget), int(min_budget) if min_budget else None, seq)
+    floor = int(min_budget) if min_budget else None
+    return _enumerate(model, hardware, backend, mode, int(budget), floor, seq)
 
 
 @lru_cache(maxsize=512)
@@ -227,7 +232,8 @@ def _enumerate(model: str, hardware: str, backend: str, mode: str, budget: int, 
         configs_considered = len(roles)
         for role in roles:
             if min_budget and role.used_gpus < min_budget:
-                pruned["min_budget"].add(f"{shape_label(role)} ({role.used_gpus} GPUs < min_gpu_budget={min_budget})")
+                pruned["min_budget"].add(
+                    f"{shape_label(role)} ({role.used_gpus} GPUs < min_gpu_budget={min_budget})")
             elif not feasible(role):
                 pruned["kv"].add(f"{shape_label(role, False)} ({kv_reason(role)})")
             else:
@@ -242,7 +248,8 @@ def _enumerate(model: str, hardware: str, backend: str, mode: str, budget: int, 
         raise NoViableParallelConfig(
             f"no {mode} parallel config of {model} on {hardware} fits gpu_budget={budget}"
             + (f", min_gpu_budget={min_budget}" if min_budget else "")
-            + f" with KV for max_seq_len={max_seq_len} on backend={backend} ({detail or 'nothing to enumerate'})"
+            + f" with KV for max_seq_len={max_seq_len} on backend={backend}"
+            + f" ({detail or 'nothing to enumerate'})"
         )
     diagnostics = EnumerationDiagnostics(
         model_name=model, hardware_sku=hardware, backend=backend, backend_version=version,
@@ -256,58 +263,52 @@ def _enumerate(model: str, hardware: str, backend: str, mode: str, budget: int, 
                              backend_version=version, diagnostics=diagnostics)
 
 
+def _pairs_between(hist: Counter, lo: int, hi: int) -> int:
+    """How many (prefill, decode) pairs of roles with these footprint counts total within [lo, hi]."""
+    return sum(n1 * n2 for f1, n1 in hist.items() for f2, n2 in hist.items() if lo <= f1 + f2 <= hi)
+
+
 def _pair(roles: list[RoleShape], budget: int, min_budget: int | None, feasible, kv_reason,
           pruned: dict[str, _Pruned]) -> list[DisaggShape]:
     """Spec §2.6 step 5: prune roles above budget - m, pair within [min_gpu_budget, budget].
 
-    Pruned pairs are counted from footprint histograms (a 64-GPU space has ~250k raw pairs).
+    Pruned pairs are counted from footprint histograms, not materialised (a 64-GPU MoE space has
+    ~250k raw pairs); each raw pair is counted once: over budget, else under min, else KV.
     """
     if not roles:
         return []
     smallest = min(r.used_gpus for r in roles)
-    all_hist = Counter(r.used_gpus for r in roles)
+    largest = max(r.used_gpus for r in roles)
     lo = min_budget or 0
-    over, under = 0, 0
-    for f1, n1 in all_hist.items():
-        for f2, n2 in all_hist.items():
-            total = f1 + f2
-            if total > budget:
-                over += n1 * n2
-            elif total < lo:
-                under += n1 * n2
+    all_hist = Counter(r.used_gpus for r in roles)
+    over = _pairs_between(all_hist, budget + 1, 2 * largest)
+    under = _pairs_between(all_hist, 0, lo - 1)
     if over:
-        big = max(roles, key=lambda r: r.used_gpus)
-        pruned["budget"].add(f"pairs over gpu_budget={budget}, e.g. a {big.used_gpus}-GPU role with a {smallest}-GPU role",
-                             count=over)
+        pruned["budget"].add(f"pairs over gpu_budget={budget}, e.g. a {largest}-GPU role with a "
+                             f"{smallest}-GPU role", count=over)
     if under:
-        pruned["min_budget"].add(f"pairs under min_gpu_budget={min_budget}, e.g. {smallest}+{smallest} GPUs", count=under)
+        pruned["min_budget"].add(f"pairs under min_gpu_budget={min_budget}, e.g. {smallest}+{smallest} GPUs",
+                                 count=under)
 
     pairable = [r for r in roles if r.used_gpus <= budget - smallest]
-    in_range_hist = Counter(r.used_gpus for r in pairable)
-    good = [r for r in pairable if feasible(r)]
+    good: dict[int, list[RoleShape]] = {}
     for r in pairable:
-        if not feasible(r):
+        if feasible(r):
+            good.setdefault(r.used_gpus, []).append(r)
+        elif len(pruned["kv"].examples) < _MAX_EXAMPLES:
             pruned["kv"].add(f"{shape_label(r, False)} ({kv_reason(r)})", count=0)
-    by_footprint: dict[int, list[RoleShape]] = {}
-    for r in good:
-        by_footprint.setdefault(r.used_gpus, []).append(r)
-    pairs: list[DisaggShape] = []
-    in_range = 0
-    for f1, n1 in in_range_hist.items():
-        for f2, n2 in in_range_hist.items():
-            if lo <= f1 + f2 <= budget:
-                in_range += n1 * n2
-    for f1, prefills in by_footprint.items():
-        for f2, decodes in by_footprint.items():
-            if lo <= f1 + f2 <= budget:
-                pairs.extend(DisaggShape(p, d) for p in prefills for d in decodes)
-    if in_range - len(pairs):
-        pruned["kv"].count += in_range - len(pairs)
+    pairs = [DisaggShape(p, d)
+             for f1, prefills in good.items() for f2, decodes in good.items() if lo <= f1 + f2 <= budget
+             for p in prefills for d in decodes]
+    pruned["kv"].count += _pairs_between(Counter(r.used_gpus for r in pairable), lo, budget) - len(pairs)
     return pairs
 
 
-def check_pins(pins: Iterable[dict[str, Any] | ParallelConfig], mode: str,
-               legal_by_backend: dict[str, Iterable[ParallelConfig]]) -> dict[ParallelConfig, tuple[str, ...]]:
+def check_pins(
+    pins: Iterable[dict[str, Any] | ParallelConfig],
+    mode: str,
+    legal_by_backend: dict[str, Iterable[ParallelConfig]],
+) -> dict[ParallelConfig, tuple[str, ...]]:
     """Pinned parallel_configs -> the backends whose legal set holds them (user order, no duplicates).
 
     Raises NoViableParallelConfig when no backend supports any pin, or when some pin is supported
@@ -319,9 +320,9 @@ def check_pins(pins: Iterable[dict[str, Any] | ParallelConfig], mode: str,
         config = parallel_config_from_dict(pin) if isinstance(pin, dict) else pin
         want = DisaggShape if mode == "disagg" else RoleShape
         if not isinstance(config, want):
+            kind = "disagg pair" if isinstance(config, DisaggShape) else "single-role shape"
             raise NoViableParallelConfig(
-                f"search_space.parallel_configs[{i}] is a {'disagg pair' if isinstance(config, DisaggShape) else 'single-role shape'}"
-                f" but deployment_mode is {mode!r}"
+                f"search_space.parallel_configs[{i}] is a {kind} but deployment_mode is {mode!r}"
             )
         if config not in parsed:
             parsed.append(config)
@@ -329,8 +330,9 @@ def check_pins(pins: Iterable[dict[str, Any] | ParallelConfig], mode: str,
     if not any(support.values()):
         raise NoViableParallelConfig(
             f"no configured backend can run the pinned parallel_configs {[config_label(c) for c in parsed]} "
-            f"(backends with a perf DB: {sorted(legal) or 'none'}; a pin must be on the GPU ladder {list(GPU_LADDER)}, "
-            "pp=1, a TP shape (dense) or TEP/DEP/MoE-TP/DTP (MoE), within gpu_budget and KV-feasible)"
+            f"(backends with a viable pool: {sorted(legal) or 'none'}; a pin must be on the GPU ladder "
+            f"{list(GPU_LADDER)}, pp=1, a TP shape (dense) or TEP/DEP/MoE-TP/DTP (MoE), within gpu_budget "
+            "and KV-feasible)"
         )
     unsupported = [config_label(c) for c, backends in support.items() if not backends]
     if unsupported:
