@@ -132,8 +132,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if trace is not None and not Path(trace).is_file():
         return _fail(f"invalid config {args.config}: workload.trace_path: no such file {trace!r} "
                      f"(relative paths resolve against the working directory {Path.cwd()})")
+    try:
+        lines = summarize(config)
+    except Exception as err:  # a summary bug must not turn into a traceback either
+        return _fail(f"could not summarise config {args.config}: {type(err).__name__}: {err}")
     print(f"config {args.config} is valid")
-    for line in summarize(config):
+    for line in lines:
         print(line)
     return EXIT_OK
 

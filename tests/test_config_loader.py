@@ -148,3 +148,39 @@ def test_exponent_floats_are_numbers_and_null_sections_are_defaults(tmp_path):
     assert c.workload.request_rate == 25.0
     assert c.goal.target.value == "throughput" and c.sweep.max_rounds == 20
     assert parse_yaml_text("a: e3\nb: 1e3\nc: 12") == {"a": "e3", "b": 1000.0, "c": 12}
+
+
+# ---- robustness: any mutation of a good config is either valid or one ConfigError line ------
+
+import yaml  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_BASE = yaml.safe_load(GOOD)
+_BASE["goal"] = {"target": "pareto", "sla": {"ttft_ms": 100, "itl_ms": 10}}
+_BASE["sweep"] = {"max_rounds": 2}
+_BASE["search_space"]["planner_scaling_policy"] = ["disabled", "load_180_5"]
+_BASE["search_space"]["parallel_configs"] = []
+_PATHS = [(sec, key) for sec, body in _BASE.items() for key in body] + [(sec, None) for sec in _BASE]
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 70000), st.floats(allow_nan=True),
+                     st.text(max_size=8), st.sampled_from(["vllm", "agg", "pareto", "disabled", "kv_router"]))
+_values = st.recursive(_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(["tp", "prefill", "decode", "x"]), inner,
+                                                 max_size=3)), max_leaves=8)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.sampled_from(_PATHS), value=_values)
+def test_mutations_never_escape_as_other_exceptions(tmp_path, path, value):
+    data = yaml.safe_load(yaml.safe_dump(_BASE))
+    section, key = path
+    if key is None:
+        data[section] = value
+    else:
+        data[section][key] = value
+    p = write(tmp_path, yaml.safe_dump(data), "m.yaml")
+    try:
+        load_config(p)
+    except ConfigError as err:
+        assert "\n" not in str(err) and str(err).startswith(("invalid config", "malformed YAML"))
