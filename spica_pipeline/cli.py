@@ -43,8 +43,9 @@ def load_or_report(path: str) -> Any:
 
 
 def _choices_text(values: list[Any]) -> str:
-    shown = [v if isinstance(v, str) else ("<dict>" if isinstance(v, dict) else repr(v)) for v in values]
-    return ", ".join(str(s) for s in shown)
+    shown = [v if isinstance(v, str) else (f"custom_{i}" if isinstance(v, dict) else repr(v))
+             for i, v in enumerate(values)]
+    return ", ".join(shown)
 
 
 def _inert_reason(space: Any, name: str) -> str | None:

@@ -1,0 +1,66 @@
+"""The example trace is what scripts/gen_trace.py makes, and it has the promised shape."""
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from spica_pipeline import cli
+from spica_pipeline.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+TRACE = REPO / "examples" / "traces" / "small_mooncake.jsonl"
+REAL_TRACE = Path("/work/shared/data/traces/mooncake_synthetic_trace.jsonl")
+
+
+def _gen_trace_module():
+    spec = importlib.util.spec_from_file_location("gen_trace", REPO / "scripts" / "gen_trace.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_committed_trace_is_reproducible(tmp_path):
+    out = tmp_path / "t.jsonl"
+    assert _gen_trace_module().main(["--out", str(out)]) == 0
+    assert out.read_bytes() == TRACE.read_bytes()
+
+
+def test_trace_shape():
+    rows = [json.loads(line) for line in TRACE.read_text().splitlines()]
+    assert 300 <= len(rows) <= 500
+    ts = [r["timestamp"] for r in rows]
+    assert ts == sorted(ts) and ts[0] == 0 and 120_000 <= ts[-1] <= 400_000
+    assert all(1 <= r["input_length"] <= 6000 and 50 <= r["output_length"] <= 400 for r in rows)
+    assert all(len(r["hash_ids"]) == math.ceil(r["input_length"] / 512) for r in rows)
+    firsts: dict[int, int] = {}
+    for r in rows:
+        firsts[r["hash_ids"][0]] = firsts.get(r["hash_ids"][0], 0) + 1
+    shared = sorted((n for n in firsts.values() if n > 1), reverse=True)
+    assert 2 <= len(shared) <= 6 and sum(shared) >= len(rows) // 3  # a few groups, a good share of traffic
+
+
+def test_generator_is_seeded():
+    gen = _gen_trace_module().generate
+    assert gen(seed=1, num_requests=50) == gen(seed=1, num_requests=50)
+    assert gen(seed=1, num_requests=50) != gen(seed=2, num_requests=50)
+    flat = gen(seed=3, num_requests=200, rate_swing=0.0, num_groups=0)
+    assert len({r["hash_ids"][0] for r in flat}) == 200  # no groups: no shared prefixes
+
+
+def test_trace_example_reads_the_committed_trace(monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    cfg = load_config("examples/configs/trace.yaml")
+    assert Path(cfg.workload.trace_path).resolve() == TRACE
+
+
+def test_real_mooncake_trace_config_validates(tmp_path, capsys):
+    if not REAL_TRACE.is_file():
+        pytest.skip(f"real Mooncake trace not present at {REAL_TRACE}")
+    cfg = tmp_path / "real.yaml"
+    cfg.write_text("search_space: {model_name: Qwen/Qwen3-32B, hardware_sku: h200_sxm}\n"
+                   f"workload: {{trace_path: {REAL_TRACE}, replay_concurrency: 64}}\n")
+    assert cli.main(["validate", "--config", str(cfg)]) == 0
+    assert "capped at 64 in flight" in capsys.readouterr().out
