@@ -1,4 +1,4 @@
-"""`spica` command line: `spica validate --config F` (and, later, `spica sweep`).
+"""`spica` command line: `spica validate --config F` and `spica sweep --config F`.
 
 Bad input ends with exit code 2 and exactly one line on stderr, never a traceback.
 """
@@ -143,6 +143,70 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+EXIT_NOTHING_FEASIBLE = 1
+EXIT_INTERRUPTED = 130
+
+
+def _with_overrides(config: Any, args: argparse.Namespace) -> Any:
+    """Apply --seed/--policy/--algorithm and validate again (e.g. thorough + a float range)."""
+    from spica_pipeline.config import SmartSearchConfig, render_validation_error
+
+    overrides = {k: v for k, v in (("seed", args.seed), ("policy", args.policy),
+                                   ("algorithm", args.algorithm)) if v is not None}
+    if not overrides:
+        return config
+    data = config.model_dump(mode="json", exclude_unset=True)
+    data.setdefault("sweep", {}).update(overrides)
+    try:
+        return SmartSearchConfig.from_dict(data)
+    except Exception as err:  # pydantic ValidationError
+        return _fail(f"invalid config {args.config}: {render_validation_error(err) if hasattr(err, 'errors') else err}")
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Run a sweep; results and the resumable journal go under --output-dir."""
+    from spica_pipeline.errors import SpicaError
+    from spica_pipeline.progress import ProgressPrinter
+    from spica_pipeline.sweep import run_sweep
+
+    config = load_or_report(args.config)
+    if isinstance(config, int):
+        return config
+    config = _with_overrides(config, args)
+    if isinstance(config, int):
+        return config
+    output_dir = Path(args.output_dir or Path("runs") / Path(args.config).stem)
+    progress = ProgressPrinter(total_per_branch=config.sweep.max_rounds * config.sweep.per_round)
+    try:
+        result = run_sweep(config, output_dir, progress=progress)
+    except KeyboardInterrupt:
+        progress.close()
+        print(f"interrupted: finished trials are in {output_dir}/ledger.parquet; run the same command "
+              "again to resume (journalled results are not recomputed)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except SpicaError as err:
+        progress.close()
+        return _fail(str(err))
+    progress.close()
+    merge = result.merge
+    print(merge.summary_line())
+    for line in merge.failure_summary():
+        print(f"  {line}")
+    t = result.timings
+    print(f"optimizer {t['optimizer_seconds']:.1f}s, replay {t['replay_seconds']:.1f}s, "
+          f"wall {t['wall_seconds']:.1f}s; outputs in {output_dir}/ (report.md, candidates.csv, ledger.parquet)")
+    if not merge.candidates:
+        print("no feasible candidate found (check backends / SLA / gpu_budget / replay errors)", file=sys.stderr)
+        for line in merge.failure_summary():
+            print(f"  {line}", file=sys.stderr)
+        return EXIT_NOTHING_FEASIBLE
+    for line in merge.cli_lines()[: args.show + (1 if merge.is_pareto else 0)]:
+        print(line)
+    if len(merge.candidates) > args.show:
+        print(f"... {len(merge.candidates) - args.show} more in {output_dir}/candidates.csv")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spica", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -153,6 +217,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     validate.add_argument("--config", required=True, help="path to the sweep YAML")
     validate.set_defaults(func=cmd_validate)
+    sweep = sub.add_parser(
+        "sweep", help="[EXPERIMENTAL] run a sweep and write ranked candidates or a Pareto front",
+        description="[EXPERIMENTAL] Run a sweep: every candidate is evaluated in Dynamo Replay. "
+                    "Rerunning the same command on the same --output-dir resumes an interrupted sweep.",
+    )
+    sweep.add_argument("--config", required=True, help="path to the sweep YAML")
+    sweep.add_argument("--output-dir", help="where results and the journal go (default runs/<config name>)")
+    sweep.add_argument("--seed", type=int, help="override sweep.seed")
+    sweep.add_argument("--policy", choices=["rapid", "thorough"], help="override sweep.policy")
+    sweep.add_argument("--algorithm", help="override sweep.algorithm (DEFAULT, GAUSSIAN_PROCESS_BANDIT, "
+                                           "RANDOM_SEARCH, QUASI_RANDOM_SEARCH, NSGA2)")
+    sweep.add_argument("--show", type=int, default=10, help="candidates to print (default 10)")
+    sweep.set_defaults(func=cmd_sweep)
     return parser
 
 
