@@ -328,3 +328,21 @@ def test_merge_for_config_reads_goal_and_budget(tmp_path):
     write_outputs(tmp_path, ledger, m, goal_summary={"target": "pareto"}, workload_summary={}, timings={},
                   branch_notes={"agg": "space of 90 points > evaluation budget 40: Vizier DEFAULT"})
     assert "branch `agg`: searched by Vizier (space of 90 points" in (tmp_path / "report.md").read_text()
+
+
+def test_merge_reads_a_ledger_built_from_trial_records():
+    from spica_pipeline.search.ledger import TrialRecord
+
+    cfg = {"deployment_mode": "agg", "backend": "vllm", "tp": 2, "replicas": 2, "used_gpus": 4}
+    report = {"output_throughput_tok_s": 1000.0, "gpu_hours": 1.0, "duration_ms": 9e5,
+              "mean_output_token_throughput_per_user": 30.0}
+    recs = [
+        TrialRecord("agg", 0, 0, "vizier", "unsupported", None, None, used_gpus=8),
+        TrialRecord("agg", 1, 0, "vizier", "feasible", None, "abc", config=cfg, report=report, used_gpus=4),
+        TrialRecord("agg", 2, 0, "vizier", "cached", None, "abc", used_gpus=4),
+    ]
+    ledger = pd.DataFrame([r.to_row() for r in recs])
+    m = merge_candidates(ledger, "throughput_per_gpu", gpu_budget=8)
+    assert [c.score for c in m.candidates] == [pytest.approx(250.0)]
+    assert m.failure_reasons == [("unsupported", 1)] and m.duplicates == 1
+    assert m.candidates[0].spec_hash == "abc" and m.candidates[0].branch == "agg"

@@ -20,6 +20,11 @@ STATUSES = ("feasible", "infeasible", "failed", "timed_out", "unsupported", "cac
 REQUIRED_COLUMNS = ("branch", "status", "spec_hash", "config", "report", "used_gpus")
 
 
+def _present(value: Any) -> bool:
+    """False for None and for the NaN pandas puts in missing cells."""
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
 def _loads(value: Any, default: Any = None) -> Any:
     """A ledger JSON cell: JSON text, an already-decoded object, or null/NaN."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -40,8 +45,7 @@ class MergeResult:
     candidates: scalar goal -> every feasible candidate, best first; Pareto -> the front, ascending
         by the last objective. feasible: every unique feasible candidate in ledger order (for plots).
     convergence: one row per (scope, evaluation): scope is a branch name or "merged"; evaluation
-        counts the trials that asked for a replay (cached rows are not evaluations) in ledger order,
-        per scope; value is the best score, or the front's hypervolume against the fixed
+        counts trials in ledger order, per scope, cache hits excluded (they evaluate nothing new); value is the best score, or the front's hypervolume against the fixed
         `reference`, after that evaluation (NaN before the first feasible one).
     """
 
@@ -121,7 +125,8 @@ def _candidate(row: Mapping[str, Any], target: str, objectives: Sequence[str]) -
         config = {**config, "used_gpus": int(row["used_gpus"])}
     report = _loads(row.get("report"))
     spread = _loads(row.get("spread"), {}) or {}
-    extra = {"branch": row.get("branch"), "spec_hash": row.get("spec_hash"), "spread": spread}
+    extra = {"branch": str(row.get("branch")), "spread": spread,
+             "spec_hash": str(row["spec_hash"]) if _present(row.get("spec_hash")) else None}
     if report is not None:
         cand = Candidate.from_report(config, report, target, objectives if target == scoring.PARETO else None,
                                      **extra)
@@ -130,11 +135,11 @@ def _candidate(row: Mapping[str, Any], target: str, objectives: Sequence[str]) -
         cand = Candidate.pareto(config, _loads(row.get("objectives")), {}, **extra)
     else:
         s = row.get("score")
-        if s is None or (isinstance(s, float) and math.isnan(s)):
+        if not _present(s):
             raise ValueError(f"ledger row {row.get('spec_hash')!r}: feasible without report or score")
         cand = Candidate(config=config, used_gpus=int(config.get("used_gpus", 0)), score=float(s),
                          metrics={}, branch=extra["branch"], spec_hash=extra["spec_hash"], spread=spread)
-    if row.get("used_gpus") is not None and not (isinstance(row["used_gpus"], float) and math.isnan(row["used_gpus"])):
+    if _present(row.get("used_gpus")):
         cand.used_gpus = int(row["used_gpus"])
     return cand
 
@@ -173,7 +178,7 @@ def merge_candidates(
     seen: set[str] = set()
     duplicates = over_budget = 0
     feasible: list[Candidate] = []
-    # Convergence bookkeeping: one evaluation per non-cached row, per branch and merged.
+    # Convergence bookkeeping: one evaluation per non-cached trial, per branch and merged.
     branches: list[str] = []
     evals: Counter[str] = Counter()
     per_scope: dict[str, list[Candidate]] = {}
@@ -188,7 +193,7 @@ def merge_candidates(
         counts[status] = counts.get(status, 0) + 1
         if status not in ("feasible", "cached"):
             reason = row.get("reason")
-            reasons[str(reason) if reason else status] += 1
+            reasons[str(reason) if _present(reason) and reason else status] += 1
         if status == "cached":
             duplicates += 1
             continue

@@ -89,7 +89,7 @@ def convergence_png(merge: MergeResult) -> bytes:
     else:
         ylabel = f"best {merge.target}" + (f" ({'min' if flip else 'max'})")
     ax.set_ylabel(ylabel, fontsize=9)
-    ax.set_xlabel("evaluations (trials that asked for a replay, in ledger order)")
+    ax.set_xlabel("evaluations (trials in ledger order, cache hits excluded)")
     ax.grid(True, alpha=0.3)
     ax.set_title("search convergence")
     if ax.get_legend_handles_labels()[0]:
