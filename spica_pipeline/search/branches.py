@@ -8,6 +8,7 @@ no perf DB / no viable shape, are dropped with a warning; no viable branch at al
 """
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from math import prod
 from typing import Any
 
@@ -86,6 +87,37 @@ class BranchEnumeration:
     diagnostics: dict[str, dict[str, Any]]
 
 
+class _Identity:
+    """Hash/compare a (large, memoised) pool by identity, so merging it again is a dict lookup."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Identity) and other.obj is self.obj
+
+
+@lru_cache(maxsize=64)
+def _merge_pools(
+    legal: tuple[tuple[str, _Identity], ...]
+) -> tuple[tuple[ParallelConfig, ...], tuple[tuple[str, ...], ...]]:
+    """Union of the backends' sorted pools, each config with its backends in user order."""
+    configs: dict[tuple[int, ...], ParallelConfig] = {}
+    backends: dict[tuple[int, ...], list[str]] = {}
+    for backend, pool in legal:
+        for config in pool.obj:
+            key = config.sort_key()  # all shape fields: equal keys <=> equal configs
+            configs.setdefault(key, config)
+            backends.setdefault(key, []).append(backend)
+    keys = sorted(configs)
+    return tuple(configs[k] for k in keys), tuple(tuple(backends[k]) for k in keys)
+
+
 def knob_choices_for(
     space: Any, mode: str, viable_backends: list[str], kv_load_ratio: float | list[float] | None
 ) -> tuple[dict[str, list[Any]], dict[str, tuple[float, float]]]:
@@ -153,12 +185,7 @@ def enumerate_branches(config: Any) -> BranchEnumeration:
             pool = tuple(support)
             supported = tuple(support[c] for c in pool)
         else:
-            order = {}
-            for backend, configs in legal.items():
-                for c in configs:
-                    order.setdefault(c, []).append(backend)
-            pool = tuple(sorted(order, key=lambda c: c.sort_key()))
-            supported = tuple(tuple(order[c]) for c in pool)
+            pool, supported = _merge_pools(tuple((b, _Identity(configs)) for b, configs in legal.items()))
         viable = [b for b in space.backend if any(b in s for s in supported)]
         if not pool:
             skipped.append(mode)
