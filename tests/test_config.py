@@ -116,6 +116,11 @@ def test_directions():
         target_direction("speed")
 
 
+def test_target_prints_as_its_value():
+    assert str(Target.PARETO) == "pareto" and f"{Target.GOODPUT_PER_GPU}" == "goodput_per_gpu"
+    assert Target("throughput") is Target.THROUGHPUT and Target.THROUGHPUT == "throughput"
+
+
 def test_planner_mapping():
     assert planner_target(Target.GOODPUT) == "sla" and planner_target("goodput_per_gpu") == "sla"
     assert planner_target("e2e_latency") == "latency"

@@ -17,6 +17,12 @@ class Target(str, Enum):
     GOODPUT_PER_GPU = "goodput_per_gpu"
     PARETO = "pareto"
 
+    def __str__(self) -> str:  # "throughput", not "Target.THROUGHPUT", in messages and f-strings
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
 
 GOODPUT_TARGETS = frozenset({Target.GOODPUT, Target.GOODPUT_PER_GPU})
 DEFAULT_PARETO_OBJECTIVES = (Target.THROUGHPUT_PER_GPU, Target.THROUGHPUT_PER_USER)

@@ -56,7 +56,8 @@ class SmartSearchConfig(StrictModel):
         if ranged and self.sweep.policy == "thorough":
             raise ValueError(
                 "sweep.policy 'thorough' enumerates a finite space, but workload.kv_load_ratio is a "
-                "continuous range; use one scalar kv_load_ratio or policy 'rapid'"
+                f"continuous range {self.workload.kv_load_ratio} (a synthetic pareto goal without a load "
+                "field defaults to [0.0, 1.0]); use one scalar kv_load_ratio or policy 'rapid'"
             )
         return self
 
