@@ -151,3 +151,14 @@ def test_knob_choices_for_plain_values():
     knobs, ranges = knob_choices_for(Space, "disagg", ["vllm"], [0.2, 0.9])
     assert knobs["planner_load_sensitivity"] == ["default", "aggressive"]
     assert ranges == {"kv_load_ratio": (0.2, 0.9)} and "kv_load_ratio" not in knobs
+
+
+def test_branch_space_feeds_the_encoding():
+    from spica_pipeline.search.encoding import build_encoding
+
+    result = enumerate_branches(config(backend=["vllm", "sglang"], goal={"target": "pareto"},
+                                       workload={"isl": 1000, "osl": 100, "num_request_ratio": 4.0}))
+    for branch in result.branches:
+        encoding = build_encoding(branch)
+        names = {p.name for p in encoding.params}
+        assert "kv_load_ratio" in names and "used_gpu_ratio" in names
