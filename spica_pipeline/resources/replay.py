@@ -126,7 +126,19 @@ class ReplayEvaluator(dg.ConfigurableResource):
     kv_transfer_bandwidth_gbps: float = Field(default=25.0, description="per-GPU disagg KV link, GB/s")
     router_repeats: int = Field(default=DEFAULT_ROUTER_REPEATS, description="kv_router replays per candidate")
 
+    def __reduce__(self):
+        """Pickle by config only: a Dagster resource's internals do not survive a spawn round trip."""
+        fields = {name: getattr(self, name) for name in
+                  ("cache_dir", "trace_block_size", "benchmark_granularity", "kv_transfer_bandwidth_gbps",
+                   "router_repeats")}
+        return (_rebuild_evaluator, (type(self), fields))
+
     # ---- public ----------------------------------------------------------------------------
+
+    def warm_up(self) -> None:
+        """Import the replay runtime once per process (a pool worker calls this before serving)."""
+        os.environ.setdefault("DYN_LOG", "warn")
+        import dynamo._core  # noqa: F401
 
     def evaluate(self, request: EvalRequest) -> EvalOutcome:
         derived: dict[str, Any] = {}
@@ -344,6 +356,10 @@ class ReplayEvaluator(dg.ConfigurableResource):
             result = core.run_mocker_synthetic_trace_replay(*call.args, **kwargs)
         summary = result.summary if hasattr(result, "summary") else result
         return dict(summary), (counter.ticks if counter is not None else None)
+
+
+def _rebuild_evaluator(cls: type, fields: dict[str, Any]) -> "ReplayEvaluator":
+    return cls(**fields)
 
 
 def _router_config(plan: DeploymentPlan):
