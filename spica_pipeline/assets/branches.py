@@ -1,0 +1,60 @@
+"""Stage 4 asset: one branch space per deployment mode (spec §6.1), with the search plan."""
+
+import hashlib
+import json
+
+import dagster as dg
+import pandas as pd
+
+from spica_pipeline.assets.config import GROUP, config_from_frame, fail
+from spica_pipeline.errors import SpicaError
+from spica_pipeline.search.evaluation import canonical_json
+from spica_pipeline.sweep import enumerate_branch_spaces, plan_branch
+
+BRANCH_COLUMNS = ["deployment_mode", "space_json", "space_hash", "finite_size", "pool_size", "exhaustive",
+                  "plan", "warnings_json"]
+
+
+def space_hash(space_dict: dict) -> str:
+    """Identity of a search space (the warm-start guard): same hash, same encoding."""
+    body = {k: v for k, v in space_dict.items() if k != "diagnostics"}
+    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+
+
+def branch_spaces_from_frame(frame: pd.DataFrame) -> dict[str, dict]:
+    return {str(r["deployment_mode"]): json.loads(r["space_json"]) for r in frame.to_dict("records")}
+
+
+@dg.asset(group_name=GROUP, kinds={"pandas", "parquet"})
+def branch_spaces(context: dg.AssetExecutionContext, filtered_config: pd.DataFrame) -> dg.Output[pd.DataFrame]:
+    """The legal parallel pool and knobs per mode; modes with no viable config are dropped with a warning."""
+    config = config_from_frame(filtered_config)
+    try:
+        enumeration = enumerate_branch_spaces(config)
+        plans = [plan_branch(b, config) for b in enumeration.branches]
+    except SpicaError as err:
+        raise fail(err) from None
+    for warning in enumeration.warnings:
+        context.log.warning(warning)
+    rows = []
+    for branch, plan in zip(enumeration.branches, plans):
+        d = branch.to_dict()
+        rows.append({
+            "deployment_mode": branch.deployment_mode,
+            "space_json": json.dumps(d, sort_keys=True, default=str),
+            "space_hash": space_hash(json.loads(json.dumps(d, default=str))),
+            "finite_size": plan.finite_size if plan.finite_size is not None else -1,
+            "pool_size": len(branch.parallel_configs),
+            "exhaustive": bool(plan.exhaustive),
+            "plan": plan.why,
+            "warnings_json": json.dumps(list(enumeration.warnings)),
+        })
+    frame = pd.DataFrame(rows, columns=BRANCH_COLUMNS)
+    return dg.Output(frame, metadata={
+        "branches": ", ".join(frame["deployment_mode"]),
+        "warnings": len(enumeration.warnings),
+        "plans": dg.MetadataValue.md("\n".join(
+            f"* **{r['deployment_mode']}**: {r['pool_size']} parallel configs; {r['plan']}" for r in rows)
+            + ("\n\nWarnings:\n" + "\n".join(f"* {w}" for w in enumeration.warnings)
+               if enumeration.warnings else "")),
+    })

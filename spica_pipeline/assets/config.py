@@ -1,0 +1,163 @@
+"""Stage 1 asset: the validated sweep config, from a file or inline YAML plus launch overrides.
+
+`SweepLaunchConfig` is what a person edits in the launchpad (or what the schedule sends). The
+config is stored as a one-row frame (JSON + YAML + hash) so each later stage reads back exactly
+what was validated, independent of the working directory.
+"""
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pandas as pd
+import yaml
+from pydantic import Field, ValidationError
+
+from spica_pipeline.config import SmartSearchConfig, load_config, parse_yaml_text, render_validation_error
+from spica_pipeline.errors import ConfigError, SpicaError
+from spica_pipeline.search.evaluation import canonical_json
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG = "examples/configs/quickstart.yaml"
+GROUP = "sweep"
+
+
+class SweepLaunchConfig(dg.Config):
+    """Which sweep to run. Overrides left empty keep the config file's values."""
+
+    config_path: str | None = Field(
+        default=DEFAULT_CONFIG,
+        description="Sweep config YAML; relative paths resolve against the working dir, then the repo root",
+    )
+    config_yaml: str | None = Field(default=None, description="Inline config YAML (wins over config_path)")
+    seed: int | None = Field(default=None, description="Override sweep.seed")
+    policy: str | None = Field(default=None, description="Override sweep.policy: rapid | thorough")
+    algorithm: str | None = Field(
+        default=None,
+        description="Override sweep.algorithm: DEFAULT | GAUSSIAN_PROCESS_BANDIT | RANDOM_SEARCH | "
+        "QUASI_RANDOM_SEARCH | NSGA2",
+    )
+    name: str | None = Field(default=None, description="Output folder name; default the config file's stem")
+
+
+def resolve_path(path: str | Path) -> Path:
+    """Relative to the working dir when it exists there, else to the repository root."""
+    p = Path(path).expanduser()
+    if p.is_absolute() or p.exists():
+        return p.resolve() if p.exists() else p
+    candidate = REPO_ROOT / p
+    return candidate if candidate.exists() else p
+
+
+def _overrides(launch: SweepLaunchConfig) -> dict[str, Any]:
+    return {k: v for k, v in (("seed", launch.seed), ("policy", launch.policy),
+                              ("algorithm", launch.algorithm)) if v is not None}
+
+
+def _with_overrides(data: Any, launch: SweepLaunchConfig, where: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid config {where}: the top level must be a mapping, got {type(data).__name__}")
+    data = dict(data)
+    sweep = dict(data.get("sweep") or {})
+    sweep.update(_overrides(launch))
+    if sweep:
+        data["sweep"] = sweep
+    workload = data.get("workload")
+    if isinstance(workload, dict) and isinstance(workload.get("trace_path"), str) and workload["trace_path"].strip():
+        # pin the trace to an absolute path so later stages and run workers agree on the file
+        data["workload"] = {**workload, "trace_path": str(resolve_path(workload["trace_path"]))}
+    return data
+
+
+def _validate(data: dict[str, Any], where: str) -> SmartSearchConfig:
+    try:
+        return SmartSearchConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"invalid config {where}: {render_validation_error(err)}") from None
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"invalid config {where}: {' '.join(str(err).split())}") from None
+
+
+def read_launch_config(launch: SweepLaunchConfig) -> tuple[SmartSearchConfig, str, str]:
+    """(config, source, sweep name); every problem is one ConfigError line."""
+    if launch.config_yaml:
+        where = "<launch config_yaml>"
+        data = parse_yaml_text(launch.config_yaml, where)
+        if data is None:
+            raise ConfigError(f"invalid config {where}: the text is empty")
+        config = _validate(_with_overrides(data, launch, where), where)
+        return config, "inline", launch.name or "inline"
+    if not launch.config_path:
+        raise ConfigError("launch config: set config_path or config_yaml")
+    path = resolve_path(launch.config_path)
+    load_config(path)  # file-level checks and messages (size, encoding, YAML, schema)
+    data = parse_yaml_text(path.read_text(encoding="utf-8-sig"), path)
+    config = _validate(_with_overrides(data, launch, str(path)), str(path))
+    return config, str(path), launch.name or path.stem
+
+
+def config_hash(config: SmartSearchConfig) -> str:
+    """Content hash of the validated config and, for a trace workload, of the trace bytes."""
+    payload: dict[str, Any] = {"config": config.model_dump(mode="json")}
+    if config.workload.trace_path:
+        from spica_pipeline.traces import trace_content_hash
+
+        try:
+            payload["trace_sha256"] = trace_content_hash(config.workload.trace_path)
+        except SpicaError:
+            payload["trace_sha256"] = None
+    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+
+
+def config_frame(config: SmartSearchConfig, *, source: str, sweep_name: str,
+                 dropped: list[dict[str, Any]] | None = None) -> pd.DataFrame:
+    dump = config.model_dump(mode="json")
+    row = {
+        "sweep_name": sweep_name,
+        "source": source,
+        "config_hash": config_hash(config),
+        "config_json": canonical_json(dump),
+        "config_yaml": yaml.safe_dump(config.model_dump(mode="json", exclude_none=True), sort_keys=False),
+    }
+    if dropped is not None:
+        row["dropped_json"] = json.dumps(dropped, default=str)
+    return pd.DataFrame([row])
+
+
+def config_from_frame(frame: pd.DataFrame) -> SmartSearchConfig:
+    return SmartSearchConfig.from_dict(json.loads(frame["config_json"].iloc[0]))
+
+
+def frame_value(frame: pd.DataFrame, column: str) -> Any:
+    return frame[column].iloc[0]
+
+
+def fail(err: Exception) -> dg.Failure:
+    """A Dagster failure carrying the one-line domain error."""
+    return dg.Failure(description=f"{type(err).__name__}: {' '.join(str(err).split())}")
+
+
+@dg.asset(group_name=GROUP, kinds={"pandas", "parquet"})
+def validated_config(context: dg.AssetExecutionContext, config: SweepLaunchConfig) -> dg.Output[pd.DataFrame]:
+    """Stage 1: read, override and validate the sweep config (bad config -> one-line failure)."""
+    try:
+        cfg, source, name = read_launch_config(config)
+    except SpicaError as err:
+        raise fail(err) from None
+    frame = config_frame(cfg, source=source, sweep_name=name)
+    space = cfg.search_space
+    return dg.Output(frame, metadata={
+        "source": source,
+        "sweep_name": name,
+        "config_hash": frame_value(frame, "config_hash"),
+        "goal": cfg.goal.target.value,
+        "model": space.model_name,
+        "hardware": space.hardware_sku,
+        "gpu_budget": int(space.gpu_budget),
+        "deployment_modes": ", ".join(space.deployment_mode),
+        "seed": int(cfg.sweep.seed),
+        "algorithm": cfg.sweep.algorithm,
+        "config": dg.MetadataValue.md(f"```yaml\n{frame_value(frame, 'config_yaml')}```"),
+    })

@@ -1,0 +1,168 @@
+"""Stage 5 asset: one study per deployment mode, a static partition each.
+
+A partition runs `run_branch` for its mode and stores that branch's ledger. Evaluations and
+optimizer suggestions go through a `FileJournal` keyed by the config hash (and the warm-start
+history), so a retried or interrupted partition resumes where it stopped instead of replaying
+again. A mode the config does not search materializes an empty ledger that says why.
+"""
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pandas as pd
+from pydantic import Field
+
+from spica_pipeline.assets.branches import branch_spaces_from_frame
+from spica_pipeline.assets.config import GROUP, config_from_frame, fail, frame_value
+from spica_pipeline.assets.load_predictor import load_predictor_from_frame
+from spica_pipeline.errors import SpicaError
+from spica_pipeline.journal import FileJournal, OutputDirBusy, RunLock
+from spica_pipeline.search.evaluation import canonical_json, json_safe
+from spica_pipeline.search.ledger import STATUSES
+from spica_pipeline.sweep import ledger_frame, make_pool, plan_branch, run_branch, warm_history_for
+
+MODES = ["agg", "disagg"]
+mode_partitions = dg.StaticPartitionsDefinition(MODES)
+# one run over both partitions: the branch_study step loops over its partition keys
+ALL_MODES_TAGS = {
+    "dagster/asset_partition_range_start": MODES[0],
+    "dagster/asset_partition_range_end": MODES[-1],
+}
+SPACES_FILE = "spaces.json"  # written next to the report: {mode: space_hash} of the last sweep
+
+
+class BranchStudyConfig(dg.Config):
+    """Per-run study options (the nightly schedule turns warm start on)."""
+
+    warm_start: bool = Field(
+        default=False,
+        description="Seed each study with the previous sweep's trials of the same branch space, when unchanged",
+    )
+
+
+def previous_ledger(output_dir: Path, mode: str, space_hash: str) -> tuple[pd.DataFrame | None, str]:
+    """The last sweep's ledger for warm start, only when this branch's space is unchanged."""
+    ledger_path, spaces_path = output_dir / "ledger.parquet", output_dir / SPACES_FILE
+    if not ledger_path.exists() or not spaces_path.exists():
+        return None, f"no previous sweep in {output_dir}"
+    previous = json.loads(spaces_path.read_text()).get(mode)
+    if previous != space_hash:
+        return None, f"the {mode} space changed since the previous sweep"
+    return pd.read_parquet(ledger_path), "same space as the previous sweep"
+
+
+def journal_key(config_hash: str, warm: list[Any]) -> str:
+    warm_part = hashlib.sha256(canonical_json(json_safe(
+        [[h.parameters, h.metrics, h.infeasible_reason] for h in warm])).encode()).hexdigest()
+    return hashlib.sha256(f"{config_hash}:{warm_part if warm else ''}".encode()).hexdigest()
+
+
+def study_partition(
+    context: dg.AssetExecutionContext,
+    mode: str,
+    *,
+    warm_start: bool,
+    filtered_config: pd.DataFrame,
+    load_predictor_result: pd.DataFrame,
+    branch_spaces: pd.DataFrame,
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Run one branch study; returns its ledger and the materialization metadata."""
+    from spica_pipeline.search.branches import BranchSpace
+
+    config = config_from_frame(filtered_config)
+    spaces = branch_spaces_from_frame(branch_spaces)
+    if mode not in spaces:
+        reason = (f"deployment_mode '{mode}' is not searched by this config "
+                  f"(deployment_mode: {list(config.search_space.deployment_mode)})"
+                  if mode not in config.search_space.deployment_mode
+                  else f"branch '{mode}' has no viable space (see branch_spaces warnings)")
+        context.log.info(f"{mode}: {reason}; empty ledger")
+        return ledger_frame([]), {"skipped": reason, "trials": 0}
+
+    plan = plan_branch(BranchSpace.from_dict(spaces[mode]), config)
+    row = branch_spaces[branch_spaces["deployment_mode"] == mode].iloc[0]
+    storage = context.resources.sweep_storage
+    warm: list[Any] = []
+    warm_note = "off"
+    if warm_start:
+        prev, warm_note = previous_ledger(storage.output_dir(frame_value(filtered_config, "sweep_name")),
+                                          mode, str(row["space_hash"]))
+        warm = warm_history_for(prev, plan)
+        if prev is not None and plan.exhaustive:
+            warm_note = "exhaustive branch: warm start not used"
+    key = journal_key(str(frame_value(filtered_config, "config_hash")), warm)
+    journal_dir = storage.journal_dir(key, mode)
+    load_predictor = load_predictor_from_frame(load_predictor_result)
+    workers = max(1, min(config.sweep.parallel_evals, config.sweep.per_round))
+    context.log.info(f"{mode}: {plan.why}; {len(warm)} warm-start trials; journal {journal_dir}")
+
+    def on_round(result: Any) -> None:
+        context.log.info(f"{mode}: round {result.rounds}: {dict(result.counts)}")
+
+    try:
+        with RunLock(journal_dir):
+            journal = FileJournal(journal_dir / "journal.jsonl")
+            try:
+                with make_pool(context.resources.replay, workers, config.sweep.max_eval_seconds) as pool:
+                    outcome = run_branch(plan, config, load_predictor, evaluate_wave=pool.evaluate_wave,
+                                         vizier=context.resources.vizier, journal=journal,
+                                         warm_history=warm, on_round=on_round)
+            finally:
+                journal.close()
+    except OutputDirBusy as err:
+        raise fail(err) from None
+    except SpicaError as err:
+        raise fail(err) from None
+
+    ledger = ledger_frame(outcome.records)
+    feasible = [r.score for r in outcome.records if r.status == "feasible" and r.score is not None]
+    metadata: dict[str, Any] = {s: int(outcome.counts.get(s, 0)) for s in STATUSES}
+    metadata.update({
+        "trials": len(outcome.records),
+        "mode": outcome.mode,
+        "plan": plan.why,
+        "rounds": int(outcome.rounds),
+        "stalled": bool(outcome.stalled),
+        "optimizer_seconds": round(float(outcome.optimizer_seconds), 3),
+        "replay_seconds": round(float(outcome.replay_seconds), 3),
+        "resumed_journal_records": int(journal.loaded_records),
+        "warm_start_trials": len(warm),
+        "warm_start": warm_note,
+        "space_hash": str(row["space_hash"]),
+        "journal": dg.MetadataValue.path(str(journal_dir / "journal.jsonl")),
+    })
+    if feasible:
+        metadata["best_score"] = float(max(feasible))
+    return ledger, metadata
+
+
+@dg.asset(
+    group_name=GROUP,
+    kinds={"pandas", "parquet"},
+    partitions_def=mode_partitions,
+    backfill_policy=dg.BackfillPolicy.single_run(),
+    required_resource_keys={"replay", "vizier", "sweep_storage"},
+)
+def branch_study(
+    context: dg.AssetExecutionContext,
+    config: BranchStudyConfig,
+    filtered_config: pd.DataFrame,
+    load_predictor_result: pd.DataFrame,
+    branch_spaces: pd.DataFrame,
+):
+    """The trial ledger of one deployment mode's study (one Parquet file per partition)."""
+    keys = list(context.partition_keys)
+    frames: dict[str, pd.DataFrame] = {}
+    metadata: dict[str, Any] = {}
+    for mode in keys:
+        frames[mode], md = study_partition(context, mode, warm_start=config.warm_start,
+                                           filtered_config=filtered_config,
+                                           load_predictor_result=load_predictor_result,
+                                           branch_spaces=branch_spaces)
+        # one run may cover both partitions, so keys carry the mode (stable for per-partition plots)
+        metadata.update({f"{mode}.{k}": v for k, v in md.items()})
+    context.add_output_metadata(metadata)
+    return frames if len(keys) > 1 else frames[keys[0]]
