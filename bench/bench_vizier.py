@@ -1,0 +1,207 @@
+"""Wall time of Study.suggest on a quickstart-sized branch (~9 parameters), in ONE process.
+
+usage:
+  .venv/bin/python bench/bench_vizier.py [--algos DEFAULT,GAUSSIAN_PROCESS_BANDIT,...] [--ns 0,4,8,16,32]
+      [--count 4] [--budget 4000] [--restarts 4] [--no-padding] [--clear] [--cache DIR|none]
+      [--gil] [--quality ROUNDS]
+
+Run it twice with the same --cache DIR: the first run sees a cold persistent JAX cache (delete the
+dir first), the second a warm one. Each line printed is one JSON record:
+  {"algo", "n", "seconds", "compiles", "compile_s", "designer", "distinct", "rss_mb"}
+--gil: heartbeat of the main thread while a GP suggest runs in Study.suggest_async (max gap = how
+long the GIL was held), and wall time of a busy subprocess alone vs overlapped with the suggest.
+--quality R: R rounds x count suggestions on the toy objective; prints the best value per round
+(sample efficiency check for a budget setting).
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import resource
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from spica_pipeline.resources.vizier import VizierClient  # noqa: E402
+from spica_pipeline.search.encoding import build_encoding  # noqa: E402
+from spica_pipeline.search.shapes import RoleShape as R  # noqa: E402
+
+
+@dataclass
+class Branch:
+    deployment_mode: str
+    parallel_configs: tuple
+    supported_backends: tuple
+    knob_choices: dict = field(default_factory=dict)
+    gpu_budget: int | None = None
+    float_ranges: dict = field(default_factory=dict)
+
+
+def quickstart_branch() -> Branch:
+    """An 8-GPU MoE agg branch: 4 structural + 4 knob + kv_load_ratio = 9 parameters."""
+    pool = tuple(
+        R(tp=t, attention_dp=d, moe_ep=t * d if t * d > 1 else 1, replicas=r)
+        for t in (1, 2, 4, 8) for d in (1, 2) for r in (1, 2, 4, 8) if t * d * r <= 8
+    )
+    knobs = {
+        "backend": ["vllm"],
+        "router_mode": ["kv_router", "round_robin"],
+        "overlap_score_credit": [0.0, 0.5, 1.0],
+        "planner_scaling_policy": ["none", "load_180_10", "throughput_60"],
+        "agg_max_num_seqs": [64, 128, 256, 512],
+    }
+    return Branch("agg", pool, tuple(("vllm",) for _ in pool), knobs, 8, {"kv_load_ratio": (0.2, 0.9)})
+
+
+def toy_objective(enc, params: dict) -> tuple[dict | None, str | None]:
+    """Deterministic stand-in for a replay: goodput-like score, infeasible when KV would overflow."""
+    sel, req = enc.decode(params)
+    cfg = enc.project(sel, req).config
+    if sel["kv_load_ratio"] > 0.85 and cfg.gpus_per_engine == 1:
+        return None, "kv capacity"
+    score = cfg.used_gpus ** 0.7 * math.log2(2 * cfg.gpus_per_engine) * (1.3 if cfg.attention_dp > 1 else 1.0)
+    score *= 1.0 + 0.2 * (sel["router_mode"] == "kv_router") * sel["overlap_score_credit"]
+    score *= 1.0 - abs(math.log2(sel["agg_max_num_seqs"] / 256)) * 0.1
+    score *= 1.0 - (sel["kv_load_ratio"] - 0.6) ** 2
+    score *= {"none": 1.0, "load_180_10": 1.15, "throughput_60": 1.05}[sel["planner_scaling_policy"]]
+    return {"objective": score}, None
+
+
+def random_history(enc, n: int, seed: int = 0) -> list:
+    from spica_pipeline.search.encoding import enumerate_space  # noqa: F401  (space is continuous)
+
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        params = {}
+        for p in enc.params:
+            if p.kind == "double":
+                params[p.name] = rng.uniform(*p.bounds)
+            else:
+                params[p.name] = rng.choice(p.values)
+        m, reason = toy_objective(enc, params)
+        rows.append((params, m, reason))
+    return rows
+
+
+COMPILES = {"n": 0, "s": 0.0}
+
+
+def _count_compiles() -> None:
+    import jax._src.monitoring as mon
+
+    def on_event(event, duration, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            COMPILES["n"] += 1
+            COMPILES["s"] += duration
+
+    mon.register_event_duration_secs_listener(on_event)
+
+
+def rss_mb() -> int:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def busy_subprocess(seconds: float) -> subprocess.Popen:
+    code = f"import time\nt=time.process_time()\nwhile time.process_time()-t<{seconds}: sum(range(1000))"
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--algos", default="QUASI_RANDOM_SEARCH,RANDOM_SEARCH,GAUSSIAN_PROCESS_BANDIT,DEFAULT")
+    ap.add_argument("--ns", default="0,4,8,16,32")
+    ap.add_argument("--count", type=int, default=4)
+    ap.add_argument("--budget", type=int, default=VizierClient.model_fields["acquisition_evaluations"].default)
+    ap.add_argument("--restarts", type=int, default=4)
+    ap.add_argument("--no-padding", action="store_true")
+    ap.add_argument("--clear", action="store_true")
+    ap.add_argument("--cache", default="~/.cache/spica-pipeline/jax-bench")
+    ap.add_argument("--gil", action="store_true")
+    ap.add_argument("--quality", type=int, default=0)
+    args = ap.parse_args()
+
+    enc = build_encoding(quickstart_branch())
+    counting = False
+    client_kw = dict(
+        acquisition_evaluations=args.budget,
+        ard_random_restarts=args.restarts,
+        trial_padding=not args.no_padding,
+        clear_jax_cache=args.clear,
+        jax_cache_dir="" if args.cache == "none" else args.cache,
+    )
+    print(json.dumps({"params": len(enc.params), "config": client_kw}), flush=True)
+    ns = [int(x) for x in args.ns.split(",")]
+    for algo in args.algos.split(","):
+        study = VizierClient(algorithm=algo, **client_kw).open_study(enc, [("objective", "max")], seed=0)
+        study.problem()  # runtime setup (imports jax) happens here
+        if not counting:
+            _count_compiles()
+            counting = True
+        for n in ns:
+            hist = random_history(enc, n)
+            c0 = dict(COMPILES)
+            out = study.suggest(args.count, hist)
+            print(json.dumps({
+                "algo": algo, "n": n, "seconds": round(study.last_suggest_seconds, 2),
+                "compiles": COMPILES["n"] - c0["n"], "compile_s": round(COMPILES["s"] - c0["s"], 1),
+                "designer": study.last_designer, "distinct": len({json.dumps(p, sort_keys=True) for p in out}),
+                "rss_mb": rss_mb(),
+            }), flush=True)
+        if args.quality:
+            hist = []
+            best = []
+            for _ in range(args.quality):
+                for p in study.suggest(args.count, hist):
+                    m, reason = toy_objective(enc, p)
+                    hist.append((p, m, reason))
+                best.append(round(max((m["objective"] for _, m, _ in hist if m), default=0.0), 3))
+            print(json.dumps({"algo": algo, "quality_best_per_round": best}), flush=True)
+
+    if args.gil:
+        algo = "DEFAULT"
+        study = VizierClient(algorithm=algo, **client_kw).open_study(enc, [("objective", "max")], seed=0)
+        hist = random_history(enc, 12, seed=3)
+        # 1) GIL: main-thread heartbeat every 5 ms while the suggest runs on the worker thread
+        fut = study.suggest_async(args.count, hist)
+        gaps, last, t0 = [], time.perf_counter(), time.perf_counter()
+        while not fut.done():
+            time.sleep(0.005)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+        fut.result()
+        gaps.sort()
+        print(json.dumps({"gil": {"suggest_s": round(time.perf_counter() - t0, 2), "ticks": len(gaps),
+                                  "p50_gap_ms": round(1000 * gaps[len(gaps) // 2], 1),
+                                  "p99_gap_ms": round(1000 * gaps[int(len(gaps) * 0.99)], 1),
+                                  "max_gap_ms": round(1000 * gaps[-1], 1)}}), flush=True)
+        # 2) overlap: a 20-CPU-second "replay" subprocess alone, then overlapped with a suggest
+        t0 = time.perf_counter()
+        busy_subprocess(20).wait()
+        alone = time.perf_counter() - t0
+        hist = random_history(enc, 13, seed=4)  # a new N: same padded shapes, fresh GP fit
+        t0 = time.perf_counter()
+        proc = busy_subprocess(20)
+        fut = study.suggest_async(args.count, hist)
+        fut.result()
+        t_sug = time.perf_counter() - t0
+        proc.wait()
+        both = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        study.suggest(args.count, random_history(enc, 14, seed=5))
+        seq_sug = time.perf_counter() - t0
+        print(json.dumps({"overlap": {"replay_alone_s": round(alone, 1), "suggest_alone_s": round(seq_sug, 1),
+                                      "suggest_overlapped_s": round(t_sug, 1), "both_overlapped_s": round(both, 1),
+                                      "sequential_sum_s": round(alone + seq_sug, 1)}}), flush=True)
+    print(json.dumps({"rss_mb": rss_mb(), "threads": threading.active_count()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

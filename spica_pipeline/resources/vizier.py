@@ -1,0 +1,371 @@
+"""VizierClient: OSS Vizier designers in-process, seeded, with the trial ledger as the study state.
+
+No Vizier server and no sqlite: every `Study.suggest` builds a fresh designer, replays the caller's
+history (parameters, metrics or infeasible reason) into it and asks for a batch. The same config,
+seed and history therefore give the same suggestions, also after a resume in a new process.
+
+Speed (2-core CPU; numbers in bench/bench_vizier.py and the module report): the GP designers are
+built with a small acquisition-optimizer budget, trial padding (so shapes repeat and compiled
+programs are reused in-process and from the persistent JAX cache), and the first batch of every
+study comes from a quasi-random designer, since a GP has nothing to model yet.
+
+vizier and jax are imported lazily: importing this module must not start JAX or set JAX_PLATFORMS.
+"""
+
+import hashlib
+import importlib.util
+import logging
+import math
+import os
+import threading
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import dagster as dg
+
+from spica_pipeline.errors import ConfigError
+from spica_pipeline.search.encoding import ParamSpec, SearchEncoding
+
+ALGORITHMS = ("DEFAULT", "GAUSSIAN_PROCESS_BANDIT", "RANDOM_SEARCH", "QUASI_RANDOM_SEARCH", "NSGA2")
+ALGO_ENV = "SPICA_VIZIER_ALGO"
+GP_ALGORITHMS = ("DEFAULT", "GAUSSIAN_PROCESS_BANDIT")
+SEED_BATCH = "QUASI_RANDOM_SEARCH"
+
+# One history row: (parameters, metrics or None, infeasible reason or None).
+HistoryRow = tuple[Mapping[str, Any], Mapping[str, float] | None, str | None]
+
+_log = logging.getLogger(__name__)
+_setup_lock = threading.Lock()
+_setup_done: dict[str, str] = {}
+_executor: ThreadPoolExecutor | None = None
+
+
+def resolve_algorithm(configured: str | None, explicit: str | None = None) -> str:
+    """SPICA_VIZIER_ALGO (operator escape hatch) > explicit argument > resource config."""
+    env = os.environ.get(ALGO_ENV, "").strip()
+    name, source = (env, ALGO_ENV) if env else ((explicit, "algorithm") if explicit else (configured, "algorithm"))
+    name = (name or "DEFAULT").strip().upper()
+    if name in ("GP_UCB_PE", "ALGORITHM_UNSPECIFIED"):
+        name = "DEFAULT"
+    if name not in ALGORITHMS:
+        raise ConfigError(f"{source}: unknown Vizier algorithm {name!r}; expected one of {list(ALGORITHMS)}")
+    return name
+
+
+def _runtime_setup(cache_dir: str | None) -> None:
+    """Once per process, at the first study (never at import): CPU JAX unless a CUDA plugin is
+    installed, x64 like the Vizier service, quiet logs, and the persistent compilation cache."""
+    with _setup_lock:
+        if _setup_done:
+            return
+        if "JAX_PLATFORMS" not in os.environ and not any(
+            importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin")
+        ):
+            os.environ["JAX_PLATFORMS"] = "cpu"
+        for mod in ("jax", "jaxlib", "equinox", "jaxopt", "flax", "tensorflow_probability", "typeguard"):
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=mod)
+            warnings.filterwarnings("ignore", category=FutureWarning, module=mod)
+        warnings.filterwarnings("ignore", message=".*Explicitly requested dtype.*")
+        for name in ("jax", "absl", "jax._src.xla_bridge", "vizier"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+        try:
+            import absl.logging
+
+            absl.logging.set_verbosity(absl.logging.ERROR)
+        except ImportError:  # pragma: no cover - absl ships with jax
+            pass
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
+        if cache_dir:
+            path = os.path.expanduser(cache_dir)
+            os.makedirs(path, exist_ok=True)
+            jax.config.update("jax_compilation_cache_dir", path)
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+            jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+            _setup_done["cache_dir"] = path
+        _setup_done["platforms"] = os.environ.get("JAX_PLATFORMS", "")
+
+
+def derive_seed(seed: int, branch: str, n_history: int) -> int:
+    """Per-call seed from (study seed, branch, history length): a resume with the same ledger
+    reproduces the suggestion, and successive rounds differ."""
+    digest = hashlib.sha256(f"{seed}|{branch}|{n_history}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def _param_key(params: Mapping[str, Any]) -> tuple:
+    return tuple(sorted((k, round(v, 12) if isinstance(v, float) else v) for k, v in params.items()))
+
+
+class VizierClient(dg.ConfigurableResource):
+    """Vizier designers in-process (Dagster resource or plain object)."""
+
+    algorithm: str = "DEFAULT"
+    # Eagle-strategy evaluations per acquisition optimisation (Vizier's default is 75,000).
+    acquisition_evaluations: int = 4000
+    # ARD random restarts of the GP hyper-parameter fit (Vizier's default is 4).
+    ard_random_restarts: int = 4
+    # Pad trial counts to powers of two so compiled programs are reused across rounds.
+    trial_padding: bool = True
+    # Drop compiled programs after each GP suggest (bounds RSS; the disk cache still serves).
+    clear_jax_cache: bool = False
+    # Persistent JAX compilation cache; empty string turns it off.
+    jax_cache_dir: str = "~/.cache/spica-pipeline/jax"
+    # Batches come from a quasi-random designer until this many feasible trials exist.
+    min_feasible_for_model: int = 1
+
+    def open_study(
+        self,
+        encoding: SearchEncoding,
+        metrics: Sequence[tuple[str, str]],
+        *,
+        seed: int,
+        algorithm: str | None = None,
+        name: str | None = None,
+    ) -> "Study":
+        """A study over one branch's encoding; `metrics` are (name, 'max'|'min') pairs."""
+        algo = resolve_algorithm(self.algorithm, algorithm)
+        return Study(self, encoding, list(metrics), seed=seed, algorithm=algo, name=name)
+
+
+class Study:
+    """One branch's study. Stateless between calls: the caller's ledger is the state."""
+
+    def __init__(
+        self,
+        client: VizierClient,
+        encoding: SearchEncoding,
+        metrics: list[tuple[str, str]],
+        *,
+        seed: int,
+        algorithm: str,
+        name: str | None = None,
+    ) -> None:
+        if not metrics:
+            raise ValueError("a study needs at least one metric")
+        for m, goal in metrics:
+            if goal not in ("max", "min"):
+                raise ValueError(f"metric {m!r}: goal must be 'max' or 'min', got {goal!r}")
+        self.client = client
+        self.encoding = encoding
+        self.metrics = metrics
+        self.seed = int(seed)
+        self.algorithm = algorithm
+        self.name = name or encoding.deployment_mode
+        self.last_suggest_seconds = 0.0
+        self.last_designer = ""  # which designer produced the last batch ("QUASI_RANDOM_SEARCH" for seed batches)
+        self.skipped_history = 0  # history rows outside this search space (e.g. an older ledger)
+        self._problem = None
+
+    # ----- problem ---------------------------------------------------------------------------
+    def problem(self):
+        if self._problem is None:
+            _runtime_setup(self.client.jax_cache_dir)
+            self._problem = _to_problem(self.encoding, self.metrics)
+        return self._problem
+
+    # ----- suggest ---------------------------------------------------------------------------
+    def suggest(
+        self,
+        count: int,
+        history: Sequence[HistoryRow] = (),
+        pending: Sequence[Mapping[str, Any]] = (),
+    ) -> list[dict[str, Any]]:
+        """`count` parameter dicts (decode them with `encoding.decode`). `pending` are parameters
+        being evaluated right now (asked for but not yet in history): GP-UCB-PE explores away from
+        them, the others skip past them."""
+        if count <= 0:
+            return []
+        t0 = time.perf_counter()
+        try:
+            return self._suggest(count, list(history), list(pending))
+        finally:
+            self.last_suggest_seconds = time.perf_counter() - t0
+
+    def suggest_async(
+        self,
+        count: int,
+        history: Sequence[HistoryRow] = (),
+        pending: Sequence[Mapping[str, Any]] = (),
+    ) -> "Future[list[dict[str, Any]]]":
+        """`suggest` on a background thread, to overlap the next ask with the current replays.
+        Calls from all studies run one at a time on one thread (JAX work is not shared)."""
+        global _executor
+        with _setup_lock:
+            if _executor is None:
+                _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spica-vizier")
+        return _executor.submit(self.suggest, count, list(history), [dict(p) for p in pending])
+
+    def _suggest(self, count: int, history: list[HistoryRow], pending: list[Mapping[str, Any]]) -> list[dict]:
+        import jax
+        from vizier import algorithms as vza
+        from vizier import pyvizier as vz
+
+        problem = self.problem()
+        space = problem.search_space
+        completed, n_feasible = self._to_trials(history, space, vz)
+        active = []
+        for j, p in enumerate(pending, start=len(completed) + 1):
+            if space.contains(vz.ParameterDict(dict(p))):
+                active.append(vz.Trial(id=j, parameters=dict(p)))
+        n_seen = len(history) + len(pending)
+        call_seed = derive_seed(self.seed, self.name, n_seen)
+
+        algo = self.algorithm
+        # Seed batch: no history at all (every algorithm), or too few feasible trials for a model.
+        if n_seen == 0 or (algo != "RANDOM_SEARCH" and n_feasible < max(1, self.client.min_feasible_for_model)):
+            algo = SEED_BATCH
+        self.last_designer = algo
+
+        if algo in ("RANDOM_SEARCH", SEED_BATCH):
+            seen = {_param_key(p) for p, _, _ in history} | {_param_key(p) for p in pending}
+            return self._cheap_batch(algo, count, n_seen, call_seed, seen)
+
+        if algo == "NSGA2":
+            from vizier._src.algorithms.evolution import nsga2
+
+            designer = nsga2.NSGA2Designer(problem, seed=call_seed)
+        else:
+            designer = self._gp_designer(algo, problem, jax.random.PRNGKey(call_seed))
+        designer.update(vza.CompletedTrials(completed), vza.ActiveTrials(active))
+        out = [dict(s.parameters.as_dict()) for s in designer.suggest(count=count)]
+        return out[:count]  # NSGA2 may hand out a whole population
+
+    def _cheap_batch(self, algo: str, count: int, n_seen: int, call_seed: int, seen: set) -> list[dict]:
+        """Random / quasi-random: skip points already in history or pending, oversampling up to 8x.
+
+        Quasi-random keeps one Halton sequence per (seed, branch) and fast-forwards past every
+        trial already seen, so successive rounds continue the sequence instead of repeating it."""
+        from vizier._src.algorithms.designers import quasi_random
+        from vizier._src.algorithms.designers import random as random_designer
+
+        space = self.problem().search_space
+        if algo == SEED_BATCH:
+            designer = quasi_random.QuasiRandomDesigner(
+                space, skip_points=1000 + n_seen, seed=derive_seed(self.seed, self.name, -1)
+            )
+        else:
+            designer = random_designer.RandomDesigner(space, seed=call_seed)
+        out: list[dict] = []
+        fallback: list[dict] = []
+        for s in designer.suggest(count * 8):
+            p = dict(s.parameters.as_dict())
+            key = _param_key(p)
+            if key in seen:
+                fallback.append(p)
+                continue
+            seen.add(key)
+            out.append(p)
+            if len(out) == count:
+                break
+        return (out + fallback)[:count]  # a tiny space may have fewer new points than asked
+
+    def _gp_designer(self, algo: str, problem, rng):
+        from vizier._src.algorithms.designers import gp_bandit, gp_ucb_pe
+        from vizier._src.algorithms.optimizers import eagle_strategy as es
+        from vizier._src.algorithms.optimizers import vectorized_base as vb
+        from vizier.pyvizier.converters import padding
+
+        c = self.client
+        multi = len(self.metrics) > 1
+        kw: dict[str, Any] = {"rng": rng, "ard_random_restarts": c.ard_random_restarts}
+        # GP-UCB-PE refuses trial padding for multi-objective problems.
+        if c.trial_padding and not (multi and algo == "DEFAULT"):
+            kw["padding_schedule"] = padding.PaddingSchedule(num_trials=padding.PaddingType.POWERS_OF_2)
+        if algo == "DEFAULT":
+            eagle = gp_ucb_pe.VizierGPUCBPEBandit.default_eagle_config
+        else:
+            eagle = es.EagleStrategyConfig()
+        kw["acquisition_optimizer_factory"] = vb.VectorizedOptimizerFactory(
+            strategy_factory=es.VectorizedEagleStrategyFactory(eagle_config=eagle),
+            max_evaluations=c.acquisition_evaluations,
+            suggestion_batch_size=25,
+        )
+        if algo == "DEFAULT":
+            return gp_ucb_pe.VizierGPUCBPEBandit(problem, clear_jax_cache=c.clear_jax_cache, **kw)
+        if c.clear_jax_cache:
+            import jax
+
+            jax.clear_caches()
+        return gp_bandit.VizierGPBandit(problem, **kw)
+
+    # ----- history ---------------------------------------------------------------------------
+    def _to_trials(self, history: list[HistoryRow], space, vz) -> tuple[list, int]:
+        """Ledger rows -> completed Vizier trials. Feasible rows need every metric finite (else
+        they count as infeasible); NSGA2 gets sentinel worst metrics on infeasible rows (it
+        raises KeyError without them). Rows outside the space are skipped and counted."""
+        names = [m for m, _ in self.metrics]
+        rows: list[tuple[dict, dict | None, str | None]] = []
+        skipped = 0
+        for params, metrics, reason in history:
+            params = dict(params)
+            if not space.contains(vz.ParameterDict(params)):
+                skipped += 1
+                continue
+            good = None
+            if reason is None and metrics is not None:
+                vals = {m: metrics.get(m) for m in names}
+                if all(isinstance(v, (int, float)) and math.isfinite(v) for v in vals.values()):
+                    good = {m: float(v) for m, v in vals.items()}
+                else:
+                    reason = "non-finite or missing metric"
+            rows.append((params, good, reason or (None if good else "infeasible")))
+        self.skipped_history = skipped
+        if skipped:
+            _log.warning("study %s: %d history rows are outside the search space and were skipped", self.name, skipped)
+
+        sentinel = self._sentinel(rows) if self.algorithm == "NSGA2" else None
+        trials = []
+        n_feasible = 0
+        for i, (params, good, reason) in enumerate(rows, start=1):
+            t = vz.Trial(id=i, parameters=params)
+            if good is not None:
+                t.complete(vz.Measurement(metrics=good))
+                n_feasible += 1
+            else:
+                t.complete(vz.Measurement(metrics=sentinel) if sentinel else None, infeasibility_reason=reason)
+            trials.append(t)
+        return trials, n_feasible
+
+    def _sentinel(self, rows) -> dict[str, float]:
+        """Worse than anything observed: NSGA2 ranks infeasible trials last."""
+        out = {}
+        for m, goal in self.metrics:
+            vals = [g[m] for _, g, _ in rows if g is not None]
+            lo, hi = (min(vals), max(vals)) if vals else (0.0, 0.0)
+            pad = max(1.0, hi - lo)
+            out[m] = lo - 10 * pad if goal == "max" else hi + 10 * pad
+        return out
+
+
+def _to_problem(encoding: SearchEncoding, metrics: Sequence[tuple[str, str]]):
+    from vizier import pyvizier as vz
+
+    problem = vz.ProblemStatement()
+    root = problem.search_space.root
+    for p in encoding.params:
+        _add_param(root, p, vz)
+    for name, goal in metrics:
+        g = vz.ObjectiveMetricGoal.MAXIMIZE if goal == "max" else vz.ObjectiveMetricGoal.MINIMIZE
+        problem.metric_information.append(vz.MetricInformation(name, goal=g))
+    return problem
+
+
+def _add_param(root, p: ParamSpec, vz) -> None:
+    scale = vz.ScaleType.LOG if p.scale == "log" else vz.ScaleType.LINEAR
+    if p.kind == "double":
+        lo, hi = p.bounds  # type: ignore[misc]
+        root.add_float_param(p.name, lo, hi, default_value=p.default, scale_type=scale)
+    elif p.kind == "discrete":
+        root.add_discrete_param(p.name, list(p.values), default_value=p.default, scale_type=scale)
+    else:
+        root.add_categorical_param(p.name, list(p.values), default_value=p.default)
+
+
+def jax_runtime_info() -> dict[str, str]:
+    """What the runtime setup did (platforms, cache dir), for run metadata."""
+    return dict(_setup_done)
