@@ -159,6 +159,7 @@ class _AicStep:
                 model = RustForwardPassPerfModel.from_native(identity.aic_config())
             _models[key] = model
         self._model = model
+        self._decode_memo: dict[tuple[int, int], float] = {}
 
     def _est(self, **scheduled: int) -> float:
         with _QuietAIC():
@@ -172,7 +173,12 @@ class _AicStep:
         return self._est(num_prefill_requests=1, sum_prefill_tokens=int(new_tokens), sum_prefill_kv_tokens=0)
 
     def decode(self, batch: int, context: int) -> float:
-        return self._est(num_decode_requests=int(batch), sum_decode_kv_tokens=int(batch) * int(context))
+        key = (int(batch), int(context))
+        value = self._decode_memo.get(key)
+        if value is None:  # the clamped grid corners repeat the same (batch, context) many times
+            value = self._est(num_decode_requests=key[0], sum_decode_kv_tokens=key[0] * key[1])
+            self._decode_memo[key] = value
+        return value
 
     def decode_frac(self, batch: float, context: int) -> float:
         batch = min(max(1.0, batch), float(DECODE_MAX_BATCH))
@@ -213,11 +219,11 @@ def timing_table(identity: EngineIdentity, *, max_num_batched_tokens: int = 8192
     """
     top = max(int(max_num_batched_tokens), PREFILL_MIN_TOP)
     key = _digest("timing", {**asdict(identity), "prefill_top": top})
-    memo = _timing_memo.get(key)
-    if memo is not None and os.path.exists(memo.path):
-        return memo
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     path = root / "timing" / f"{key}.npz"
+    memo = _timing_memo.get(str(path))
+    if memo is not None and path.exists():
+        return memo
     if not path.exists():
         arrays = build_timing_arrays(identity, top)
         buf = io.BytesIO()
@@ -225,7 +231,7 @@ def timing_table(identity: EngineIdentity, *, max_num_batched_tokens: int = 8192
         atomic_write_bytes(path, buf.getvalue())
     table = TimingTable(path=str(path), speedup_ratio=TIME_SCALE, key=key)
     with _lock:
-        _timing_memo[key] = table
+        _timing_memo[str(path)] = table
     return table
 
 
@@ -242,11 +248,11 @@ def kv_capacity(identity: EngineIdentity, *, max_num_tokens: int, max_batch_size
     ident = {**asdict(identity), "max_num_tokens": int(max_num_tokens), "max_batch_size": int(max_batch_size),
              "memory_fraction": float(memory_fraction)}
     key = _digest("kv", ident)
-    memo = _kv_memo.get(key)
-    if memo is not None:
-        return memo
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     path = root / "kv" / f"{key}.json"
+    memo = _kv_memo.get(str(path))
+    if memo is not None:
+        return memo
     cap: KvCapacity | None = None
     if path.exists():
         try:
@@ -264,7 +270,7 @@ def kv_capacity(identity: EngineIdentity, *, max_num_tokens: int, max_batch_size
             raise
         atomic_write_text(path, json.dumps(asdict(cap)))
     with _lock:
-        _kv_memo[key] = cap
+        _kv_memo[str(path)] = cap
     return cap
 
 
