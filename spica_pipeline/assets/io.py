@@ -16,14 +16,15 @@ from upath import UPath
 
 
 def default_base_dir() -> str:
-    """`$DAGSTER_HOME/storage/spica` when Dagster has a home, else `./.spica_dagster`."""
+    """`$DAGSTER_HOME/storage/spica` when Dagster has a home, else `./.dagster_home/storage/spica`
+    (`$SPICA_DAGSTER_STORAGE` overrides both)."""
     override = os.environ.get("SPICA_DAGSTER_STORAGE")
     if override:
         return override
     home = os.environ.get("DAGSTER_HOME")
     if home:
         return str(Path(home) / "storage" / "spica")
-    return str(Path.cwd() / ".spica_dagster")
+    return str(Path.cwd() / ".dagster_home" / "storage" / "spica")
 
 
 class PandasParquetIOManager(dg.UPathIOManager):
