@@ -289,3 +289,11 @@ def test_pickles_by_config():
     assert isinstance(back, ReplayEvaluator)
     assert (back.cache_dir, back.kv_transfer_bandwidth_gbps, back.router_repeats) == ("/x", 12.5, 5)
     assert replay_mod.os.environ.get("DYN_LOG")
+
+
+def test_missing_planner_module_fails_the_build(fake, monkeypatch):
+    monkeypatch.setitem(sys.modules, "spica_pipeline.search.planner", None)  # import raises ImportError
+    s = agg_sample(planner_scaling_policy="load_180_5", enable_load_scaling=True,
+                   throughput_adjustment_interval_seconds=180, load_adjustment_interval_seconds=5)
+    out = ev().evaluate(EvalRequest(s, {"isl": 10, "osl": 10, "concurrency": 2, "num_request_ratio": 2}, THROUGHPUT))
+    assert out.status == "failed" and out.reason.startswith("candidate build failed: ") and fake.calls == []

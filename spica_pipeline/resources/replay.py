@@ -11,6 +11,7 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +49,7 @@ class ReplayCall:
     kwargs: dict[str, Any]
     repeats: int
     derived: dict[str, Any] = field(default_factory=dict)
-    scaling: bool = False
+    policy_factory: Callable[..., Any] | None = None  # build_scaling_policy(sample, goal, workload)
 
 
 class _TickCounter:
@@ -270,7 +271,10 @@ class ReplayEvaluator(dg.ConfigurableResource):
         if plan.router_mode == "kv_router":
             repeats = max(1, int(request.context.get("router_repeats", self.router_repeats)))
         derived["benchmark_granularity"] = self.benchmark_granularity
-        return ReplayCall(function, args, kwargs, repeats, derived, scaling=not plan.is_static)
+        policy_factory = None
+        if not plan.is_static:  # imported here so a missing planner fails the build, not the replay
+            from spica_pipeline.search.planner import build_scaling_policy as policy_factory
+        return ReplayCall(function, args, kwargs, repeats, derived, policy_factory=policy_factory)
 
     # ---- internals ---------------------------------------------------------------------------
 
@@ -343,10 +347,8 @@ class ReplayEvaluator(dg.ConfigurableResource):
 
         kwargs = dict(call.kwargs)
         counter = None
-        if call.scaling:
-            from spica_pipeline.search.planner import build_scaling_policy
-
-            policy = build_scaling_policy(request.sample, request.goal, request.workload)
+        if call.policy_factory is not None:  # a fresh policy per repeat: policies keep state
+            policy = call.policy_factory(request.sample, request.goal, request.workload)
             if policy is not None:
                 counter = _TickCounter(policy)
                 kwargs["scaling_policy"] = counter
