@@ -160,3 +160,18 @@ def test_cached_identity_is_fast_the_second_time(tmp_path, version):
     assert time.perf_counter() - t0 < 0.5
     for key in ("mean_ttft_ms", "mean_itl_ms", "duration_ms", "gpu_hours"):  # round robin is deterministic
         assert first.report[key] == again.report[key]
+
+
+def test_pool_worker_runs_the_real_evaluator(evaluator, version):
+    """The Dagster resource survives the spawn round trip and gives the in-process result."""
+    from spica_pipeline.resources.pool import EvaluationPool
+
+    request = EvalRequest(agg(version, tp=2, replicas=2, used_gpus=4),
+                          {"isl": 1024, "osl": 64, "request_rate": 5.0, "num_request_ratio": 20}, THROUGHPUT)
+    local = evaluator.evaluate(request)
+    with EvaluationPool(evaluator, workers=1, max_eval_seconds=120) as pool:
+        (remote,) = pool.evaluate_wave([request])
+    assert remote.status == local.status == "feasible", remote.reason
+    for key in ("mean_ttft_ms", "mean_itl_ms", "duration_ms", "gpu_hours", "completed_requests"):
+        assert remote.report[key] == local.report[key]
+    assert remote.derived == local.derived
