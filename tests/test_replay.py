@@ -297,3 +297,12 @@ def test_missing_planner_module_fails_the_build(fake, monkeypatch):
                    throughput_adjustment_interval_seconds=180, load_adjustment_interval_seconds=5)
     out = ev().evaluate(EvalRequest(s, {"isl": 10, "osl": 10, "concurrency": 2, "num_request_ratio": 2}, THROUGHPUT))
     assert out.status == "failed" and out.reason.startswith("candidate build failed: ") and fake.calls == []
+
+
+def test_resource_fields_validated():
+    import pydantic
+
+    with pytest.raises(pydantic.ValidationError):
+        ReplayEvaluator(router_repeats=0)
+    with pytest.raises(pydantic.ValidationError):
+        ReplayEvaluator(kv_transfer_bandwidth_gbps=0)

@@ -45,6 +45,13 @@ def test_single_request_ttft_equals_aic_prefill(evaluator, version):
     ident = timing.EngineIdentity(MODEL, SKU, BACKEND, version, tp=2)
     aic = timing._AicStep(ident).prefill(4096)
     assert out.report["mean_ttft_ms"] == pytest.approx(aic, rel=0.02)
+    # the evaluator's capacity is the same estimate kv_load_ratio resolution uses
+    from spica_pipeline.search.kv import estimate_kv_tokens
+
+    per_rank = estimate_kv_tokens(MODEL, SKU, BACKEND, version, (2, 1, 1, 1, 1), max_num_tokens=8192,
+                                  max_batch_size=256, memory_fraction=0.9)
+    assert out.derived["agg_kv_tokens_per_rank"] == per_rank
+    assert out.derived["agg_num_gpu_blocks"] == per_rank // 64
 
 
 def test_tp8_serves_a_long_prompt_faster_than_tp1(evaluator, version):

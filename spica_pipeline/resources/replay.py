@@ -122,10 +122,10 @@ class ReplayEvaluator(dg.ConfigurableResource):
     """
 
     cache_dir: str | None = Field(default=None, description="timing/KV cache directory")
-    trace_block_size: int = Field(default=512, description="tokens per Mooncake hash_id")
-    benchmark_granularity: int = Field(default=8, description="recorded only (no replay knob in 1.6.1)")
-    kv_transfer_bandwidth_gbps: float = Field(default=25.0, description="per-GPU disagg KV link, GB/s")
-    router_repeats: int = Field(default=DEFAULT_ROUTER_REPEATS, description="kv_router replays per candidate")
+    trace_block_size: int = Field(default=512, gt=0, description="tokens per Mooncake hash_id")
+    benchmark_granularity: int = Field(default=8, gt=0, description="recorded only (no replay knob in 1.6.1)")
+    kv_transfer_bandwidth_gbps: float = Field(default=25.0, gt=0, description="per-GPU disagg KV link, GB/s")
+    router_repeats: int = Field(default=DEFAULT_ROUTER_REPEATS, ge=1, description="kv_router replays per candidate")
 
     def __reduce__(self):
         """Pickle by config only: a Dagster resource's internals do not survive a spawn round trip."""
