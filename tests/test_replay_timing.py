@@ -44,7 +44,7 @@ def test_kv_capacity_cached_on_disk_and_in_process(tmp_path, counted):
     # the candidate's own batching knobs are part of the identity
     timing.kv_capacity(IDENT, **{**kw, "memory_fraction": 0.8})
     assert counted["kv"] == 2
-    files = list((tmp_path / "kv").iterdir())
+    files = list((tmp_path / "kv").iterdir())  # (only timing tables take a build lock)
     assert len(files) == 2 and not any(f.name.startswith(".") for f in files)  # no temp files left
 
 
@@ -109,3 +109,40 @@ def test_aic_config_moe_and_nextn():
     assert dense["tp_size"] == 2 and dense["moe_tp_size"] is None and dense["nextn"] is None
     moe = timing.EngineIdentity("m", "s", "sglang", "v", tp=1, attention_dp=4, moe_ep=4, nextn=2).aic_config()
     assert moe["moe_ep_size"] == 4 and moe["moe_tp_size"] == 1 and moe["attention_dp_size"] == 4 and moe["nextn"] == 2
+
+
+def _build_in_process(cache_dir, queue):
+    """Spawned child: build one identity's table with a slow fake builder, report the call count."""
+    import time as _time
+
+    from spica_pipeline.resources import timing as t
+
+    calls = []
+
+    def slow(identity, top):
+        calls.append(1)
+        _time.sleep(0.5)
+        return {"prefill_isl": np.array([1.0, 2.0]), "prefill_ttft_ms": np.array([1.0, 2.0]),
+                "decode_active_kv_tokens": np.array([1.0, 2.0]), "decode_context_length": np.array([1.0]),
+                "decode_itl": np.array([[1.0], [2.0]])}
+
+    t.build_timing_arrays = slow
+    table = t.timing_table(IDENT, cache_dir=cache_dir)
+    queue.put((len(calls), table.path))
+
+
+def test_concurrent_builders_build_once(tmp_path):
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_build_in_process, args=(str(tmp_path), queue)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    assert sorted(n for n, _ in results) == [0, 1]
+    assert len({path for _, path in results}) == 1
+    with np.load(results[0][1]) as npz:
+        assert npz["decode_itl"].shape == (2, 1)

@@ -36,6 +36,7 @@ import logging
 import math
 import os
 import threading
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -225,14 +226,33 @@ def timing_table(identity: EngineIdentity, *, max_num_batched_tokens: int = 8192
     if memo is not None and path.exists():
         return memo
     if not path.exists():
-        arrays = build_timing_arrays(identity, top)
-        buf = io.BytesIO()
-        np.savez(buf, **arrays)
-        atomic_write_bytes(path, buf.getvalue())
+        with _build_lock(path):  # concurrent workers wanting the same identity build it once
+            if not path.exists():
+                arrays = build_timing_arrays(identity, top)
+                buf = io.BytesIO()
+                np.savez(buf, **arrays)
+                atomic_write_bytes(path, buf.getvalue())
     table = TimingTable(path=str(path), speedup_ratio=TIME_SCALE, key=key)
     with _lock:
         _timing_memo[str(path)] = table
     return table
+
+
+@contextmanager
+def _build_lock(path: Path):
+    """An advisory per-file lock (POSIX); the atomic rename alone already keeps files whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # non-POSIX: duplicate builds are wasteful but safe
+        yield
+        return
+    with open(path.with_suffix(path.suffix + ".lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _memory_fraction_kind(backend: str) -> str:
