@@ -208,8 +208,10 @@ class ProphetPredictor(BasePredictor):
             return self.cache[key]
         with quiet_numerics():
             import pandas as pd
+            from cmdstanpy.utils import get_logger
             from prophet import Prophet
 
+            get_logger()  # its one-time setup lowers the level to DEBUG: run it before silencing
             _silence_loggers()
             start = pd.Timestamp("2000-01-01")
             step = pd.Timedelta(seconds=self.interval_s)
