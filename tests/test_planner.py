@@ -149,6 +149,8 @@ def test_throughput_scaling_follows_the_forecast():
     low = snap(20000.0, out["target_decode"], ttft=25.0, num_req=2)
     low["decode_fpm_snapshots"] = samples
     assert p.on_tick(low)["target_decode"] == 1  # throughput-only scaling also scales down
+    dp = build_scaling_policy(dict(s, attention_dp=2, gpu_budget=16), TPUT_GOAL, {"isl": 1000, "osl": 100})
+    assert dp.on_tick(first)["target_decode"] == math.ceil(100.0 / (2 * cap * 0.85)) == 2  # two ranks per engine
 
 
 def test_raising_forecaster_falls_back_to_last_value(monkeypatch):

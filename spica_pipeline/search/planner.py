@@ -26,7 +26,8 @@ Per-engine capacity model (requests/s), from the engine's own forward passes in 
     gives s = a + b*P + c*D; when P never varies, b comes from the lightest observed window,
     (TTFT - a) / ISL. At arrival rate L, Little's law gives D = L*osl*s and P = L*isl*s, hence
     s = a / (1 - L*K) with K = b*isl + c*osl. Capacity is the largest L with D <= max_num_seqs and,
-    for goodput goals, s <= SLA ITL (decode) or s <= SLA TTFT (prefill engines, K = b*isl).
+    for goodput goals, s <= SLA ITL (decode) or s <= SLA TTFT (prefill engines, K = b*isl). The model
+    is per attention-DP rank (each rank schedules on its own), so an engine holds `attention_dp` times it.
     Until the model has its samples, throughput scaling holds the fleet.
 
 Hybrid: both; the throughput forecast sets a floor that load-based scale-down never crosses.
@@ -136,6 +137,7 @@ class _Role:
     name: str  # "agg" | "prefill" | "decode"
     gpus: int
     model: EngineModel
+    ranks: int = 1  # attention-DP ranks per engine: each runs its own scheduler (and FPM series)
     calm: int = 0
     floor: int = 0
 
@@ -199,7 +201,7 @@ class ScalingPolicy:
                     * int(sample.get(f"{prefix}attention_dp", 1)))
             model = EngineModel(sample.get(f"{batching}_max_num_seqs", 256),
                                 sample.get(f"{batching}_max_num_batched_tokens", 8192), *fpm)
-            return _Role(name, max(1, gpus), model)
+            return _Role(name, max(1, gpus), model, max(1, int(sample.get(f"{prefix}attention_dp", 1))))
 
         if self.mode == "disagg":
             self.roles = {"prefill": role("prefill", "prefill_", "prefill"),
@@ -308,6 +310,7 @@ class ScalingPolicy:
             if cap is None:
                 reasons.append(f"{name}: throughput hold (no engine model yet)")
                 continue
+            cap *= r.ranks
             need = max(1, math.ceil(rate / (cap * TARGET_UTILISATION)))
             r.floor = need if self.load_on else 0
             if self.load_on:
