@@ -2,12 +2,13 @@
 
 usage:
   .venv/bin/python bench/bench_vizier.py [--algos DEFAULT,GAUSSIAN_PROCESS_BANDIT,...] [--ns 0,4,8,16,32]
-      [--count 4] [--budget 4000] [--restarts 4] [--no-padding] [--clear] [--cache DIR|none]
-      [--gil] [--quality ROUNDS]
+      [--count 4] [--budget 4000] [--restarts 4] [--no-padding] [--min-pad 32] [--clear] [--cache DIR|none]
+      [--gil] [--quality ROUNDS] [--acq-budgets 75000,4000,1000]
 
 Run it twice with the same --cache DIR: the first run sees a cold persistent JAX cache (delete the
 dir first), the second a warm one. Each line printed is one JSON record:
-  {"algo", "n", "seconds", "compiles", "compile_s", "designer", "distinct", "rss_mb"}
+  {"algo", "n", "seconds", "cpu_s", "compiles", "compile_s", "designer", "distinct", "rss_mb"}
+cpu_s (process CPU time, all threads) is the load-independent number on a shared machine.
 --gil: heartbeat of the main thread while a GP suggest runs in Study.suggest_async (max gap = how
 long the GIL was held), and wall time of a busy subprocess alone vs overlapped with the suggest.
 --quality R: R rounds x count suggestions on the toy objective; prints the best value per round
@@ -121,10 +122,12 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=VizierClient.model_fields["acquisition_evaluations"].default)
     ap.add_argument("--restarts", type=int, default=4)
     ap.add_argument("--no-padding", action="store_true")
+    ap.add_argument("--min-pad", type=int, default=VizierClient.model_fields["min_padded_trials"].default)
     ap.add_argument("--clear", action="store_true")
     ap.add_argument("--cache", default="~/.cache/spica-pipeline/jax-bench")
     ap.add_argument("--gil", action="store_true")
     ap.add_argument("--quality", type=int, default=0)
+    ap.add_argument("--acq-budgets", default="", help="e.g. 75000,16000,4000,1000: acquisition value reached")
     args = ap.parse_args()
 
     enc = build_encoding(quickstart_branch())
@@ -133,6 +136,7 @@ def main() -> None:
         acquisition_evaluations=args.budget,
         ard_random_restarts=args.restarts,
         trial_padding=not args.no_padding,
+        min_padded_trials=args.min_pad,
         clear_jax_cache=args.clear,
         jax_cache_dir="" if args.cache == "none" else args.cache,
     )
@@ -147,9 +151,11 @@ def main() -> None:
         for n in ns:
             hist = random_history(enc, n)
             c0 = dict(COMPILES)
+            cpu0 = time.process_time()
             out = study.suggest(args.count, hist)
             print(json.dumps({
                 "algo": algo, "n": n, "seconds": round(study.last_suggest_seconds, 2),
+                "cpu_s": round(time.process_time() - cpu0, 2),
                 "compiles": COMPILES["n"] - c0["n"], "compile_s": round(COMPILES["s"] - c0["s"], 1),
                 "designer": study.last_designer, "distinct": len({json.dumps(p, sort_keys=True) for p in out}),
                 "rss_mb": rss_mb(),
@@ -163,6 +169,19 @@ def main() -> None:
                     hist.append((p, m, reason))
                 best.append(round(max((m["objective"] for _, m, _ in hist if m), default=0.0), 3))
             print(json.dumps({"algo": algo, "quality_best_per_round": best}), flush=True)
+
+    if args.acq_budgets:
+        # Same history, same seed: how good is the acquisition optimum found with a smaller budget?
+        hist = random_history(enc, int(ns[-1]), seed=1)
+        for budget in [int(b) for b in args.acq_budgets.split(",")]:
+            kw = dict(client_kw, acquisition_evaluations=budget)
+            study = VizierClient(algorithm="DEFAULT", **kw).open_study(enc, [("objective", "max")], seed=0)
+            cpu0 = time.process_time()
+            out = study.suggest(args.count, hist)
+            print(json.dumps({"acq_budget": budget, "n": len(hist), "seconds": round(study.last_suggest_seconds, 1),
+                              "cpu_s": round(time.process_time() - cpu0, 1),
+                              "acquisition": [round(a, 4) for a in study.last_acquisition],
+                              "first": out[0]}), flush=True)
 
     if args.gil:
         algo = "DEFAULT"

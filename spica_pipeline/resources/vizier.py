@@ -109,8 +109,11 @@ class VizierClient(dg.ConfigurableResource):
     acquisition_evaluations: int = 4000
     # ARD random restarts of the GP hyper-parameter fit (Vizier's default is 4).
     ard_random_restarts: int = 4
-    # Pad trial counts to powers of two so compiled programs are reused across rounds.
+    # Pad the trial axis (history + pending) to max(min_padded_trials, next power of two): the
+    # GP programs then keep one shape across the rounds and the batch, so XLA compiles them once
+    # per process (and once ever with the persistent cache) instead of once per suggestion.
     trial_padding: bool = True
+    min_padded_trials: int = 32
     # Drop compiled programs after each GP suggest (bounds RSS; the disk cache still serves).
     clear_jax_cache: bool = False
     # Persistent JAX compilation cache; empty string turns it off.
@@ -159,6 +162,7 @@ class Study:
         self.last_suggest_seconds = 0.0
         self.last_designer = ""  # which designer produced the last batch ("QUASI_RANDOM_SEARCH" for seed batches)
         self.skipped_history = 0  # history rows outside this search space (e.g. an older ledger)
+        self.last_acquisition: list[float] = []  # GP-UCB-PE acquisition value per suggestion (diagnostics)
         self._problem = None
 
     # ----- problem ---------------------------------------------------------------------------
@@ -221,6 +225,7 @@ class Study:
             algo = SEED_BATCH
         self.last_designer = algo
 
+        self.last_acquisition = []
         if algo in ("RANDOM_SEARCH", SEED_BATCH):
             seen = {_param_key(p) for p, _, _ in history} | {_param_key(p) for p in pending}
             return self._cheap_batch(algo, count, n_seen, call_seed, seen)
@@ -232,8 +237,9 @@ class Study:
         else:
             designer = self._gp_designer(algo, problem, jax.random.PRNGKey(call_seed))
         designer.update(vza.CompletedTrials(completed), vza.ActiveTrials(active))
-        out = [dict(s.parameters.as_dict()) for s in designer.suggest(count=count)]
-        return out[:count]  # NSGA2 may hand out a whole population
+        suggestions = list(designer.suggest(count=count))[:count]  # NSGA2 may hand out a population
+        self.last_acquisition = [_acquisition_value(s) for s in suggestions]
+        return [dict(s.parameters.as_dict()) for s in suggestions]
 
     def _cheap_batch(self, algo: str, count: int, n_seen: int, call_seed: int, seen: set) -> list[dict]:
         """Random / quasi-random: skip points already in history or pending, oversampling up to 8x.
@@ -268,14 +274,12 @@ class Study:
         from vizier._src.algorithms.designers import gp_bandit, gp_ucb_pe
         from vizier._src.algorithms.optimizers import eagle_strategy as es
         from vizier._src.algorithms.optimizers import vectorized_base as vb
-        from vizier.pyvizier.converters import padding
-
         c = self.client
         multi = len(self.metrics) > 1
         kw: dict[str, Any] = {"rng": rng, "ard_random_restarts": c.ard_random_restarts}
         # GP-UCB-PE refuses trial padding for multi-objective problems.
         if c.trial_padding and not (multi and algo == "DEFAULT"):
-            kw["padding_schedule"] = padding.PaddingSchedule(num_trials=padding.PaddingType.POWERS_OF_2)
+            kw["padding_schedule"] = _floor_padding(c.min_padded_trials)
         if algo == "DEFAULT":
             eagle = gp_ucb_pe.VizierGPUCBPEBandit.default_eagle_config
         else:
@@ -340,6 +344,45 @@ class Study:
             pad = max(1.0, hi - lo)
             out[m] = lo - 10 * pad if goal == "max" else hi + 10 * pad
         return out
+
+
+def _acquisition_value(suggestion) -> float:
+    """The acquisition value GP-UCB-PE records in the suggestion metadata (NaN elsewhere)."""
+    try:
+        ns = suggestion.metadata.ns("google_gp_ucb_pe_bandit").ns("prediction_in_warped_y_space")
+        return float(ns.get("acquisition", "nan"))
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _floor_padding(min_trials: int):
+    """A PaddingSchedule whose trial axis is padded to max(min_trials, next power of two).
+    Padded rows are masked out by Vizier's GP (PaddedArray), so results do not change."""
+    import attrs
+    from vizier.pyvizier.converters import padding
+
+    global _FloorPadding
+    if _FloorPadding is None:
+
+        @attrs.define(frozen=True, kw_only=True, hash=True, eq=True)
+        class FloorPadding(padding.PaddingSchedule):
+            _min_trials: int = 32
+
+            def _pad_trailing_dims(self, array, padding_types):
+                out = super()._pad_trailing_dims(array, padding_types)
+                n_axis = len(array.shape) - len(padding_types)  # the trial axis
+                n = out.padded_array.shape[n_axis]
+                if n == 0 or n >= self._min_trials:
+                    return out
+                shape = list(out.padded_array.shape)
+                shape[n_axis] = self._min_trials
+                return type(out).from_array(array, tuple(shape), fill_value=out.fill_value)
+
+        _FloorPadding = FloorPadding
+    return _FloorPadding(num_trials=padding.PaddingType.POWERS_OF_2, min_trials=min_trials)
+
+
+_FloorPadding = None
 
 
 def _to_problem(encoding: SearchEncoding, metrics: Sequence[tuple[str, str]]):
