@@ -6,6 +6,8 @@ make JAX and the replay workers compete for cores (see docs/dagster.md for paral
 executors).
 """
 
+import os
+
 import dagster as dg
 
 from spica_pipeline.assets.automation import spica_nightly, spica_trace_changed, sweep_job
@@ -21,6 +23,18 @@ from spica_pipeline.resources.replay import ReplayEvaluator
 from spica_pipeline.resources.vizier import VizierClient
 
 ASSETS = [validated_config, filtered_config, load_predictor_result, branch_spaces, branch_study, sweep_result]
+
+
+EXECUTOR_ENV = "SPICA_DAGSTER_EXECUTOR"
+EXECUTORS = {"in_process": dg.in_process_executor, "multiprocess": dg.multiprocess_executor}
+
+
+def default_executor() -> dg.ExecutorDefinition:
+    """in_process unless `$SPICA_DAGSTER_EXECUTOR=multiprocess` (configuration, read at load)."""
+    name = os.environ.get(EXECUTOR_ENV, "").strip() or "in_process"
+    if name not in EXECUTORS:
+        raise ValueError(f"{EXECUTOR_ENV}={name!r}: expected one of {sorted(EXECUTORS)}")
+    return EXECUTORS[name]
 
 
 def default_resources() -> dict:
@@ -39,5 +53,5 @@ defs = dg.Definitions(
     schedules=[spica_nightly],
     sensors=[spica_trace_changed],
     resources=default_resources(),
-    executor=dg.in_process_executor,
+    executor=default_executor(),
 )

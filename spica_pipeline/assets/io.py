@@ -30,8 +30,8 @@ def default_base_dir() -> str:
 class PandasParquetIOManager(dg.UPathIOManager):
     """DataFrame <-> Parquet, one file per asset or partition.
 
-    Unlike the base class it also stores a multi-partition output (a single-run backfill of
-    `branch_study` over agg..disagg) when the asset returns {partition_key: DataFrame}.
+    Unlike the base class it also stores a multi-partition output (a run over the partition range
+    agg..disagg, as the `spica_sweep` job launches) when the asset returns {partition_key: DataFrame}.
     """
 
     extension = ".parquet"

@@ -68,8 +68,9 @@ def study_partition(
     filtered_config: pd.DataFrame,
     load_predictor_result: pd.DataFrame,
     branch_spaces: pd.DataFrame,
+    pool: Any,
 ) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Run one branch study; returns its ledger and the materialization metadata."""
+    """Run one branch study on `pool`; returns its ledger and the materialization metadata."""
     from spica_pipeline.search.branches import BranchSpace
 
     config = config_from_frame(filtered_config)
@@ -96,7 +97,6 @@ def study_partition(
     key = journal_key(str(frame_value(filtered_config, "config_hash")), warm)
     journal_dir = storage.journal_dir(key, mode)
     load_predictor = load_predictor_from_frame(load_predictor_result)
-    workers = max(1, min(config.sweep.parallel_evals, config.sweep.per_round))
     context.log.info(f"{mode}: {plan.why}; {len(warm)} warm-start trials; journal {journal_dir}")
 
     def on_round(result: Any) -> None:
@@ -106,10 +106,9 @@ def study_partition(
         with RunLock(journal_dir):
             journal = FileJournal(journal_dir / "journal.jsonl")
             try:
-                with make_pool(context.resources.replay, workers, config.sweep.max_eval_seconds) as pool:
-                    outcome = run_branch(plan, config, load_predictor, evaluate_wave=pool.evaluate_wave,
-                                         vizier=context.resources.vizier, journal=journal,
-                                         warm_history=warm, on_round=on_round)
+                outcome = run_branch(plan, config, load_predictor, evaluate_wave=pool.evaluate_wave,
+                                     vizier=context.resources.vizier, journal=journal,
+                                     warm_history=warm, on_round=on_round)
             finally:
                 journal.close()
     except OutputDirBusy as err:
@@ -143,7 +142,9 @@ def study_partition(
     group_name=GROUP,
     kinds={"pandas", "parquet"},
     partitions_def=mode_partitions,
-    backfill_policy=dg.BackfillPolicy.single_run(),
+    # a UI backfill runs one partition per run (both at once under the queued coordinator);
+    # the spica_sweep job still covers agg..disagg in one run (see ALL_MODES_TAGS)
+    backfill_policy=dg.BackfillPolicy.multi_run(1),
     required_resource_keys={"replay", "vizier", "sweep_storage"},
 )
 def branch_study(
@@ -157,12 +158,16 @@ def branch_study(
     keys = list(context.partition_keys)
     frames: dict[str, pd.DataFrame] = {}
     metadata: dict[str, Any] = {}
-    for mode in keys:
-        frames[mode], md = study_partition(context, mode, warm_start=config.warm_start,
-                                           filtered_config=filtered_config,
-                                           load_predictor_result=load_predictor_result,
-                                           branch_spaces=branch_spaces)
-        # one run may cover both partitions, so keys carry the mode (stable for per-partition plots)
-        metadata.update({f"{mode}.{k}": v for k, v in md.items()})
+    sweep = config_from_frame(filtered_config).sweep
+    workers = max(1, min(sweep.parallel_evals, sweep.per_round))
+    # one pool for every partition of this run: workers spawn on the first wave and stay warm
+    with make_pool(context.resources.replay, workers, sweep.max_eval_seconds) as pool:
+        for mode in keys:
+            frames[mode], md = study_partition(context, mode, warm_start=config.warm_start,
+                                               filtered_config=filtered_config,
+                                               load_predictor_result=load_predictor_result,
+                                               branch_spaces=branch_spaces, pool=pool)
+            # one run may cover both partitions, so keys carry the mode (stable for per-partition plots)
+            metadata.update({f"{mode}.{k}": v for k, v in md.items()})
     context.add_output_metadata(metadata)
     return frames if len(keys) > 1 else frames[keys[0]]

@@ -1,0 +1,100 @@
+"""The same sweep materialized through Dagster vs run by `run_sweep` (the CLI path), side by side.
+
+    DYN_LOG=warn .venv/bin/python bench/bench_dagster.py [--config examples/configs/quickstart.yaml]
+        [--algorithm RANDOM_SEARCH] [--repeats 1]
+
+Both sides get the same validated config (launch overrides applied once), the real replay and
+Vizier resources, and a fresh output folder / journal each time, so neither resumes the other.
+Dagster runs in-process on an ephemeral instance, all six assets plus the four checks in one run
+(both mode partitions), which is what a launchpad or scheduled run does minus the run-worker start.
+Target: Dagster / run_sweep <= 1.15x. Module imports are paid before timing on both sides, and an
+untimed warm-up sweep pays the first-use costs (AIC, Vizier, timing tables) before either is timed.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("DYN_LOG", "warn")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import dagster as dg  # noqa: E402
+
+from spica_pipeline.assets.checks import ALL_CHECKS  # noqa: E402
+from spica_pipeline.assets.config import SweepLaunchConfig, read_launch_config  # noqa: E402
+from spica_pipeline.assets.io import ParquetIOManager, SweepStorage  # noqa: E402
+from spica_pipeline.assets.studies import ALL_MODES_TAGS  # noqa: E402
+from spica_pipeline.definitions import ASSETS  # noqa: E402
+from spica_pipeline.resources.replay import ReplayEvaluator  # noqa: E402
+from spica_pipeline.resources.vizier import VizierClient  # noqa: E402
+from spica_pipeline.sweep import run_sweep  # noqa: E402
+
+
+def run_cli(launch: SweepLaunchConfig, root: Path) -> tuple[float, dict]:
+    config, _, _ = read_launch_config(launch)
+    t0 = time.perf_counter()
+    result = run_sweep(config, root / "cli", evaluator=ReplayEvaluator(), vizier=VizierClient())
+    seconds = time.perf_counter() - t0
+    return seconds, {"trials": len(result.ledger), "summary": result.merge.summary_line()}
+
+
+def run_dagster(launch: SweepLaunchConfig, root: Path) -> tuple[float, dict]:
+    resources = {
+        "io_manager": ParquetIOManager(base_dir=str(root / "assets")),
+        "sweep_storage": SweepStorage(base_dir=str(root / "spica")),
+        "replay": ReplayEvaluator(),
+        "vizier": VizierClient(),
+    }
+    run_config = {"ops": {"validated_config": {"config": launch.model_dump()}}}
+    t0 = time.perf_counter()
+    result = dg.materialize(ASSETS + ALL_CHECKS, resources=resources, run_config=run_config,
+                            tags=ALL_MODES_TAGS, instance=dg.DagsterInstance.ephemeral())
+    seconds = time.perf_counter() - t0
+    if not result.success:
+        raise SystemExit("dagster run failed")
+    md = result.asset_materializations_for_node("sweep_result")[0].metadata
+    checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    return seconds, {"trials": md["trials"].value, "summary": md["summary"].value, "checks": checks}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="examples/configs/quickstart.yaml")
+    ap.add_argument("--algorithm", default="RANDOM_SEARCH",
+                    help="sweep.algorithm override (default RANDOM_SEARCH: no GP on a small CPU box)")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="skip the untimed run_sweep that first pays the in-process imports (AIC, Vizier) "
+                         "and fills the timing-table disk cache")
+    args = ap.parse_args()
+    launch = SweepLaunchConfig(config_path=args.config, algorithm=args.algorithm or None)
+    if not args.no_warmup:
+        with tempfile.TemporaryDirectory(prefix="bench-dagster-warmup-") as tmp:
+            seconds, _ = run_cli(launch, Path(tmp))
+        print(f"[warm-up] run_sweep {seconds:7.1f} s (untimed)", flush=True)
+
+    cli_times, dag_times = [], []
+    for i in range(args.repeats):
+        # alternate the order so disk caches warmed by one side help both equally over repeats
+        order = [("run_sweep", run_cli, cli_times), ("dagster", run_dagster, dag_times)]
+        if i % 2:
+            order.reverse()
+        for name, fn, sink in order:
+            with tempfile.TemporaryDirectory(prefix=f"bench-dagster-{name}-") as tmp:
+                seconds, info = fn(launch, Path(tmp))
+            sink.append(seconds)
+            print(f"[{i + 1}/{args.repeats}] {name:9s} {seconds:7.1f} s  trials={info['trials']}  {info['summary']}"
+                  + (f"  checks={info['checks']}" if "checks" in info else ""), flush=True)
+    cli, dag = statistics.median(cli_times), statistics.median(dag_times)
+    print(f"\nconfig {args.config} (algorithm {args.algorithm}), median of {args.repeats}:")
+    print(f"  run_sweep : {cli:7.1f} s")
+    print(f"  dagster   : {dag:7.1f} s")
+    print(f"  ratio     : {dag / cli:.3f}x  (target <= 1.15x)")
+
+
+if __name__ == "__main__":
+    main()
