@@ -12,6 +12,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Collection
 from typing import Any, Callable, Iterable
 
 import pandas as pd
@@ -33,6 +34,7 @@ from spica_pipeline.search.study import (
     Scored,
     StudySettings,
     TrialCounter,
+    point_key,
     run_branch_study,
 )
 
@@ -161,21 +163,26 @@ class VizierSampler:
         items = [(h.parameters, h.metrics, h.infeasible_reason) for h in history]
         return [dict(p) for p in self.study.suggest(count, items)]
 
-    def propose(self, parameters: dict[str, Any]) -> Proposal:
-        return propose(self.encoding, parameters)
+    def propose(self, parameters: dict[str, Any], taken: Collection[str] = ()) -> Proposal:
+        return propose(self.encoding, parameters, taken)
 
 
-def propose(encoding: SearchEncoding, parameters: dict[str, Any]) -> Proposal:
+def propose(encoding: SearchEncoding, parameters: dict[str, Any], taken: Collection[str] = ()) -> Proposal:
+    """Decode and project one suggestion, steering away from points already proposed."""
     selection, requested = encoding.decode(parameters)
     if encoding.pinned_config is not None:
         config, meta = encoding.pinned_config, None
     else:
+        exclude = [c for c in encoding.parallel_configs if point_key(selection, c) in taken] if taken else []
         try:
-            projection = encoding.project(selection, requested)
+            projection = encoding.project(selection, requested, exclude)
         except ValueError as exc:
             return Proposal(parameters, selection, encoding.parallel_configs[0], None, supported=False,
                             unsupported_reason=str(exc))
         config, meta = projection.config, projection.to_dict()
+        if exclude:
+            nearest = encoding.project(selection, requested).config
+            meta["moved_to_unevaluated"] = nearest != config
     index = encoding.parallel_configs.index(config)
     backend = selection.get("backend")
     supported = backend is None or backend in encoding.supported_backends[index]

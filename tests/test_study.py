@@ -41,7 +41,7 @@ class ScriptedSampler:
         rng = random.Random(self.seed * 100_003 + len(history))
         return [{"seqs": rng.choice(self.menu)} for _ in range(count)]
 
-    def propose(self, parameters):
+    def propose(self, parameters, taken=()):
         selection = {"deployment_mode": "agg", "backend": "vllm", "agg_max_num_seqs": parameters["seqs"]}
         return Proposal(parameters, selection, self.shape, supported=self.supported)
 

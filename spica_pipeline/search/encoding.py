@@ -7,7 +7,7 @@ the exhaustive policy walks it with `enumerate_space`, and the study loop decode
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -215,14 +215,21 @@ class SearchEncoding:
         return out
 
     # ----- projection ------------------------------------------------------------------------
-    def project(self, selection: Mapping[str, Any], requested: Mapping[str, FeatureValue]) -> Projection:
-        """Projection of a decoded suggestion onto the pool (a pinned config bypasses it)."""
+    def project(
+        self,
+        selection: Mapping[str, Any],
+        requested: Mapping[str, FeatureValue],
+        exclude: Collection[ParallelConfig] = (),
+    ) -> Projection:
+        """Projection of a decoded suggestion onto the pool (a pinned config bypasses it);
+        `exclude` lists configs that would repeat an evaluated point (see `projection.project`)."""
         return project(
             requested,
             selection.get("backend"),
             self.parallel_configs,
             self.supported_backends,
             gpu_budget=self.gpu_budget,
+            exclude=exclude,
         )
 
 

@@ -111,8 +111,14 @@ def project(
     supported_backends: Sequence[Collection[str]],
     *,
     gpu_budget: float | None,
+    exclude: Collection[ParallelConfig] = (),
 ) -> Projection:
     """Pick the legal config nearest to `requested` (spec §6.3 steps 1-4).
+
+    `exclude` removes configs from the candidates after the spans are measured (so distances stay
+    comparable): the study loop passes the configs that would repeat an already-evaluated point,
+    which moves a suggestion to its nearest unevaluated neighbour instead of a duplicate. When
+    every candidate is excluded, the projection ignores `exclude`.
 
     A one-config pool is a strict pin: it is returned as is, without the backend filter (the study
     loop's triage reports an unsupported backend). Features absent from `requested` are ignored.
@@ -145,6 +151,12 @@ def project(
     for k in numeric:
         vals = [_transform(k, float(f[k])) for f in feats]
         spans[k] = max(vals) - min(vals)
+
+    if exclude:
+        excluded = set(exclude)
+        kept = [(c, f) for c, f in zip(candidates, feats) if c not in excluded]
+        if kept:
+            candidates, feats = [c for c, _ in kept], [f for _, f in kept]
 
     # 2. mode match: fewest categorical mismatches wins outright
     categorical = [k for k in requested if is_categorical_feature(k)]

@@ -15,6 +15,7 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from collections.abc import Collection
 from typing import Any, Callable, Iterable, Protocol
 
 from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, canonical_json, json_safe, spec_hash
@@ -48,14 +49,20 @@ class HistoryItem:
 class Sampler(Protocol):
     """Turns the optimizer's raw suggestions into proposals.
 
-    `suggest(count, history)` is the expensive optimizer call (journalled); `propose(parameters)`
-    decodes and projects one suggestion (cheap, deterministic). An exhaustive sampler instead
-    yields every legal point once through `points()`.
+    `suggest(count, history)` is the expensive optimizer call (journalled); `propose(parameters,
+    taken)` decodes and projects one suggestion (cheap, deterministic), preferring the nearest
+    point whose `point_key` is not in `taken` so a suggestion that collapses onto an evaluated
+    point moves to an unevaluated neighbour instead of costing a duplicate.
     """
 
     def suggest(self, count: int, history: list[HistoryItem]) -> list[dict[str, Any]]: ...
 
-    def propose(self, parameters: dict[str, Any]) -> Proposal: ...
+    def propose(self, parameters: dict[str, Any], taken: Collection[str] = ()) -> Proposal: ...
+
+
+def point_key(selection: dict[str, Any], parallel_config: ParallelConfig) -> str:
+    """Identity of a search point: a proposal whose key is taken would repeat an evaluated spec."""
+    return canonical_json(json_safe({"selection": selection, "config": parallel_config.to_dict()}))
 
 
 class Journal(Protocol):
@@ -176,6 +183,7 @@ class _BranchLoop:
         self.result = BranchOutcome(branch=branch)
         # spec_hash -> the record that first produced it in this run (the dedup cache)
         self.seen: dict[str, TrialRecord] = {}
+        self.taken: set[str] = set()  # point keys already proposed in this branch
 
     # -- the two drivers ---------------------------------------------------------------------
 
@@ -192,7 +200,11 @@ class _BranchLoop:
                 if not parameters:
                     break
                 attempts += len(parameters)
-                proposals = [self.sampler.propose(p) for p in parameters]
+                proposals = []
+                for p in parameters:
+                    proposal = self.sampler.propose(p, self.taken)
+                    self.taken.add(point_key(proposal.selection, proposal.parallel_config))
+                    proposals.append(proposal)
                 share = seconds / len(proposals)
                 unique += self._run_batch(round_no, "vizier", proposals, share)
             self.result.rounds = round_no

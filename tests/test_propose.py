@@ -1,0 +1,32 @@
+"""Dedup-aware projection: a suggestion that lands on an evaluated point moves to its nearest
+unevaluated neighbour, and only falls back to the duplicate when nothing else is left."""
+
+from spica_pipeline.search.encoding import build_encoding
+from spica_pipeline.search.shapes import RoleShape
+from spica_pipeline.search.study import point_key
+from spica_pipeline.sweep import propose
+
+
+class Branch:
+    deployment_mode = "agg"
+    parallel_configs = (RoleShape(tp=1, replicas=1), RoleShape(tp=1, replicas=2), RoleShape(tp=2, replicas=1),
+                        RoleShape(tp=4, replicas=1))
+    supported_backends = (("vllm",),) * 4
+    knob_choices = {"backend": ["vllm"], "agg_max_num_seqs": [256, 512]}
+    gpu_budget = 4
+    float_ranges = {}
+
+
+def test_collapsed_suggestion_moves_to_nearest_unevaluated_point():
+    enc = build_encoding(Branch())
+    params = enc.encode({"deployment_mode": "agg", "backend": "vllm", "agg_max_num_seqs": 256},
+                        RoleShape(tp=1, replicas=1))
+    first = propose(enc, params)
+    assert first.parallel_config == RoleShape(tp=1, replicas=1)
+    taken = {point_key(first.selection, first.parallel_config)}
+    second = propose(enc, params, taken)
+    assert second.parallel_config != first.parallel_config
+    assert second.projection["moved_to_unevaluated"] is True
+    everything = {point_key(first.selection, c) for c in Branch.parallel_configs}
+    last = propose(enc, params, everything)  # nothing left: the duplicate it is
+    assert last.parallel_config == first.parallel_config
