@@ -1,0 +1,45 @@
+"""Importable fault-injecting evaluator for the reliability tests (spawned workers unpickle it by
+module path, so it cannot live inside a test file)."""
+
+import os
+import time
+
+from spica_pipeline.search.evaluation import EvalOutcome
+
+# (agg_max_num_seqs, agg_max_num_batched_tokens) -> the fault, injected on 2-replica candidates only
+FAULTS = {(512, 8192): "raise", (1024, 8192): "hang", (1024, 16384): "exit"}
+
+
+class FaultyEvaluator:
+    """A deterministic stand-in for the replay that raises, hangs or kills its own process on the
+    candidates listed in FAULTS and otherwise reports a throughput that depends on the knobs."""
+
+    def __init__(self, faults: dict | None = None, hang_seconds: float = 3600.0, gate_file: str | None = None):
+        self.faults = dict(FAULTS if faults is None else faults)
+        self.hang_seconds = hang_seconds
+        self.gate_file = gate_file  # when set, every evaluation waits until this file exists
+
+    @staticmethod
+    def fault_key(sample: dict) -> tuple | None:
+        if int(sample.get("replicas") or 0) != 2:
+            return None
+        return int(sample["agg_max_num_seqs"]), int(sample["agg_max_num_batched_tokens"])
+
+    def evaluate(self, request):
+        sample = request.sample
+        while self.gate_file and not os.path.exists(self.gate_file):
+            time.sleep(0.05)
+        fault = self.faults.get(self.fault_key(sample))
+        if fault == "raise":
+            raise RuntimeError("injected evaluator fault")
+        if fault == "hang":
+            time.sleep(self.hang_seconds)
+        if fault == "exit":
+            os._exit(3)
+        gpus = int(sample.get("used_gpus") or 1)
+        tokens = 1000.0 + sample["agg_max_num_seqs"] / 8 + sample["agg_max_num_batched_tokens"] / 1024
+        duration_ms = 60_000.0
+        return EvalOutcome("feasible", report={
+            "output_throughput_tok_s": tokens * gpus, "duration_ms": duration_ms,
+            "gpu_hours": gpus * duration_ms / 3_600_000.0,
+        }, replay_seconds=0.001, repeats=1)
