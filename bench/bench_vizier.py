@@ -2,7 +2,7 @@
 
 usage:
   .venv/bin/python bench/bench_vizier.py [--algos DEFAULT,GAUSSIAN_PROCESS_BANDIT,...] [--ns 0,4,8,16,32]
-      [--count 4] [--budget 4000] [--restarts 4] [--no-padding] [--min-pad 32] [--clear] [--cache DIR|none]
+      [--count 4] [--budget 4000] [--restarts 4] [--ard-iter 50] [--no-padding] [--min-pad 32] [--clear] [--cache DIR|none]
       [--gil] [--quality ROUNDS] [--acq-budgets 75000,4000,1000]
 
 Run it twice with the same --cache DIR: the first run sees a cold persistent JAX cache (delete the
@@ -121,6 +121,7 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=4)
     ap.add_argument("--budget", type=int, default=VizierClient.model_fields["acquisition_evaluations"].default)
     ap.add_argument("--restarts", type=int, default=4)
+    ap.add_argument("--ard-iter", type=int, default=VizierClient.model_fields["ard_max_iterations"].default)
     ap.add_argument("--no-padding", action="store_true")
     ap.add_argument("--min-pad", type=int, default=VizierClient.model_fields["min_padded_trials"].default)
     ap.add_argument("--clear", action="store_true")
@@ -135,6 +136,7 @@ def main() -> None:
     client_kw = dict(
         acquisition_evaluations=args.budget,
         ard_random_restarts=args.restarts,
+        ard_max_iterations=args.ard_iter,
         trial_padding=not args.no_padding,
         min_padded_trials=args.min_pad,
         clear_jax_cache=args.clear,

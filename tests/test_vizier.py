@@ -219,3 +219,17 @@ def test_gp_ucb_pe_is_seeded():
     assert sa == sb
     for p in sa:
         ENC.decode(p)
+
+
+def test_floor_padding_keeps_one_trial_shape_across_rounds():
+    import numpy as np
+
+    from spica_pipeline.resources.vizier import _floor_padding
+
+    pad = _floor_padding(32)
+    for n in (1, 5, 17, 32):
+        arr = pad.pad_features(np.ones((n, 3)))
+        assert arr.padded_array.shape == (32, 3)
+        assert np.asarray(arr.unpad()).shape == (n, 3)
+    assert pad.pad_features(np.ones((33, 3))).padded_array.shape == (64, 3)
+    assert pad.pad_labels(np.ones((0, 1))).padded_array.shape == (0, 1)
