@@ -289,6 +289,23 @@ def test_materialize_all_assets_fake_evaluator_exhaustive(tmp_path):
     assert mats2["agg"]["agg.resumed_journal_records"].value >= 3
 
 
+def test_materialize_pareto_goal_reports_front_and_hypervolume(tmp_path):
+    """Pareto goal through Dagster (exhaustive, fake replay): front table, hypervolume, front check."""
+    text = TINY_YAML.replace("parallel_evals: 1", "parallel_evals: 1\n  policy: thorough")
+    text = text.replace("planner_scaling_policy: [disabled]",
+                        "planner_scaling_policy: [disabled]\n  agg_max_num_seqs: [256, 1024]\n"
+                        "  agg_max_num_batched_tokens: [8192]")
+    text += "goal:\n  target: pareto\n"
+    r = _materialize(tmp_path, _launch(text, name="front"))
+    assert r.success
+    md = r.asset_materializations_for_node("sweep_result")[0].metadata
+    assert md["hypervolume"].value > 0 and md["front_size"].value >= 2
+    assert "front" in md and "best_score" not in md
+    front = r.asset_value("sweep_result")
+    assert {"obj.throughput_per_gpu", "obj.throughput_per_user"} <= set(front.columns)
+    assert _evaluations(r)["front_non_dominated"] is True
+
+
 @pytest.mark.integration
 def test_materialize_all_assets_real_replay_with_warm_start(tmp_path):
     """The tiny sweep through Dagster with the real replay and Vizier RANDOM_SEARCH, then a

@@ -8,6 +8,7 @@ again. A mode the config does not search materializes an empty ledger that says 
 
 import hashlib
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -138,15 +139,23 @@ def study_partition(
     return ledger, metadata
 
 
-@dg.asset(
-    group_name=GROUP,
-    kinds={"pandas", "parquet"},
-    partitions_def=mode_partitions,
-    # a UI backfill runs one partition per run (both at once under the queued coordinator);
-    # the spica_sweep job still covers agg..disagg in one run (see ALL_MODES_TAGS)
-    backfill_policy=dg.BackfillPolicy.multi_run(1),
-    required_resource_keys={"replay", "vizier", "sweep_storage"},
-)
+def _study_asset(fn):
+    """`@dg.asset` for branch_study, quiet about backfill_policy being beta in Dagster 1.13 (the
+    warning would print at every code-location load)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        return dg.asset(
+            group_name=GROUP,
+            kinds={"pandas", "parquet"},
+            partitions_def=mode_partitions,
+            # a UI backfill runs one partition per run (both at once under the queued coordinator);
+            # the spica_sweep job still covers agg..disagg in one run (see ALL_MODES_TAGS)
+            backfill_policy=dg.BackfillPolicy.multi_run(1),
+            required_resource_keys={"replay", "vizier", "sweep_storage"},
+        )(fn)
+
+
+@_study_asset
 def branch_study(
     context: dg.AssetExecutionContext,
     config: BranchStudyConfig,
