@@ -14,10 +14,14 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.integration]
-
 REPO = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = os.environ.get("SPICA_CHROMIUM", "/usr/bin/chromium")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.integration,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                       reason=f"{CHROMIUM} not found: install the Debian package `chromium` (apt-get install -y chromium)"),
+]
 TINY_YAML = """\
 search_space:
   model_name: Qwen/Qwen3-32B
@@ -112,8 +116,6 @@ def dagster_dev(tmp_path):
 
 
 def test_launch_tiny_sweep_and_screenshot_asset_graph(dagster_dev, tmp_path):
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} not found: install the Debian package `chromium` (apt-get install -y chromium)")
     port, proc, log, home = dagster_dev
 
     def location_loaded():
