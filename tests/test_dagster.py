@@ -124,6 +124,25 @@ def test_launch_config_default_is_quickstart_with_overrides():
     assert (config.sweep.seed, config.sweep.policy, config.sweep.algorithm) == (7, "thorough", "RANDOM_SEARCH")
 
 
+def test_launch_config_resolves_against_repo_root_from_elsewhere(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config, source, _ = read_launch_config(SweepLaunchConfig(config_path="examples/configs/trace.yaml"))
+    assert Path(source) == REPO / "examples/configs/trace.yaml"
+    assert Path(config.workload.trace_path).is_absolute() and Path(config.workload.trace_path).exists()
+
+
+def test_warm_start_only_for_an_unchanged_space(tmp_path):
+    from spica_pipeline.assets.studies import SPACES_FILE, previous_ledger
+
+    assert previous_ledger(tmp_path, "agg", "h1")[0] is None
+    pd.DataFrame({"branch": ["agg"], "trial": [1]}).to_parquet(tmp_path / "ledger.parquet")
+    (tmp_path / SPACES_FILE).write_text(json.dumps({"agg": "h1"}))
+    ledger, why = previous_ledger(tmp_path, "agg", "h1")
+    assert len(ledger) == 1 and why == "same space as the previous sweep"
+    ledger, why = previous_ledger(tmp_path, "agg", "h2")
+    assert ledger is None and "changed" in why
+
+
 def test_launch_config_inline_and_bad_values():
     config, source, name = read_launch_config(SweepLaunchConfig(config_yaml=TINY_YAML, name="tiny"))
     assert (source, name, config.search_space.gpu_budget) == ("inline", "tiny", 2)
