@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from spica_pipeline.errors import ConfigError
+from spica_pipeline.errors import ConfigError, SpicaError
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -137,6 +137,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         lines = summarize(config)
     except Exception as err:  # a summary bug must not turn into a traceback either
         return _fail(f"could not summarise config {args.config}: {type(err).__name__}: {err}")
+    try:
+        from spica_pipeline.sweep import check_workload
+
+        check_workload(config)
+    except SpicaError as err:
+        return _fail(str(err))
     print(f"config {args.config} is valid")
     for line in lines:
         print(line)
@@ -165,7 +171,6 @@ def _with_overrides(config: Any, args: argparse.Namespace) -> Any:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Run a sweep; results and the resumable journal go under --output-dir."""
-    from spica_pipeline.errors import SpicaError
     from spica_pipeline.progress import ProgressPrinter
     from spica_pipeline.sweep import run_sweep
 

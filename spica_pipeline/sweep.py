@@ -61,6 +61,19 @@ class PreparedSweep:
     diagnostics: Any = None
 
 
+def check_workload(config: SmartSearchConfig) -> None:
+    """Stage 1 for a trace workload: read the whole trace once, so a malformed line or an input
+    longer than the model's context is one error naming file and line, not a failure per candidate."""
+    if not config.workload.trace_path:
+        return
+    from spica_pipeline.search.parallel import resolve_max_seq_len
+    from spica_pipeline.traces import read_mooncake_trace
+
+    space = config.search_space
+    read_mooncake_trace(config.workload.trace_path,
+                        max_input_length=resolve_max_seq_len(space.model_name, space.context_length))
+
+
 def filter_policies(config: SmartSearchConfig):
     from spica_pipeline.search.policies import filter_scaling_policies
 
@@ -80,6 +93,7 @@ def enumerate_branch_spaces(config: SmartSearchConfig):
 
 
 def prepare(config: SmartSearchConfig) -> PreparedSweep:
+    check_workload(config)
     filtered = filter_policies(config)
     enumeration = enumerate_branch_spaces(filtered.config)
     load_predictor = predict_load(filtered.config)

@@ -1,8 +1,7 @@
 """The bad-trace corpus (tests/data/bad_traces/): one clear error per file, naming file and line,
 from the trace reader and from the command line (`spica validate`, `spica sweep`).
 
-The CLI tests are strict xfails where today's CLI does not give that (see the reasons): they turn
-into failures the day the CLI checks the trace up front, so the marker must then be removed.
+Both commands read the whole trace up front (`sweep.check_workload`), before any replay.
 """
 
 import re
@@ -91,8 +90,6 @@ def assert_one_line_exit_2(code: int, captured, name: str) -> None:
     assert expected_location(name) in lines[0] and CORPUS[name][1] in lines[0], lines[0]
 
 
-@pytest.mark.xfail(strict=True, reason="spica validate checks only that workload.trace_path exists; it does not "
-                                       "read the trace, so a malformed trace validates with exit 0")
 @pytest.mark.parametrize("name", sorted(CORPUS))
 def test_cli_validate_rejects_bad_trace(tmp_path, capsys, name):
     from spica_pipeline.cli import main
@@ -104,9 +101,6 @@ def test_cli_validate_rejects_bad_trace(tmp_path, capsys, name):
 # Two representatives: a file-format error and the model-dependent context rule (each `spica sweep`
 # runs a whole sweep today, tens of seconds on 2 cores).
 @pytest.mark.integration
-@pytest.mark.xfail(strict=True, reason="spica sweep reads the trace only inside each candidate's build: every "
-                                       "candidate fails with the TraceError, the sweep exits 1 ('no feasible "
-                                       "candidate') with the error repeated per candidate, not exit 2 with one line")
 @pytest.mark.parametrize("name", ["truncated_json.jsonl", "input_longer_than_context.jsonl"])
 def test_cli_sweep_rejects_bad_trace(tmp_path, capsys, name):
     from spica_pipeline.cli import main
