@@ -165,6 +165,24 @@ def test_bad_config_fails_the_run_with_one_line(tmp_path):
     assert "search_space.gpu_budget" in message and "\n" not in message
 
 
+def test_malformed_trace_fails_validated_config_naming_file_and_line(tmp_path):
+    import spica_pipeline.sweep as sweep_stages
+
+    if not hasattr(sweep_stages, "check_workload"):
+        pytest.skip("sweep.check_workload (stage-1 trace check) is not in this tree yet")
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [0]}\nnot json\n')
+    text = (REPO / "examples/configs/trace.yaml").read_text().replace("examples/traces/small_mooncake.jsonl",
+                                                                      str(trace))
+    r = dg.materialize([validated_config], raise_on_error=False,
+                       run_config={"ops": {"validated_config": {"config": {"config_yaml": text}}}},
+                       resources={"io_manager": ParquetIOManager(base_dir=str(tmp_path / "a"))})
+    assert not r.success
+    failure = [e for e in r.all_events if e.event_type_value == "STEP_FAILURE"][0]
+    message = failure.step_failure_data.user_failure_data.description
+    assert "bad.jsonl:2:" in message and "\n" not in message
+
+
 # ---------------------------------------------------------------------------------------------
 # checks (plain functions; each can fail)
 

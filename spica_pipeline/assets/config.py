@@ -16,6 +16,7 @@ import yaml
 from pydantic import Field, ValidationError
 
 from spica_pipeline.config import SmartSearchConfig, load_config, parse_yaml_text, render_validation_error
+from spica_pipeline import sweep as sweep_stages
 from spica_pipeline.errors import ConfigError, SpicaError
 from spica_pipeline.search.evaluation import canonical_json
 
@@ -144,6 +145,10 @@ def validated_config(context: dg.AssetExecutionContext, config: SweepLaunchConfi
     """Stage 1: read, override and validate the sweep config (bad config -> one-line failure)."""
     try:
         cfg, source, name = read_launch_config(config)
+        # stage-1 trace check (a malformed line -> one error naming file and line), as run_sweep does
+        check_workload = getattr(sweep_stages, "check_workload", None)
+        if check_workload is not None:
+            check_workload(cfg)
     except SpicaError as err:
         raise fail(err) from None
     frame = config_frame(cfg, source=source, sweep_name=name)
