@@ -145,10 +145,7 @@ def validated_config(context: dg.AssetExecutionContext, config: SweepLaunchConfi
     """Stage 1: read, override and validate the sweep config (bad config -> one-line failure)."""
     try:
         cfg, source, name = read_launch_config(config)
-        # stage-1 trace check (a malformed line -> one error naming file and line), as run_sweep does
-        check_workload = getattr(sweep_stages, "check_workload", None)
-        if check_workload is not None:
-            check_workload(cfg)
+        sweep_stages.check_workload(cfg)  # a malformed trace line -> one error naming file and line
     except SpicaError as err:
         raise fail(err) from None
     frame = config_frame(cfg, source=source, sweep_name=name)
