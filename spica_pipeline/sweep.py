@@ -145,8 +145,13 @@ def scorer(config: SmartSearchConfig) -> Callable[[EvalOutcome], Scored]:
     goal = config.goal
     names = objective_names(config)
 
+    sla = goal.sla.model_dump(exclude_none=True) if goal.sla else None
+
     def score(outcome: EvalOutcome) -> Scored:
         report = outcome.report or {}
+        passes, why = scoring.sla_gate(report, sla, goal.sla_gate)
+        if not passes:
+            return Scored(None, None, None, reason=why)
         if goal.is_pareto:
             objectives = scoring.objective_vector(names, report)
             if not all(_finite(v) for v in objectives.values()):

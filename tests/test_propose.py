@@ -30,3 +30,20 @@ def test_collapsed_suggestion_moves_to_nearest_unevaluated_point():
     everything = {point_key(first.selection, c) for c in Branch.parallel_configs}
     last = propose(enc, params, everything)  # nothing left: the duplicate it is
     assert last.parallel_config == first.parallel_config
+
+
+def test_strict_sla_gate_marks_a_slow_candidate_infeasible():
+    from spica_pipeline.config import SmartSearchConfig
+    from spica_pipeline.search.evaluation import EvalOutcome
+    from spica_pipeline.sweep import scorer
+
+    def config(gate):
+        return SmartSearchConfig.from_dict({
+            "search_space": {"model_name": "Qwen/Qwen3-32B", "hardware_sku": "h200_sxm"},
+            "workload": {"isl": 100, "osl": 10, "request_rate": 1, "num_request_ratio": 10},
+            "goal": {"target": "throughput", "sla": {"ttft_ms": 500, "itl_ms": 50}, "sla_gate": gate}})
+    report = {"output_throughput_tok_s": 900.0, "p90_ttft_ms": 800.0, "p90_itl_ms": 20.0}
+    strict = scorer(config("strict"))(EvalOutcome("feasible", report=report))
+    assert strict.told_metrics is None and "p90_ttft_ms" in strict.reason
+    relaxed = scorer(config("off"))(EvalOutcome("feasible", report=report))
+    assert relaxed.told_metrics == {"objective": 900.0}

@@ -74,9 +74,14 @@ class OptimizationGoal(StrictModel):
     target: Target = Target.THROUGHPUT
     sla: SLATarget | None = None
     pareto_objectives: list[Target] | None = None
+    # "strict": a candidate whose p90 TTFT / ITL / E2E breaks a set SLA threshold is gated out
+    # before ranking (recorded as infeasible); "off": the SLA acts only through goodput (Spica's rule).
+    sla_gate: Literal["off", "strict"] = "off"
 
     @model_validator(mode="after")
     def _rules(self) -> "OptimizationGoal":
+        if self.sla_gate == "strict" and self.sla is None:
+            raise ValueError("sla_gate 'strict' needs goal.sla (ttft_ms, itl_ms and/or e2e_ms)")
         if self.pareto_objectives is not None:
             if self.target is not Target.PARETO:
                 raise ValueError("pareto_objectives is only valid when target is 'pareto'")
