@@ -127,6 +127,10 @@ class VizierClient(dg.ConfigurableResource):
     clear_jax_cache: bool = False
     # Persistent JAX compilation cache; empty string turns it off.
     jax_cache_dir: str = "~/.cache/spica-pipeline/jax"
+    # GP-UCB-PE, single objective: one UCB point plus ONE joint pure-exploration optimisation for
+    # the rest of the batch (Vizier's `optimize_set_acquisition_for_exploration`), instead of one
+    # sequential optimisation (and one re-trace of the acquisition program) per suggestion.
+    set_exploration: bool = False
     # Batches come from a quasi-random designer until this many feasible trials exist.
     min_feasible_for_model: int = 1
 
@@ -307,6 +311,8 @@ class Study:
             suggestion_batch_size=25,
         )
         if algo == "DEFAULT":
+            if c.set_exploration and not multi:
+                kw["config"] = gp_ucb_pe.UCBPEConfig(optimize_set_acquisition_for_exploration=True)
             return gp_ucb_pe.VizierGPUCBPEBandit(problem, clear_jax_cache=c.clear_jax_cache, **kw)
         if c.clear_jax_cache:
             import jax
