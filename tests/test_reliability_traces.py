@@ -98,10 +98,8 @@ def test_cli_validate_rejects_bad_trace(tmp_path, capsys, name):
     assert_one_line_exit_2(code, capsys.readouterr(), name)
 
 
-# Two representatives: a file-format error and the model-dependent context rule (each `spica sweep`
-# runs a whole sweep today, tens of seconds on 2 cores).
-@pytest.mark.integration
-@pytest.mark.parametrize("name", ["truncated_json.jsonl", "input_longer_than_context.jsonl"])
+# The check runs before the lock, the enumeration and any replay, so every file is cheap here.
+@pytest.mark.parametrize("name", sorted(CORPUS))
 def test_cli_sweep_rejects_bad_trace(tmp_path, capsys, name):
     from spica_pipeline.cli import main
 
