@@ -205,8 +205,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for line in merge.failure_summary():
             print(f"  {line}", file=sys.stderr)
         return EXIT_NOTHING_FEASIBLE
-    for line in merge.cli_lines()[: args.show + (1 if merge.is_pareto else 0)]:
-        print(line)
+    from spica_pipeline.report.tables import describe_candidate
+
+    lines = merge.cli_lines()
+    if merge.is_pareto:
+        print(lines.pop(0))
+    for line, cand in list(zip(lines, merge.candidates))[: args.show]:
+        print(f"{line}  | {describe_candidate(cand, merge.target, merge.objectives, with_value=False)}")
     if len(merge.candidates) > args.show:
         print(f"... {len(merge.candidates) - args.show} more in {output_dir}/candidates.csv")
     return EXIT_OK
