@@ -203,13 +203,13 @@ def main() -> None:
                                   "p50_gap_ms": round(1000 * gaps[len(gaps) // 2], 1),
                                   "p99_gap_ms": round(1000 * gaps[int(len(gaps) * 0.99)], 1),
                                   "max_gap_ms": round(1000 * gaps[-1], 1)}}), flush=True)
-        # 2) overlap: a 20-CPU-second "replay" subprocess alone, then overlapped with a suggest
+        # 2) overlap: a 15-CPU-second "replay" subprocess alone, then overlapped with a suggest
         t0 = time.perf_counter()
-        busy_subprocess(20).wait()
+        busy_subprocess(15).wait()
         alone = time.perf_counter() - t0
         hist = random_history(enc, 13, seed=4)  # a new N: same padded shapes, fresh GP fit
         t0 = time.perf_counter()
-        proc = busy_subprocess(20)
+        proc = busy_subprocess(15)
         fut = study.suggest_async(args.count, hist)
         fut.result()
         t_sug = time.perf_counter() - t0

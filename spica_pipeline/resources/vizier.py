@@ -149,7 +149,15 @@ class VizierClient(dg.ConfigurableResource):
 
 
 class Study:
-    """One branch's study. Stateless between calls: the caller's ledger is the state."""
+    """One branch's study. Stateless between calls: the caller's ledger is the state.
+
+    Pipelined rounds (hide the ask behind the replays of the current batch):
+        batch = study.suggest(n, history)
+        while rounds left:
+            nxt = study.suggest_async(n, history, pending=batch)  # GP-UCB-PE explores around `batch`
+            history += evaluate(batch)                           # replays run in worker processes
+            batch = nxt.result()
+    """
 
     def __init__(
         self,
