@@ -358,11 +358,13 @@ def run_sweep(
             "replay_seconds": sum(o.replay_seconds for o in outcomes),
             "wall_seconds": time.perf_counter() - started,
         }
-        merge, paths = write_results(output_dir, config, prepared, plans, outcomes, ledger, timings)
+        merge, paths = write_results(output_dir, config, plans, ledger, timings)
     return SweepResult(config, prepared, plans, outcomes, ledger, merge, paths, timings, resumed)
 
 
-def write_results(output_dir, config, prepared, plans, outcomes, ledger, timings):
+def write_results(output_dir: Path, config: SmartSearchConfig, plans: list[BranchPlan], ledger: pd.DataFrame,
+                  timings: dict[str, float]):
+    """Stage 6: merge the branch ledgers by goal and write every artifact; returns (merge, paths)."""
     from spica_pipeline.report import merge_for_config, write_outputs
 
     merge = merge_for_config(ledger, config)

@@ -17,14 +17,13 @@ import pandas as pd
 
 from spica_pipeline.assets.branches import branch_spaces_from_frame
 from spica_pipeline.assets.config import GROUP, config_from_frame, fail, frame_value
-from spica_pipeline.assets.load_predictor import load_predictor_from_frame
 from spica_pipeline.assets.studies import SPACES_FILE
 from spica_pipeline.errors import SpicaError
 from spica_pipeline.search import scoring
 from spica_pipeline.search.ledger import STATUSES, TrialRecord
 from spica_pipeline.search.study import BranchOutcome
 from spica_pipeline.storage import atomic_write_text
-from spica_pipeline.sweep import PreparedSweep, ledger_frame, plan_branch, write_results
+from spica_pipeline.sweep import ledger_frame, plan_branch, write_results
 
 TABLE_ROWS = 20
 
@@ -89,12 +88,12 @@ def candidates_table(candidates: pd.DataFrame, objectives: list[str] | None) -> 
     group_name=GROUP,
     kinds={"pandas", "parquet"},
     ins={"branch_study": dg.AssetIn(metadata={"allow_missing_partitions": True})},
+    deps=["load_predictor_result"],  # lineage: the studies' samples carry its winners
     required_resource_keys={"sweep_storage"},
 )
 def sweep_result(
     context: dg.AssetExecutionContext,
     filtered_config: pd.DataFrame,
-    load_predictor_result: pd.DataFrame,
     branch_spaces: pd.DataFrame,
     branch_study: dict[str, pd.DataFrame],
 ) -> dg.Output[pd.DataFrame]:
@@ -111,11 +110,6 @@ def sweep_result(
     ledger = merged_ledger(config, ledgers)
     branches = [BranchSpace.from_dict(spaces[m]) for m in config.search_space.deployment_mode if m in spaces]
     plans = [plan_branch(b, config) for b in branches]
-    dropped = json.loads(frame_value(filtered_config, "dropped_json") or "[]")
-    warnings = json.loads(branch_spaces["warnings_json"].iloc[0]) if len(branch_spaces) else []
-    prepared = PreparedSweep(config=config, dropped_policies=dropped,
-                             load_predictor=load_predictor_from_frame(load_predictor_result),
-                             branches=branches, warnings=warnings)
     outcomes = [branch_outcome(p.branch.deployment_mode, ledgers.get(p.branch.deployment_mode, ledger_frame([])))
                 for p in plans]
     output_dir = context.resources.sweep_storage.output_dir(str(frame_value(filtered_config, "sweep_name")))
@@ -125,7 +119,7 @@ def sweep_result(
         "wall_seconds": time.perf_counter() - started,
     }
     try:
-        merge, paths = write_results(output_dir, config, prepared, plans, outcomes, ledger, timings)
+        merge, paths = write_results(output_dir, config, plans, ledger, timings)
     except SpicaError as err:
         raise fail(err) from None
     # what the next warm start compares against
