@@ -45,7 +45,7 @@ from spica_pipeline.search.study import MemoryJournal, TrialCounter  # noqa: E40
 SPACES_DIR = ROOT / "bench" / "spaces"
 CACHE_DIR = ROOT / "bench" / ".cache"
 RESULTS = ROOT / "bench" / "results"
-ALGORITHMS = ("DEFAULT", "GAUSSIAN_PROCESS_BANDIT", "QUASI_RANDOM_SEARCH", "RANDOM_SEARCH")
+ALGORITHMS = ("RANDOM_SEARCH", "QUASI_RANDOM_SEARCH", "DEFAULT", "GAUSSIAN_PROCESS_BANDIT")
 LEVELS = (0.95, 0.99, 1.0)
 TOL = 1e-9  # relative: "reached 100%" means equal to the optimum up to float noise
 
@@ -199,7 +199,15 @@ def exhaustive_truth(config: SmartSearchConfig, prepared: Any, evaluator: Cachin
         truth.update(measure="hypervolume (origin reference)", front_size=len(front), front=front)
     else:
         best = max(feasible, key=lambda r: r.score)
-        truth.update(measure=config.goal.target.value, best_config=_short_config(best))
+        optimum = truth["optimum"]
+        # How many points are good enough: picking uniformly without replacement, the expected
+        # number of draws to hit one of k good points among N is (N + 1) / (k + 1).
+        near = {f"points_within_{int(level * 100)}pct": sum(1 for r in feasible
+                                                            if r.score >= optimum * level * (1 - TOL))
+                for level in LEVELS}
+        expected = {f"uniform_random_expected_evals_to_{k[len('points_within_'):]}":
+                    round((len(feasible) + 1) / (v + 1), 2) for k, v in near.items()}
+        truth.update(measure=config.goal.target.value, best_config=_short_config(best), **near, **expected)
     return truth
 
 
@@ -274,12 +282,13 @@ def plan_runs(quick: bool, algorithms: list[str], seeds: int, gp_spaces: list[st
     (DEFAULT, what the sweep uses, seed 0, on the first space): a GP suggest takes a minute on 2
     busy cores."""
     pairs = []
-    for algo in algorithms:
-        gp = algo in ("DEFAULT", "GAUSSIAN_PROCESS_BANDIT")
-        if quick and gp and (algo != "DEFAULT" or space not in gp_spaces):
-            continue
-        n = (1 if gp else 2) if quick else seeds
-        pairs += [(algo, s) for s in range(n)]
+    for seed in range(seeds):  # seed-major: a run stopped early still has every algorithm
+        for algo in algorithms:
+            gp = algo in ("DEFAULT", "GAUSSIAN_PROCESS_BANDIT")
+            if quick and gp and (algo != "DEFAULT" or space not in gp_spaces):
+                continue
+            if seed < ((1 if gp else 2) if quick else seeds):
+                pairs.append((algo, seed))
     return pairs
 
 

@@ -1,7 +1,9 @@
 """Reliability: kill -9 and resume, injected evaluator faults, concurrent sweeps, a busy directory.
 
-The sweeps are tiny (Qwen3-32B on 2 H200s, agg, round robin, 40 requests of 512/64 tokens) so each
-test stays within tens of seconds on a 2-core machine; the faults come from
+The sweeps are tiny (Qwen3-32B on 2 H200s, agg, round robin, 40 requests of 512/64 tokens); what
+costs time is starting real sweeps (imports, enumeration, spawned workers, report plots): the kill
+test runs three `spica sweep` processes and the concurrency test three sweeps at once, so they are
+marked slow (30-60 s on an idle 2-core machine, minutes on a busy one). The faults come from
 `tests/reliability_fakes.py` (spawned workers import it by module path).
 """
 
@@ -86,6 +88,7 @@ def content(ledger: pd.DataFrame) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_kill_9_mid_sweep_then_resume_equals_an_uninterrupted_run(tmp_path):
     config = write_config(tmp_path / "tiny.yaml", tiny_config(max_rounds=4))
     ref_dir, run_dir = tmp_path / "reference", tmp_path / "killed"
@@ -172,6 +175,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_concurrent_sweeps_succeed_and_a_busy_directory_is_refused(tmp_path):
     config = write_config(tmp_path / "tiny.yaml", tiny_config(policy="thorough", parallel_evals=1))
     script = tmp_path / "holder.py"
