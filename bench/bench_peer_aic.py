@@ -183,8 +183,9 @@ def main(argv: list[str] | None = None) -> int:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(result, indent=2) + "\n")
             return 0
-        result.update(aic_version=AIC_VERSION, aic_command=" ".join(Path(c).name if i == 0 else c
-                                                                    for i, c in enumerate(cmd)),
+        shown = [Path(c).name if i == 0 else ("<tmp>/aic" if c == str(Path(tmp) / "aic") else c)
+                 for i, c in enumerate(cmd)]
+        result.update(aic_version=AIC_VERSION, aic_command=" ".join(shown),
                       aic_seconds=round(aic_seconds, 1))
 
         from spica_pipeline.resources.replay import ReplayEvaluator

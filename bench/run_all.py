@@ -129,9 +129,16 @@ def summary_sample_efficiency(data: dict[str, Any]) -> list[str]:
     lines = []
     for name, space in data.get("spaces", {}).items():
         truth = space["truth"]
+        extra = ""
+        if "points_within_99pct" in truth:
+            extra = (f" {truth['points_within_95pct']}/{truth['points_within_99pct']}/{truth['points_within_100pct']} "
+                     f"points are within 95/99/100% of it (uniform random without replacement needs "
+                     f"{truth['uniform_random_expected_evals_to_100pct']} evaluations on average to hit the optimum).")
+        elif "front_size" in truth:
+            extra = f" The exhaustive front has {truth['front_size']} points."
         lines += [f"**{name}** (`{space['config']}`, goal {space['goal']}): {truth['points']} points, exhaustive "
                   f"optimum {_fmt(truth['optimum'])} ({truth['measure']}); budget {space['budget']} evaluations "
-                  f"({space['max_rounds']} rounds x {space['per_round']}).", "",
+                  f"({space['max_rounds']} rounds x {space['per_round']}).{extra}", "",
                   "| algorithm | seeds | evals to 95% (median, reached) | 99% | 100% | final / optimum | "
                   "duplicate rate | optimizer share |", "|---|---|---|---|---|---|---|---|"]
         for algo, row in space["summary"].items():
@@ -202,13 +209,18 @@ def write_summary(host: dict[str, Any] | None = None) -> Path:
         if data is None:
             lines += ["Not run yet.", ""]
             continue
-        when = data.get("date") or (data.get("run_all") or {}).get("date")
-        lines += [f"Source: `bench/results/{file}` ({'quick' if data.get('quick') else 'full'} run, {when}).", ""]
-        try:
-            lines += render(data)
-        except (KeyError, TypeError) as exc:
-            lines.append(f"(could not summarise {file}: {type(exc).__name__}: {exc})")
-        lines.append("")
+        sources = [(data, file)]
+        if name == "sample_efficiency":  # one space per file when spaces ran as separate processes
+            sources += [(json.loads(p.read_text()), p.name) for p in sorted(RESULTS.glob("sample_efficiency_*.json"))
+                        if p.name != f"{name}_quick.json" and p.name != file]
+        for data, file in sources:
+            when = data.get("date") or (data.get("run_all") or {}).get("date")
+            lines += [f"Source: `bench/results/{file}` ({'quick' if data.get('quick') else 'full'} run, {when}).", ""]
+            try:
+                lines += render(data)
+            except (KeyError, TypeError) as exc:
+                lines.append(f"(could not summarise {file}: {type(exc).__name__}: {exc})")
+            lines.append("")
     path = RESULTS / "SUMMARY.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines).rstrip() + "\n")
