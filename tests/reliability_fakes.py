@@ -14,7 +14,8 @@ class FaultyEvaluator:
     """A deterministic stand-in for the replay that raises, hangs or kills its own process on the
     candidates listed in FAULTS and otherwise reports a throughput that depends on the knobs."""
 
-    def __init__(self, faults: dict | None = None, hang_seconds: float = 3600.0, gate_file: str | None = None):
+    def __init__(self, faults: dict | None = None, hang_seconds: float = 3600.0,
+                 gate_file: str | None = None):
         self.faults = dict(FAULTS if faults is None else faults)
         self.hang_seconds = hang_seconds
         self.gate_file = gate_file  # when set, every evaluation waits until this file exists

@@ -93,7 +93,8 @@ def test_kill_9_mid_sweep_then_resume_equals_an_uninterrupted_run(tmp_path):
     config = write_config(tmp_path / "tiny.yaml", tiny_config(max_rounds=4))
     ref_dir, run_dir = tmp_path / "reference", tmp_path / "killed"
     common = dict(cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    reference = subprocess.Popen(spica("sweep", "--config", str(config), "--output-dir", str(ref_dir)), **common)
+    reference = subprocess.Popen(spica("sweep", "--config", str(config), "--output-dir", str(ref_dir)),
+                                 **common)
     victim = subprocess.Popen(spica("sweep", "--config", str(config), "--output-dir", str(run_dir)), **common)
     journal = run_dir / "journal.jsonl"
     deadline = time.monotonic() + 240
@@ -136,8 +137,8 @@ def test_evaluator_exception_hang_and_death_are_recorded_and_the_sweep_completes
     from spica_pipeline.config import SmartSearchConfig
     from spica_pipeline.sweep import run_sweep
 
-    config = SmartSearchConfig.from_dict(tiny_config(policy="thorough", parallel_evals=2, candidates_per_round=2,
-                                                     max_eval_seconds=3))
+    config = SmartSearchConfig.from_dict(
+        tiny_config(policy="thorough", parallel_evals=2, candidates_per_round=2, max_eval_seconds=3))
     result = run_sweep(config, tmp_path / "out", evaluator=FaultyEvaluator())
     ledger = pd.read_parquet(tmp_path / "out" / "ledger.parquet")
     assert len(ledger) == len(result.ledger) == 18  # 3 parallel configs x 3 x 2 knob values, all of them
@@ -170,7 +171,8 @@ from spica_pipeline.config import load_config
 from spica_pipeline.sweep import run_sweep
 
 if __name__ == "__main__":
-    result = run_sweep(load_config(sys.argv[1]), sys.argv[2], evaluator=FaultyEvaluator(faults={}, gate_file=sys.argv[3]))
+    evaluator = FaultyEvaluator(faults={}, gate_file=sys.argv[3])
+    result = run_sweep(load_config(sys.argv[1]), sys.argv[2], evaluator=evaluator)
     print(len(result.ledger))
 """
 
@@ -183,7 +185,8 @@ def test_concurrent_sweeps_succeed_and_a_busy_directory_is_refused(tmp_path):
     gate = tmp_path / "go"
     dirs = [tmp_path / "a", tmp_path / "b"]
     common = dict(cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    sweeps = [subprocess.Popen([sys.executable, str(script), str(config), str(d), str(gate)], **common) for d in dirs]
+    sweeps = [subprocess.Popen([sys.executable, str(script), str(config), str(d), str(gate)], **common)
+              for d in dirs]
     try:
         lock = dirs[0] / ".spica.lock"
         deadline = time.monotonic() + 120

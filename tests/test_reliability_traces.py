@@ -103,5 +103,6 @@ def test_cli_validate_rejects_bad_trace(tmp_path, capsys, name):
 def test_cli_sweep_rejects_bad_trace(tmp_path, capsys, name):
     from spica_pipeline.cli import main
 
-    code = main(["sweep", "--config", str(trace_config(tmp_path, name)), "--output-dir", str(tmp_path / "out")])
+    config = trace_config(tmp_path, name)
+    code = main(["sweep", "--config", str(config), "--output-dir", str(tmp_path / "out")])
     assert_one_line_exit_2(code, capsys.readouterr(), name)
