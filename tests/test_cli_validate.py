@@ -126,7 +126,7 @@ def test_validate_summary_content(capsys, monkeypatch):
     assert "router_mode = round_robin" in out
     assert "overlap_score_credit (router_mode is round_robin only)" in out
     assert "request_rate 8.0 req/s" in out and "goal: throughput_per_gpu" in out
-    assert "per_round 4" in out
+    assert "per_round 16" in out
 
 
 def test_help_is_marked_experimental(capsys):
