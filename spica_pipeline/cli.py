@@ -192,6 +192,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except SpicaError as err:
         progress.close()
         return _fail(str(err))
+    except Exception as err:  # e.g. a worker pool that cannot start: one line, results kept
+        progress.close()
+        print(_one_line(f"sweep failed: {type(err).__name__}: {err}; finished trials are in "
+                        f"{output_dir}/ledger.parquet and the journal resumes them"), file=sys.stderr)
+        return EXIT_NOTHING_FEASIBLE
     progress.close()
     merge = result.merge
     print(merge.summary_line())
