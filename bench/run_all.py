@@ -149,7 +149,8 @@ def summary_sample_efficiency(data: dict[str, Any]) -> list[str]:
     lines.append("A run that never reached a level counts as budget + 1 in the median; 'reached' is seeds that got "
                  "there. Optimizer share = suggest seconds / (suggest + replay seconds of the distinct evaluations).")
     if not data.get("complete", True):
-        lines.append("*Partial: the run was stopped before every algorithm and seed finished.*")
+        lines.append("*Partial: the process was stopped before every space, algorithm and seed had run; the seeds "
+                     "column says what each median covers.*")
     return lines
 
 
