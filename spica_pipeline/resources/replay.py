@@ -92,9 +92,15 @@ def _numeric(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+# Summary keys measured on the host's wall clock, not the simulated one: they differ between two
+# replays of the same spec, so they stay out of the report (replay cost is `replay_seconds`) and a
+# rerun with the same seed gives an identical ledger.
+WALL_CLOCK_KEYS = frozenset({"wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s"})
+
+
 def summarise_repeats(summaries: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    """Mean of every numeric summary key over repeats, and std/min/max when there are several."""
-    keys = [k for k in summaries[0] if _numeric(summaries[0][k]) is not None]
+    """Mean of every simulated numeric summary key over repeats, and std/min/max when there are several."""
+    keys = [k for k in summaries[0] if k not in WALL_CLOCK_KEYS and _numeric(summaries[0][k]) is not None]
     report: dict[str, float] = {}
     spread: dict[str, dict[str, float]] = {}
     for key in keys:
