@@ -150,7 +150,7 @@ def test_unknown_family_and_preset():
         predictor_fields({"load_predictor": "bogus"})
     with pytest.raises(ValueError, match="load_predictor must be one of"):
         make_predictor({"load_predictor": "bogus"}, 180)
-    with pytest.raises(ValueError, match="unknown load_predictor_candidates preset"):
+    with pytest.raises(ValueError, match="load_predictor_candidates has invalid choice .made_up."):
         predictor_fields("made_up")
 
 

@@ -186,7 +186,7 @@ def expand_load_predictor(entry: str | dict[str, Any]) -> dict[str, Any]:
     raw = _lookup("load_predictor_candidates", entry)
     family = raw.get("load_predictor")
     if family not in PREDICTOR_FAMILIES:
-        raise ValueError(f"load_predictor must be one of {list(PREDICTOR_FAMILIES)}, got {family!r}")
+        raise ValueError(f"load_predictor must be one of [{', '.join(PREDICTOR_FAMILIES)}], got {family!r}")
     out: dict[str, Any] = {"load_predictor": family, "load_predictor_log1p": bool(raw.get("load_predictor_log1p", False))}
     for key, default in FAMILY_DEFAULTS[family].items():
         value = raw.get(key)

@@ -32,7 +32,6 @@ Known limits of the NPZ route (what a per-step AIC callback would add):
 import hashlib
 import io
 import json
-import logging
 import math
 import os
 import threading
@@ -44,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from spica_pipeline.errors import InfeasibleKVCapacity
+from spica_pipeline.search.model_hw import QuietAIC
 from spica_pipeline.storage import atomic_write_bytes, atomic_write_text
 
 FORMAT_VERSION = 1
@@ -80,17 +80,6 @@ def _digest(kind: str, identity: dict[str, Any]) -> str:
     payload = json.dumps({"kind": kind, "format": FORMAT_VERSION, "aic": _aic_version(), **identity},
                          sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
-
-
-class _QuietAIC:
-    """AIC logs fallback/loading chatter at WARNING; keep worker stderr readable."""
-
-    def __enter__(self):
-        self._previous = logging.root.manager.disable
-        logging.disable(logging.WARNING)
-
-    def __exit__(self, *exc):
-        logging.disable(self._previous)
 
 
 @dataclass(frozen=True)
@@ -156,14 +145,14 @@ class _AicStep:
         key = json.dumps(asdict(identity), sort_keys=True)
         model = _models.get(key)
         if model is None:
-            with _QuietAIC():
+            with QuietAIC():
                 model = RustForwardPassPerfModel.from_native(identity.aic_config())
             _models[key] = model
         self._model = model
         self._decode_memo: dict[tuple[int, int], float] = {}
 
     def _est(self, **scheduled: int) -> float:
-        with _QuietAIC():
+        with QuietAIC():
             value = self._model.estimate_forward_pass_time_ms(
                 {"version": 1, "wall_time": 0.0, "scheduled_requests": scheduled})
         if value is None or not math.isfinite(value) or value <= 0:
@@ -300,7 +289,7 @@ def _estimate_kv(identity: EngineIdentity, max_num_tokens: int, max_batch_size: 
 
     i = identity
     try:
-        with _QuietAIC():
+        with QuietAIC():
             result = estimate_kv_cache(
                 i.model, i.system, i.backend, i.version,
                 max_num_tokens=max_num_tokens, max_batch_size=max_batch_size,
@@ -327,7 +316,7 @@ def model_context_length(model: str) -> int | None:
 
         if model not in DefaultHFModels:  # never let AIC try a HuggingFace download
             return None
-        with _QuietAIC():
+        with QuietAIC():
             context = get_model_config_from_model_path(model).get("context")
         return int(context) if context else None
     except Exception:

@@ -4,10 +4,10 @@
 of every token), so a role's capacity is per-rank tokens x attention_dp x replicas.
 """
 
-import logging
 from functools import lru_cache
 
 from spica_pipeline.errors import InfeasibleKVCapacity
+from spica_pipeline.search.model_hw import QuietAIC
 
 # Messages from estimate_kv_cache that mean "this shape cannot hold any KV", not "bad input".
 _INFEASIBLE_MARKERS = ("no KV budget", "Invalid quantized MoE configuration")
@@ -46,23 +46,20 @@ def _estimate(model_name, hardware_sku, backend, backend_version, shape, max_num
 
     tp, pp, dp, moe_tp, moe_ep = shape
     is_moe = moe_tp * moe_ep > 1
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
     try:
-        result = estimate_kv_cache(
-            model_name, hardware_sku, backend, backend_version,
-            max_num_tokens=max_num_tokens, max_batch_size=max_batch_size,
-            memory_fraction_kind=memory_fraction_kind(backend), memory_fraction_value=memory_fraction,
-            tp_size=tp, pp_size=pp, attention_dp_size=dp,
-            moe_tp_size=moe_tp if is_moe else None, moe_ep_size=moe_ep if is_moe else None,
-            nextn=nextn, allow_naive_fallback=False, allow_hf_config_download=False,
-        )
+        with QuietAIC():
+            result = estimate_kv_cache(
+                model_name, hardware_sku, backend, backend_version,
+                max_num_tokens=max_num_tokens, max_batch_size=max_batch_size,
+                memory_fraction_kind=memory_fraction_kind(backend), memory_fraction_value=memory_fraction,
+                tp_size=tp, pp_size=pp, attention_dp_size=dp,
+                moe_tp_size=moe_tp if is_moe else None, moe_ep_size=moe_ep if is_moe else None,
+                nextn=nextn, allow_naive_fallback=False, allow_hf_config_download=False,
+            )
     except ValueError as exc:
         if any(marker in str(exc) for marker in _INFEASIBLE_MARKERS):
             raise InfeasibleKVCapacity(
                 f"no KV budget for backend={backend}, shape=tp{tp}/pp{pp}/dp{dp}/moe_tp{moe_tp}/moe_ep{moe_ep}"
             ) from None
         raise
-    finally:
-        logging.disable(previous)
     return int(result["total_kv_size_tokens"])

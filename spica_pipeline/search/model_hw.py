@@ -69,7 +69,7 @@ def _one_line_choices(value: str, choices: list[str], limit: int = 8) -> str:
     return ", ".join(shown) + (f", ... (+{more} more)" if more > 0 else "")
 
 
-class _QuietAIC:
+class QuietAIC:
     """AIC logs INFO/WARNING chatter on model loads; keep the user's console clean."""
 
     def __enter__(self):
@@ -94,7 +94,7 @@ def available_systems() -> tuple[str, ...]:
     from aiconfigurator_core.sdk import perf_database as pdb
 
     names = set()
-    with _QuietAIC():
+    with QuietAIC():
         for _root, name, _path in pdb._iter_system_yaml_files(pdb.get_systems_paths()):
             spec = pdb.load_system_spec(name)
             if isinstance(spec, dict) and isinstance(spec.get("gpu"), dict) and "mem_capacity" in spec["gpu"]:
@@ -130,7 +130,7 @@ def model_facts(model_name: str) -> ModelFacts:
     from aiconfigurator_core.sdk.models import get_model
     from aiconfigurator_core.sdk.utils import get_model_config_from_model_path
 
-    with _QuietAIC():
+    with QuietAIC():
         try:
             parsed = get_model_config_from_model_path(model_name)
             single_gpu = build_model_config(tp_size=1, pp_size=1, attention_dp_size=1, moe_tp_size=1,
@@ -180,7 +180,7 @@ def hardware_facts(hardware_sku: str) -> HardwareFacts:
 def _supported_databases() -> dict[str, dict[str, tuple[str, ...]]]:
     from aiconfigurator_core.sdk.perf_database import get_supported_databases
 
-    with _QuietAIC():
+    with QuietAIC():
         raw = get_supported_databases()
     return {sku: {b: tuple(v) for b, v in backends.items() if v} for sku, backends in raw.items()}
 

@@ -17,10 +17,15 @@ from typing import Any, Iterator, Protocol
 
 import numpy as np
 
-from spica_pipeline.config.presets import FAMILY_DEFAULTS, LOAD_PREDICTOR_PRESETS, PREDICTOR_FAMILIES
+from spica_pipeline.config.presets import (
+    FAMILY_DEFAULTS,
+    LOAD_PREDICTOR_PRESETS,
+    PREDICTOR_FAMILIES,
+    expand_load_predictor,
+)
 
 FAMILIES = PREDICTOR_FAMILIES
-FAMILY_ERROR = "load_predictor must be one of [arima, constant, kalman, prophet]"
+FAMILY_ERROR = f"load_predictor must be one of [{', '.join(PREDICTOR_FAMILIES)}]"
 
 
 def entry_label(entry: str | dict[str, Any], index: int) -> str:
@@ -33,23 +38,9 @@ def predictor_fields(entry: str | dict[str, Any]) -> dict[str, Any]:
 
     Family defaults fill the gaps; an unknown preset or family raises ValueError.
     """
-    if isinstance(entry, str):
-        if entry not in LOAD_PREDICTOR_PRESETS:
-            raise ValueError(f"unknown load_predictor_candidates preset {entry!r}; "
-                             f"allowed: {sorted(LOAD_PREDICTOR_PRESETS)}")
-        raw = LOAD_PREDICTOR_PRESETS[entry]
-    elif isinstance(entry, dict):
-        raw = entry
-    else:
+    if not isinstance(entry, (str, dict)):
         raise ValueError(f"load_predictor_candidates entry {entry!r} must be a preset id or a dict")
-    family = raw.get("load_predictor")
-    if family not in FAMILIES:
-        raise ValueError(f"{FAMILY_ERROR}, got {family!r}")
-    out: dict[str, Any] = {"load_predictor": family, "load_predictor_log1p": bool(raw.get("load_predictor_log1p", False))}
-    for key, default in FAMILY_DEFAULTS[family].items():
-        value = raw.get(key)
-        out[key] = default if value is None else value
-    return out
+    return expand_load_predictor(entry)
 
 
 def minimum_points(fields: dict[str, Any]) -> int:
