@@ -149,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--algorithm", default=None, help="our sweep's algorithm (default DEFAULT, quick QUASI)")
+    parser.add_argument("--policy", choices=["rapid", "thorough"], default=None,
+                        help="our sweep's policy (default: thorough, the exhaustive optimum of our space; "
+                             "--quick: rapid)")
     parser.add_argument("--top-n", type=int, default=3)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -162,12 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     data.setdefault("sweep", {})["algorithm"] = algorithm
     if args.quick:
         data["sweep"]["max_rounds"] = 2
+    data["sweep"]["policy"] = args.policy or ("rapid" if args.quick else "thorough")
     config = SmartSearchConfig.from_dict(data)
     result: dict[str, Any] = {
         "benchmark": "peer_aic", "quick": args.quick, "config": str(CONFIG.relative_to(ROOT)),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
         "metric": "goodput_per_gpu (replayed, SLA ttft_ms/itl_ms from the config)",
-        "our_algorithm": algorithm, "our_max_rounds": config.sweep.max_rounds,
+        "our_algorithm": algorithm, "our_max_rounds": config.sweep.max_rounds, "our_policy": config.sweep.policy,
     }
     with tempfile.TemporaryDirectory(prefix="spica-bench-aic-") as tmp:
         try:

@@ -171,9 +171,11 @@ def summary_sweep(data: dict[str, Any]) -> list[str]:
 def summary_peer(data: dict[str, Any]) -> list[str]:
     if data.get("status") != "ok":
         return [f"Not measured: {data.get('reason')}"]
+    ours = (f"policy thorough: every point of our space, {data['our_trials']} trials"
+            if data.get("our_policy") == "thorough" else
+            f"{data['our_algorithm']}, {data['our_max_rounds']} rounds/branch, {data['our_trials']} trials")
     lines = [f"AI Configurator {data['aic_version']} (`{data['aic_command']}`, {data['aic_seconds']} s) vs our sweep "
-             f"({data['our_algorithm']}, {data['our_max_rounds']} rounds/branch, {data['our_trials']} trials, "
-             f"{data['our_sweep_seconds']} s); metric: {data['metric']}.", "",
+             f"({ours}, {data['our_sweep_seconds']} s); metric: {data['metric']}.", "",
              "| pick | replayed goodput/GPU | AIC's own tokens/s/GPU estimate | status |", "|---|---|---|---|"]
     for p in data["aic_picks"]:
         lines.append(f"| AIC {p['mode']} top{p['rank']} {json.dumps(p['roles'])} | {_fmt(p['replayed_goodput_per_gpu'])} "
