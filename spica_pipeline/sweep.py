@@ -34,8 +34,8 @@ from spica_pipeline.search.study import (
     Scored,
     StudySettings,
     TrialCounter,
-    point_key,
     run_branch_study,
+    selection_key,
 )
 
 log = logging.getLogger("spica_pipeline.sweep")
@@ -182,17 +182,19 @@ class VizierSampler:
         items = [(h.parameters, h.metrics, h.infeasible_reason) for h in history]
         return [dict(p) for p in self.study.suggest(count, items)]
 
-    def propose(self, parameters: dict[str, Any], taken: Collection[str] = ()) -> Proposal:
+    def propose(self, parameters: dict[str, Any], taken: Collection[tuple[str, ParallelConfig]] = ()) -> Proposal:
         return propose(self.encoding, parameters, taken)
 
 
-def propose(encoding: SearchEncoding, parameters: dict[str, Any], taken: Collection[str] = ()) -> Proposal:
+def propose(encoding: SearchEncoding, parameters: dict[str, Any],
+            taken: Collection[tuple[str, ParallelConfig]] = ()) -> Proposal:
     """Decode and project one suggestion, steering away from points already proposed."""
     selection, requested = encoding.decode(parameters)
     if encoding.pinned_config is not None:
         config, meta = encoding.pinned_config, None
     else:
-        exclude = [c for c in encoding.parallel_configs if point_key(selection, c) in taken] if taken else []
+        key = selection_key(selection)
+        exclude = [c for c in encoding.parallel_configs if (key, c) in taken] if taken else []
         try:
             projection = encoding.project(selection, requested, exclude)
         except ValueError as exc:
@@ -225,10 +227,27 @@ class BranchPlan:
     why: str
 
 
+def finite_points(encoding: SearchEncoding) -> int | None:
+    """How many legal points `enumerate_space` would yield, counted without enumerating them:
+    the other knobs' product times, per pool config, the selectable backends that support it."""
+    if not encoding.is_finite:
+        return None
+    knobs = [p.name for p in encoding.params if p.role == "knob"]
+    product = 1
+    for name in knobs:
+        if name != "backend":
+            product *= len(encoding.knob_entries[name])
+    backends = (encoding.knob_entries["backend"] if "backend" in knobs
+                else (encoding.constants.get("backend"),))
+    pairs = sum(sum(1 for b in backends if b is None or b in supported)
+                for supported in encoding.supported_backends)
+    return product * pairs
+
+
 def plan_branch(branch: Any, config: SmartSearchConfig) -> BranchPlan:
     encoding = build_encoding(branch)
     budget = config.sweep.max_rounds * config.sweep.per_round
-    size = sum(1 for _ in enumerate_space(encoding)) if encoding.is_finite else None
+    size = finite_points(encoding)
     if config.sweep.policy == "thorough":
         return BranchPlan(branch, encoding, size, budget, True, f"policy thorough: all {size} points")
     if size is not None and size <= budget:

@@ -4,7 +4,8 @@ unevaluated neighbour, and only falls back to the duplicate when nothing else is
 from spica_pipeline.search.encoding import build_encoding
 from spica_pipeline.search.shapes import RoleShape
 from spica_pipeline.search.study import point_key
-from spica_pipeline.sweep import propose
+from spica_pipeline.search.encoding import enumerate_space
+from spica_pipeline.sweep import finite_points, propose
 
 
 class Branch:
@@ -47,3 +48,13 @@ def test_strict_sla_gate_marks_a_slow_candidate_infeasible():
     assert strict.told_metrics is None and "p90_ttft_ms" in strict.reason
     relaxed = scorer(config("off"))(EvalOutcome("feasible", report=report))
     assert relaxed.told_metrics == {"objective": 900.0}
+
+
+def test_finite_points_counts_what_enumerate_space_yields():
+    class TwoBackends(Branch):
+        supported_backends = (("vllm", "sglang"), ("vllm",), ("sglang",), ("vllm", "sglang"))
+        knob_choices = {"backend": ["vllm", "sglang"], "agg_max_num_seqs": [256, 512, 1024]}
+
+    for branch in (Branch(), TwoBackends()):
+        enc = build_encoding(branch)
+        assert finite_points(enc) == sum(1 for _ in enumerate_space(enc))

@@ -57,12 +57,16 @@ class Sampler(Protocol):
 
     def suggest(self, count: int, history: list[HistoryItem]) -> list[dict[str, Any]]: ...
 
-    def propose(self, parameters: dict[str, Any], taken: Collection[str] = ()) -> Proposal: ...
+    def propose(self, parameters: dict[str, Any], taken: Collection[tuple[str, ParallelConfig]] = ()) -> Proposal: ...
 
 
-def point_key(selection: dict[str, Any], parallel_config: ParallelConfig) -> str:
+def selection_key(selection: dict[str, Any]) -> str:
+    return canonical_json(json_safe(selection))
+
+
+def point_key(selection: dict[str, Any], parallel_config: ParallelConfig) -> tuple[str, ParallelConfig]:
     """Identity of a search point: a proposal whose key is taken would repeat an evaluated spec."""
-    return canonical_json(json_safe({"selection": selection, "config": parallel_config.to_dict()}))
+    return selection_key(selection), parallel_config
 
 
 class Journal(Protocol):
@@ -183,7 +187,7 @@ class _BranchLoop:
         self.result = BranchOutcome(branch=branch)
         # spec_hash -> the record that first produced it in this run (the dedup cache)
         self.seen: dict[str, TrialRecord] = {}
-        self.taken: set[str] = set()  # point keys already proposed in this branch
+        self.taken: set[tuple[str, ParallelConfig]] = set()  # point keys already proposed in this branch
 
     # -- the two drivers ---------------------------------------------------------------------
 
