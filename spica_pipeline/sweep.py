@@ -134,6 +134,8 @@ def candidate_builder(config: SmartSearchConfig, load_predictor: Any) -> Callabl
         sample["backend_version"] = latest_backend_version(sample["hardware_sku"], sample["backend"])
         if config.workload.concurrency is not None:
             sample["concurrency"] = config.workload.concurrency
+        if "kv_load_ratio" in selection:  # searched (a range) or injected as a constant (a scalar)
+            sample["kv_load_ratio"] = float(selection["kv_load_ratio"])
         ctx = dict(context, router_repeats=repeats if sample.get("router_mode") == "kv_router" else 1)
         return EvalRequest(sample=sample, workload=workload, goal=goal, context=ctx)
 

@@ -58,3 +58,23 @@ def test_finite_points_counts_what_enumerate_space_yields():
     for branch in (Branch(), TwoBackends()):
         enc = build_encoding(branch)
         assert finite_points(enc) == sum(1 for _ in enumerate_space(enc))
+
+
+def test_a_searched_kv_load_ratio_reaches_the_sample_and_the_spec_hash():
+    from spica_pipeline.config import SmartSearchConfig
+    from spica_pipeline.sweep import candidate_builder
+
+    config = SmartSearchConfig.from_dict({
+        "search_space": {"model_name": "Qwen/Qwen3-32B", "hardware_sku": "h200_sxm", "gpu_budget": 4,
+                         "deployment_mode": ["agg"], "router_mode": ["round_robin"],
+                         "planner_scaling_policy": ["disabled"]},
+        "workload": {"isl": 100, "osl": 10, "num_request_ratio": 4},  # pareto default: kv_load_ratio [0, 1]
+        "goal": {"target": "pareto"}})
+    build = candidate_builder(config, None)
+    selection = {"deployment_mode": "agg", "backend": "vllm", "router_mode": "round_robin",
+                 "planner_scaling_policy": "disabled", "agg_max_num_seqs": 256,
+                 "agg_max_num_batched_tokens": 8192}
+    low = build({**selection, "kv_load_ratio": 0.25}, RoleShape(tp=2))
+    high = build({**selection, "kv_load_ratio": 0.75}, RoleShape(tp=2))
+    assert low.sample["kv_load_ratio"] == 0.25 and high.sample["kv_load_ratio"] == 0.75
+    assert low.spec_hash != high.spec_hash
