@@ -86,3 +86,20 @@ def test_bad_config_is_exit_2_one_line(tmp_path):
     proc = spica("sweep", "--config", str(path))
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "invalid config" in proc.stderr and "gpu_budget" in proc.stderr
+
+
+def test_tiny_pareto_sweep_over_a_kv_load_range(tmp_path):
+    data = json.loads(json.dumps(TINY))
+    data["workload"] = {"isl": 512, "osl": 64, "kv_load_ratio": [0.1, 0.9], "num_request_ratio": 4}
+    data["goal"] = {"target": "pareto"}
+    data["sweep"].update(max_rounds=1, candidates_per_round=3, algorithm="RANDOM_SEARCH")
+    path = tmp_path / "pareto.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    proc = spica("sweep", "--config", str(path), "--output-dir", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "pareto front (" in proc.stdout
+    ledger = pd.read_parquet(out / "ledger.parquet")
+    feasible = ledger[ledger["status"] == "feasible"]
+    configs = [json.loads(c) for c in feasible["config"]]
+    assert len(configs) == 3 and all(0.1 <= c["kv_load_ratio"] <= 0.9 and c["concurrency"] >= 1 for c in configs)
