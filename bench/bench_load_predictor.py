@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from spica_pipeline.search.load_predictor import LOAD_PREDICTOR_PRESETS, sweep_load_predictor  # noqa: E402
 
-MOONCAKE = Path("/work/shared/data/traces/mooncake_synthetic_trace.jsonl")
+MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
 
 
 def sine_arrays(duration_s: int):

@@ -12,7 +12,7 @@ from spica_pipeline.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO / "examples" / "traces" / "small_mooncake.jsonl"
-REAL_TRACE = Path("/work/shared/data/traces/mooncake_synthetic_trace.jsonl")
+REAL_TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
 
 
 def _gen_trace_module():

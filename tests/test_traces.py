@@ -8,7 +8,7 @@ import pytest
 from spica_pipeline.errors import TraceError
 from spica_pipeline.traces import read_mooncake_trace, trace_content_hash
 
-REAL_TRACE = Path("/work/shared/data/traces/mooncake_synthetic_trace.jsonl")
+REAL_TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
 
 
 def _row(ts=0, isl=1000, osl=10, hash_ids="auto"):
