@@ -137,15 +137,22 @@ def cmd_validate(args: argparse.Namespace) -> int:
         lines = summarize(config)
     except Exception as err:  # a summary bug must not turn into a traceback either
         return _fail(f"could not summarise config {args.config}: {type(err).__name__}: {err}")
-    try:
-        from spica_pipeline.sweep import check_workload
+    from spica_pipeline.errors import PolicyFilterError
+    from spica_pipeline.sweep import check_workload, filter_policies
 
+    try:
         check_workload(config)
-    except SpicaError as err:
+    except SpicaError as err:  # names the trace file and line
         return _fail(str(err))
+    try:
+        filtered = filter_policies(config)  # stage 2: a goal that leaves no usable policy is bad input
+    except PolicyFilterError as err:
+        return _fail(f"invalid config {args.config}: search_space.planner_scaling_policy: {err}")
     print(f"config {args.config} is valid")
     for line in lines:
         print(line)
+    if filtered.dropped:
+        print(filtered.summary())
     return EXIT_OK
 
 

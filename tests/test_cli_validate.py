@@ -141,3 +141,21 @@ def test_usage_errors_exit_2(capsys):
     assert cli.main(["validate"]) == 2
     assert cli.main([]) == 2
     assert "usage" in capsys.readouterr().err
+
+
+POLICY_CONFIG = """search_space: {{model_name: Qwen/Qwen3-32B, hardware_sku: h200_sxm, planner_scaling_policy: {policies}}}
+workload: {{isl: 100, osl: 10, request_rate: 1, num_request_ratio: 10}}
+goal: {{target: throughput}}
+"""
+
+
+def test_validate_applies_the_policy_filter(tmp_path, capsys):
+    only_throughput = tmp_path / "only.yaml"
+    only_throughput.write_text(POLICY_CONFIG.format(policies="[throughput_180_5]"))
+    code, _, err = run_main(["validate", "--config", str(only_throughput)], capsys)
+    assert code == 2
+    assert_one_line_error(err, only_throughput, "every planner_scaling_policy entry enables throughput scaling")
+    mixed = tmp_path / "mixed.yaml"
+    mixed.write_text(POLICY_CONFIG.format(policies="[disabled, throughput_180_5]"))
+    code, out, _ = run_main(["validate", "--config", str(mixed)], capsys)
+    assert code == 0 and "dropped planner_scaling_policy entries 'throughput_180_5'" in out
