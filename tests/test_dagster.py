@@ -368,3 +368,18 @@ def test_materialize_all_assets_real_replay_with_warm_start(tmp_path):
     mats = {m.partition: m.metadata for m in r2.asset_materializations_for_node("branch_study")}
     assert mats["agg"]["agg.warm_start_trials"].value == len(ledger)
     assert mats["agg"]["agg.warm_start"].value == "same space as the previous sweep"
+
+
+def test_merged_ledger_renumbers_trials_and_their_cache_references():
+    import pandas as pd
+
+    from spica_pipeline.assets.result import merged_ledger
+    from spica_pipeline.config import load_config
+
+    config = load_config(str(REPO / "examples" / "configs" / "quickstart.yaml"))
+    agg = pd.DataFrame({"trial": [1, 2], "reason": [None, "feasible (same spec as trial 1)"]})
+    disagg = pd.DataFrame({"trial": [1, 2], "reason": [None, "failed (same spec as trial 1): boom"]})
+    merged = merged_ledger(config, {"agg": agg, "disagg": disagg})
+    assert list(merged["trial"]) == [1, 2, 3, 4]
+    reasons = [r if isinstance(r, str) else None for r in merged["reason"]]
+    assert reasons == [None, "feasible (same spec as trial 1)", None, "failed (same spec as trial 3): boom"]

@@ -8,6 +8,7 @@ output folder and linked from the materialization metadata.
 import base64
 import json
 import math
+import re
 import time
 from collections import Counter
 from typing import Any
@@ -28,6 +29,9 @@ from spica_pipeline.sweep import ledger_frame, plan_branch, write_results
 TABLE_ROWS = 20
 
 
+_SAME_SPEC = re.compile(r"(same spec as trial )(\d+)")
+
+
 def merged_ledger(config: Any, ledgers: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """Branch ledgers in the config's mode order, trials renumbered sweep-wide as the CLI numbers them."""
     frames, offset = [], 0
@@ -37,6 +41,11 @@ def merged_ledger(config: Any, ledgers: dict[str, pd.DataFrame]) -> pd.DataFrame
             continue
         frame = frame.copy()
         frame["trial"] = frame["trial"].astype(int) + offset
+        if offset:  # cached rows point at the trial that replayed their spec: renumber that too
+            shift = offset
+            frame["reason"] = frame["reason"].map(
+                lambda r: _SAME_SPEC.sub(lambda m: f"{m.group(1)}{int(m.group(2)) + shift}", r)
+                if isinstance(r, str) else r)
         offset = int(frame["trial"].max())
         frames.append(frame)
     if not frames:
