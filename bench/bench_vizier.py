@@ -37,23 +37,13 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from spica_pipeline.resources.vizier import VizierClient  # noqa: E402
+from spica_pipeline.search.branches import BranchSpace as Branch  # noqa: E402
 from spica_pipeline.search.encoding import build_encoding  # noqa: E402
 from spica_pipeline.search.shapes import RoleShape as R  # noqa: E402
-
-
-@dataclass
-class Branch:
-    deployment_mode: str
-    parallel_configs: tuple
-    supported_backends: tuple
-    knob_choices: dict = field(default_factory=dict)
-    gpu_budget: int | None = None
-    float_ranges: dict = field(default_factory=dict)
 
 
 def quickstart_branch() -> Branch:

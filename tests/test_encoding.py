@@ -1,27 +1,16 @@
 """Search-space encoding (spec §6.2): knobs, features, decode/encode round trip, enumeration."""
 
 import itertools
-from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from branch_stub import Branch
+
 from spica_pipeline.search.encoding import CONSTANT_PARAM, build_encoding, enumerate_space, space_size
 from spica_pipeline.search.shapes import DisaggShape as D
 from spica_pipeline.search.shapes import RoleShape as R
-
-
-@dataclass
-class Branch:
-    """Stand-in for search.branches.BranchSpace (same attribute names)."""
-
-    deployment_mode: str
-    parallel_configs: tuple
-    supported_backends: tuple
-    knob_choices: dict = field(default_factory=dict)
-    gpu_budget: int | None = None
-    float_ranges: dict = field(default_factory=dict)
 
 
 AGG_POOL = (R(tp=1, replicas=4), R(tp=2, replicas=2), R(tp=2, attention_dp=2), R(tp=4, moe_ep=4))

@@ -1,25 +1,13 @@
 """Projection onto the legal pool (spec §6.3, §11 item 26)."""
 
-from dataclasses import dataclass, field
-
 import pytest
+
+from branch_stub import Branch
 
 from spica_pipeline.search.encoding import CONSTANT_PARAM, build_encoding
 from spica_pipeline.search.projection import attention_mode, config_features, ffn_mode, project
 from spica_pipeline.search.shapes import DisaggShape as D
 from spica_pipeline.search.shapes import RoleShape as R
-
-
-@dataclass
-class Branch:
-    """Stand-in for search.branches.BranchSpace (same attribute names)."""
-
-    deployment_mode: str
-    parallel_configs: tuple
-    supported_backends: tuple
-    knob_choices: dict = field(default_factory=dict)
-    gpu_budget: int | None = None
-    float_ranges: dict = field(default_factory=dict)
 
 
 def branch(mode, configs, backends=("vllm",), budget=None, **kw):

@@ -4,26 +4,15 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, field
 
 import pytest
+
+from branch_stub import Branch
 
 from spica_pipeline.errors import ConfigError
 from spica_pipeline.resources.vizier import ALGO_ENV, VizierClient, derive_seed, resolve_algorithm
 from spica_pipeline.search.encoding import CONSTANT_PARAM, build_encoding
 from spica_pipeline.search.shapes import RoleShape as R
-
-
-@dataclass
-class Branch:
-    """Stand-in for search.branches.BranchSpace (same attribute names)."""
-
-    deployment_mode: str
-    parallel_configs: tuple
-    supported_backends: tuple
-    knob_choices: dict = field(default_factory=dict)
-    gpu_budget: int | None = None
-    float_ranges: dict = field(default_factory=dict)
 
 
 POOL = (R(tp=1, replicas=4), R(tp=2, replicas=2), R(tp=2, attention_dp=2), R(tp=4), R(tp=1, replicas=2))
