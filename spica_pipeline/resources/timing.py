@@ -42,8 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from spica_pipeline.errors import InfeasibleKVCapacity
-from spica_pipeline.search.model_hw import QuietAIC
+from spica_pipeline.errors import InfeasibleKVCapacity, ModelHardwareError
+from spica_pipeline.search.kv import estimate_kv
+from spica_pipeline.search.model_hw import QuietAIC, model_facts
 from spica_pipeline.storage import atomic_write_bytes, atomic_write_text
 
 FORMAT_VERSION = 1
@@ -54,7 +55,6 @@ DECODE_MAX_KV_TOKENS = 8_000_000
 DECODE_MAX_CONTEXT = 262_144
 DECODE_MAX_BATCH = 4096
 N_KV, N_CTX = 56, 48
-_NO_KV_MARKERS = ("no KV budget", "Invalid quantized MoE configuration")
 
 _lock = threading.Lock()
 _timing_memo: dict[str, "TimingTable"] = {}
@@ -244,10 +244,6 @@ def _build_lock(path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _memory_fraction_kind(backend: str) -> str:
-    return "of_free" if backend == "trtllm" else "of_total"
-
-
 def kv_capacity(identity: EngineIdentity, *, max_num_tokens: int, max_batch_size: int, memory_fraction: float,
                 cache_dir: str | os.PathLike | None = None) -> KvCapacity:
     """Per-rank KV capacity for the identity and the candidate's own batching/memory knobs.
@@ -285,37 +281,21 @@ def kv_capacity(identity: EngineIdentity, *, max_num_tokens: int, max_batch_size
 
 def _estimate_kv(identity: EngineIdentity, max_num_tokens: int, max_batch_size: int,
                  memory_fraction: float) -> KvCapacity:
-    from aiconfigurator_core.sdk.memory import estimate_kv_cache
-
     i = identity
-    try:
-        with QuietAIC():
-            result = estimate_kv_cache(
-                i.model, i.system, i.backend, i.version,
-                max_num_tokens=max_num_tokens, max_batch_size=max_batch_size,
-                memory_fraction_kind=_memory_fraction_kind(i.backend), memory_fraction_value=memory_fraction,
-                tp_size=i.tp, pp_size=i.pp, attention_dp_size=i.attention_dp,
-                moe_tp_size=i.moe_tp if i.is_moe else None, moe_ep_size=i.moe_ep if i.is_moe else None,
-                nextn=i.nextn, allow_naive_fallback=False, allow_hf_config_download=False,
-            )
-    except ValueError as exc:
-        if any(marker in str(exc) for marker in _NO_KV_MARKERS):
-            raise InfeasibleKVCapacity(
-                f"no KV budget for backend={i.backend}, shape=tp{i.tp}/pp{i.pp}/dp{i.attention_dp}/"
-                f"moe_tp{i.moe_tp}/moe_ep{i.moe_ep}"
-            ) from None
-        raise
-    return KvCapacity(int(result["total_kv_size_tokens"]), int(result["kv_size_per_token_bytes"]))
+    tokens, bytes_per_token = estimate_kv(
+        i.model, i.system, i.backend, i.version, (i.tp, i.pp, i.attention_dp, i.moe_tp, i.moe_ep),
+        max_num_tokens=max_num_tokens, max_batch_size=max_batch_size, memory_fraction=memory_fraction,
+        nextn=i.nextn,
+    )
+    return KvCapacity(tokens, bytes_per_token)
 
 
 def model_context_length(model: str) -> int | None:
     """The model's max context from AIC's shipped config (None when unknown)."""
     try:
-        from aiconfigurator_core.sdk.common import DefaultHFModels
-        from aiconfigurator_core.sdk.utils import get_model_config_from_model_path
-
-        if model not in DefaultHFModels:  # never let AIC try a HuggingFace download
-            return None
+        return model_facts(model).max_context_length
+    except ModelHardwareError:
+        return None
         with QuietAIC():
             context = get_model_config_from_model_path(model).get("context")
         return int(context) if context else None

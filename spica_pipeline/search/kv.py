@@ -35,13 +35,30 @@ def estimate_kv_tokens(
     Raises InfeasibleKVCapacity when the weights leave no KV budget; other estimator errors
     (unknown model, bad parallel width) propagate as ValueError.
     """
+    return estimate_kv(model_name, hardware_sku, backend, backend_version, shape, max_num_tokens=max_num_tokens,
+                       max_batch_size=max_batch_size, memory_fraction=memory_fraction, nextn=nextn)[0]
+
+
+def estimate_kv(
+    model_name: str,
+    hardware_sku: str,
+    backend: str,
+    backend_version: str,
+    shape: tuple[int, int, int, int, int],
+    *,
+    max_num_tokens: int = 8192,
+    max_batch_size: int = 256,
+    memory_fraction: float = 0.9,
+    nextn: int | None = 0,
+) -> tuple[int, int]:
+    """(per-rank KV tokens, KV bytes per token per GPU); the same errors as `estimate_kv_tokens`."""
     return _estimate(model_name, hardware_sku, backend, backend_version, tuple(int(x) for x in shape),
                      int(max_num_tokens), int(max_batch_size), float(memory_fraction), int(nextn or 0))
 
 
 @lru_cache(maxsize=4096)
 def _estimate(model_name, hardware_sku, backend, backend_version, shape, max_num_tokens, max_batch_size,
-              memory_fraction, nextn) -> int:
+              memory_fraction, nextn) -> tuple[int, int]:
     from aiconfigurator_core.sdk.memory import estimate_kv_cache
 
     tp, pp, dp, moe_tp, moe_ep = shape
@@ -62,4 +79,4 @@ def _estimate(model_name, hardware_sku, backend, backend_version, shape, max_num
                 f"no KV budget for backend={backend}, shape=tp{tp}/pp{pp}/dp{dp}/moe_tp{moe_tp}/moe_ep{moe_ep}"
             ) from None
         raise
-    return int(result["total_kv_size_tokens"])
+    return int(result["total_kv_size_tokens"]), int(result["kv_size_per_token_bytes"])
