@@ -77,8 +77,6 @@ def toy_objective(enc, params: dict) -> tuple[dict | None, str | None]:
 
 
 def random_history(enc, n: int, seed: int = 0) -> list:
-    from spica_pipeline.search.encoding import enumerate_space  # noqa: F401  (space is continuous)
-
     rng = random.Random(seed)
     rows = []
     for _ in range(n):

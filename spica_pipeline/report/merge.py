@@ -181,7 +181,6 @@ def merge_candidates(
     # Convergence bookkeeping: one evaluation per non-cached trial, per branch and merged.
     branches: list[str] = []
     evals: Counter[str] = Counter()
-    per_scope: dict[str, list[Candidate]] = {}
     series: list[dict[str, Any]] = []
     steps: list[tuple[str, Candidate | None]] = []
 

@@ -296,8 +296,3 @@ def model_context_length(model: str) -> int | None:
         return model_facts(model).max_context_length
     except ModelHardwareError:
         return None
-        with QuietAIC():
-            context = get_model_config_from_model_path(model).get("context")
-        return int(context) if context else None
-    except Exception:
-        return None
