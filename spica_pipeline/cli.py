@@ -188,7 +188,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if isinstance(config, int):
         return config
     output_dir = Path(args.output_dir or Path("runs") / Path(args.config).stem)
-    progress = ProgressPrinter(total_per_branch=config.sweep.max_rounds * config.sweep.per_round)
+    progress = ProgressPrinter()
     try:
         result = run_sweep(config, output_dir, progress=progress)
     except KeyboardInterrupt:

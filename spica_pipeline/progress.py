@@ -10,11 +10,9 @@ class ProgressPrinter:
     """Consumes `run_sweep` events. On a TTY it redraws one status line; elsewhere it logs
     one line per round so CI logs and pipes stay readable."""
 
-    def __init__(self, stream: TextIO | None = None, *, total_per_branch: int, maximize: bool = True):
+    def __init__(self, stream: TextIO | None = None):
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
-        self.total_per_branch = total_per_branch
-        self.maximize = maximize
         self.counts: Counter = Counter()
         self.best: float | None = None
         self.branch = "-"
@@ -27,7 +25,7 @@ class ProgressPrinter:
         if kind == "trial":
             rec = event["record"]
             self.counts[rec.status] += 1
-            if rec.status == "feasible" and rec.score is not None:
+            if rec.status == "feasible" and rec.score is not None:  # scores are signed: higher is better
                 if self.best is None or rec.score > self.best:
                     self.best = rec.score
             if self.tty:

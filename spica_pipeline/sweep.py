@@ -99,7 +99,8 @@ def prepare(config: SmartSearchConfig) -> PreparedSweep:
     load_predictor = predict_load(filtered.config)
     return PreparedSweep(
         config=filtered.config, dropped_policies=list(filtered.dropped), load_predictor=load_predictor,
-        branches=list(enumeration.branches), warnings=list(enumeration.warnings),
+        branches=list(enumeration.branches),
+        warnings=([filtered.summary()] if filtered.dropped else []) + list(enumeration.warnings),
         diagnostics=enumeration.diagnostics,
     )
 
@@ -274,8 +275,7 @@ def run_branch(
     on_round: Callable[[BranchOutcome], None] | None = None,
 ) -> BranchOutcome:
     settings = StudySettings(per_round=config.sweep.per_round, max_rounds=config.sweep.max_rounds,
-                             workers=max(1, min(config.sweep.parallel_evals, config.sweep.per_round)),
-                             exhaustive=plan.exhaustive)
+                             workers=max(1, min(config.sweep.parallel_evals, config.sweep.per_round)))
     mode = plan.branch.deployment_mode
     if plan.exhaustive:
         sampler: Any = VizierSampler(None, plan.encoding)

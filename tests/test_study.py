@@ -145,7 +145,7 @@ def test_exhaustive_mode_covers_every_point_exactly_once():
               for s in range(1, 11)]
     evaluator = CountingEvaluator()
     result = run_branch_study("agg", ScriptedSampler(), build, evaluator, score,
-                              StudySettings(per_round=3, max_rounds=1, exhaustive=True),
+                              StudySettings(per_round=3, max_rounds=1),
                               exhaustive_points=points)
     assert sorted(evaluator.calls) == list(range(1, 11))
     assert result.mode == "exhaustive" and result.rounds == 4

@@ -63,11 +63,6 @@ class TrialRecord:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
 
-    @property
-    def is_replay(self) -> bool:
-        """True when this trial ran (or tried to run) a replay, as opposed to a cache hit."""
-        return self.status in ("feasible", "infeasible", "failed", "timed_out") and self.replay_seconds > 0
-
 
 def content_view(row: dict[str, Any]) -> dict[str, Any]:
     """The part of a row that must be identical across reruns with the same seed (no timings)."""

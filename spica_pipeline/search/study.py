@@ -11,16 +11,15 @@ No Dagster and no I/O here: the caller supplies the sampler, the candidate build
 evaluator, the scorer and the journal.
 """
 
-import math
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from collections.abc import Collection
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
 from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, canonical_json, json_safe, spec_hash
 from spica_pipeline.search.ledger import TrialRecord
-from spica_pipeline.search.shapes import DisaggShape, ParallelConfig, RoleShape
+from spica_pipeline.search.shapes import ParallelConfig
 
 ATTEMPT_FACTOR = 11  # a round asks for its batch plus up to 10x replacements (spec §6.4)
 
@@ -117,7 +116,6 @@ class StudySettings:
     per_round: int
     max_rounds: int
     workers: int = 1
-    exhaustive: bool = False
 
 
 @dataclass
@@ -375,27 +373,7 @@ def _one_line(exc: BaseException) -> str:
     return text[:500]
 
 
-def shape_summary(config: ParallelConfig) -> str:
-    """A short human label for a parallel config, e.g. '2xTP4' or 'P 1xTP2 + D 3xTP2'."""
-    def role(shape: RoleShape) -> str:
-        parts = [f"TP{shape.tp}"]
-        if shape.attention_dp > 1:
-            parts.append(f"DP{shape.attention_dp}")
-        if shape.moe_ep > 1:
-            parts.append(f"EP{shape.moe_ep}")
-        elif shape.moe_tp > 1:
-            parts.append(f"MoETP{shape.moe_tp}")
-        return f"{shape.replicas}x" + "/".join(parts)
-    if isinstance(config, DisaggShape):
-        return f"P {role(config.prefill)} + D {role(config.decode)}"
-    return role(config)
-
-
-def finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)
-
-
 __all__ = [
     "BranchOutcome", "HistoryItem", "Journal", "MemoryJournal", "Proposal", "Sampler", "Scored",
-    "StudySettings", "TrialCounter", "run_branch_study", "shape_summary", "canonical_json",
+    "StudySettings", "TrialCounter", "point_key", "run_branch_study", "selection_key",
 ]
