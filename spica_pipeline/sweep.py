@@ -395,8 +395,28 @@ def write_results(output_dir: Path, config: SmartSearchConfig, plans: list[Branc
         workload_summary=workload_summary(config),
         timings=timings,
         branch_notes={p.branch.deployment_mode: p.why for p in plans},
+        top_n=config.deploy.top_n,
+        deploy_options=deploy_options(config),
     )
     return merge, paths
+
+
+def deploy_options(config: SmartSearchConfig):
+    """DGD rendering options from `deploy:`; the node size defaults to the hardware's AIC system spec."""
+    from spica_pipeline.report.dgd import DeployOptions
+
+    d = config.deploy
+    gpus_per_node = d.gpus_per_node
+    if gpus_per_node is None:
+        from spica_pipeline.errors import ModelHardwareError
+        from spica_pipeline.search.model_hw import hardware_facts
+
+        try:
+            gpus_per_node = hardware_facts(config.search_space.hardware_sku).gpus_per_node
+        except ModelHardwareError:
+            gpus_per_node = None
+    return DeployOptions(api_version=d.api_version, image=d.image, planner_image=d.planner_image,
+                         gpus_per_node=gpus_per_node, hf_token_secret=d.hf_token_secret)
 
 
 def goal_summary(config: SmartSearchConfig) -> dict[str, Any]:

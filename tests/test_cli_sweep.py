@@ -9,6 +9,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from spica_pipeline.report.dgd import validate_manifest
+
 pytestmark = pytest.mark.integration
 
 TINY = {
@@ -46,7 +48,7 @@ def test_tiny_sweep_writes_consistent_outputs(tmp_path):
     assert "enumerated exhaustively" in proc.stderr
     assert "0: score=" in proc.stdout
     for name in ("ledger.parquet", "candidates.parquet", "candidates.csv", "report.md", "pareto.png",
-                 "convergence.png", "deploy/1/deployment.yaml", "journal.jsonl"):
+                 "convergence.png", "deploy/1/dgd.yaml", "deploy/1/simulation_record.yaml", "journal.jsonl"):
         assert (out / name).is_file(), name
     ledger = pd.read_parquet(out / "ledger.parquet")
     assert len(ledger) == 3 and set(ledger["status"]) == {"feasible"}
@@ -56,8 +58,10 @@ def test_tiny_sweep_writes_consistent_outputs(tmp_path):
     assert list(candidates["score"]) == sorted(candidates["score"], reverse=True)
     report = (out / "report.md").read_text()
     assert "throughput_per_gpu" in report and "exhaustive" in report.lower()
-    deployment = yaml.safe_load((out / "deploy/1/deployment.yaml").read_text())
+    deployment = yaml.safe_load((out / "deploy/1/simulation_record.yaml").read_text())
     assert deployment  # a real YAML document a person can adapt
+    manifest = yaml.safe_load((out / "deploy/1/dgd.yaml").read_text())
+    assert validate_manifest(manifest) == [] and manifest["apiVersion"] == "nvidia.com/v1beta1"
 
     # a rerun on the same directory replays nothing: every outcome comes from the journal
     again = spica("sweep", "--config", str(write_config(tmp_path)), "--output-dir", str(out))

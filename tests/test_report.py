@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from spica_pipeline.report import merge_candidates, write_outputs
+from spica_pipeline.report.dgd import manifest_gpus, validate_manifest
 from spica_pipeline.report.tables import describe_candidate
 from spica_pipeline.search import scoring
 
@@ -234,7 +235,9 @@ def test_write_outputs_files_are_present_and_consistent(tmp_path, target):
 
     top = m.top(3)
     for rank, cand in enumerate(top, start=1):
-        doc = yaml.safe_load((tmp_path / "deploy" / str(rank) / "deployment.yaml").read_text())
+        doc = yaml.safe_load((tmp_path / "deploy" / str(rank) / "simulation_record.yaml").read_text())
+        dgd_doc = yaml.safe_load((tmp_path / "deploy" / str(rank) / "dgd.yaml").read_text())
+        assert validate_manifest(dgd_doc) == [] and manifest_gpus(dgd_doc) == cand.used_gpus
         assert doc["config"] == cand.config
         assert doc["rank"] == rank and doc["total_gpus"] == cand.used_gpus
         assert doc["backend"] == "vllm" and doc["backend_version"] == "0.24.0"
@@ -250,7 +253,7 @@ def test_write_outputs_files_are_present_and_consistent(tmp_path, target):
             gpus = sum(r["count"] * r["gpus_per_worker"] for r in roles.values())
             assert gpus == cand.used_gpus
         assert doc["router"]["mode"] == cand.config["router_mode"]
-        assert "starting point" in (tmp_path / "deploy" / str(rank) / "README.md").read_text()
+        assert "dgd.yaml" in (tmp_path / "deploy" / str(rank) / "README.md").read_text()
     assert not (tmp_path / "deploy" / str(len(top) + 1)).exists()
 
 

@@ -20,15 +20,18 @@ def write_outputs(
     goal_summary: Mapping[str, Any],
     workload_summary: Mapping[str, Any],
     timings: Mapping[str, Any],
-    top_n: int = 3,
+    top_n: int = 10,
     branch_notes: Mapping[str, str] | None = None,
+    deploy_options: Any = None,
 ) -> dict[str, Path]:
     """Write every artifact; returns name -> path. Each file is replaced atomically, so a reader
     never sees a half-written one and a crash leaves the previous run's file intact.
 
     branch_notes: branch -> why it was searched the way it was (shown in report.md).
+    top_n / deploy_options: deploy/<rank>/ for the ranking's head (a front: every point up to top_n),
+    rendered with report.dgd.DeployOptions (None: defaults).
     """
-    from spica_pipeline.report.deploy import deployment_yaml, readme_text
+    from spica_pipeline.report.deploy import write_deploy_folder
     from spica_pipeline.report.markdown import render_report
     from spica_pipeline.report.plots import convergence_png, pareto_png
     from spica_pipeline.report.tables import arrow_safe, candidates_frame, describe_candidate
@@ -43,9 +46,11 @@ def write_outputs(
     paths["pareto_png"] = atomic_write_bytes(out / "pareto.png", pareto_png(m))
     paths["convergence_png"] = atomic_write_bytes(out / "convergence.png", convergence_png(m))
     for rank, cand in enumerate(m.top(top_n), start=1):
-        d = out / "deploy" / str(rank)
-        paths[f"deploy_{rank}"] = atomic_write_text(d / "deployment.yaml", deployment_yaml(cand, rank, target=m.target))
-        atomic_write_text(d / "README.md", readme_text(cand, rank, describe_candidate(cand, m.target, m.objectives)))
+        written = write_deploy_folder(
+            out / "deploy" / str(rank), cand, rank, target=m.target, options=deploy_options,
+            description=describe_candidate(cand, m.target, m.objectives), sla=goal_summary.get("sla"))
+        paths[f"deploy_{rank}"] = written.get("dgd") or written["dgd_invalid"]
+        paths[f"deploy_record_{rank}"] = written["record"]
     files = {k: str(p.relative_to(out)) for k, p in paths.items()}
     files["report"] = "report.md"
     text = render_report(m, ledger_df, goal_summary=goal_summary, workload_summary=workload_summary,

@@ -1,7 +1,9 @@
-"""Deployment starting points: the top candidates as YAML a person adapts into a Dynamo deployment.
+"""deploy/<rank>/: per pick, a DynamoGraphDeployment (`dgd.yaml`) and the simulation record.
 
-Built from the flat unrolled sample alone (spec §5), so it shows exactly what replay simulated: the
-engine arguments per role, worker counts, router and planner settings, model, backend and version.
+The simulation record (`simulation_record.yaml`) is built from the flat unrolled sample alone (spec
+§5), so it shows exactly what replay simulated: engine arguments per role, worker counts, router and
+planner settings, model, backend and version, and what replay measured. `dgd.yaml` is the same pick
+as a manifest `kubectl apply` takes (report/dgd.py).
 """
 
 from typing import Any, Mapping
@@ -82,18 +84,68 @@ def deployment_dict(c: Candidate, rank: int, *, target: str | None = None) -> di
 
 
 def deployment_yaml(c: Candidate, rank: int, *, target: str | None = None) -> str:
-    header = (f"# Spica candidate #{rank}: a starting point for a Dynamo deployment (see README.md).\n"
+    header = (f"# Spica candidate #{rank}: the simulation record of this pick (not a Kubernetes object; "
+              "dgd.yaml is).\n"
               "# `workers` lists engine arguments per role; `config` is the exact sample replay simulated.\n")
     return header + yaml.safe_dump(deployment_dict(c, rank, target=target), sort_keys=False, default_flow_style=False)
+
+
+def dgd_yaml(c: Candidate, rank: int, doc: Mapping[str, Any], *, target: str | None = None) -> str:
+    """The manifest with a header saying where it came from and what replay predicted for it."""
+    lines = [f"# Spica pick #{rank} ({c.branch}, spec {c.spec_hash}): {doc['metadata']['name']}",
+             "# Generated from the replayed sample; validated against the vendored DGD CRD schema subset",
+             "# and backend flag lists (spica_pipeline/report/dgd_data/SOURCES.md).",
+             f"# GPUs: {c.used_gpus}. Predicted by Dynamo Replay, not measured: benchmark before production."]
+    if target is not None and c.score is not None:
+        lines.append(f"# goal {target}: score {c.score:.6g}")
+    return "\n".join(lines) + "\n" + yaml.safe_dump(dict(doc), sort_keys=False, default_flow_style=False, width=1000)
 
 
 def readme_text(c: Candidate, rank: int, description: str) -> str:
     return (
         f"# Candidate {rank}\n\n{description}\n\n"
-        "`deployment.yaml` is a starting point, not a finished manifest: it records what Dynamo Replay "
-        "simulated for this candidate (engine arguments per role, worker counts, router and planner "
-        "settings, model, backend and perf-database version) and what it measured. Replay error is "
-        "typically 5-15% and load dependent, so carry these settings into your Dynamo deployment "
-        "(DynamoGraphDeployment or launch scripts), map the engine arguments onto the backend's CLI "
-        "flags, and benchmark on real hardware before relying on the numbers.\n"
+        "- `dgd.yaml`: a DynamoGraphDeployment for this pick (`kubectl apply -f dgd.yaml`): a Frontend "
+        "with the router settings, one component per worker role with its replicas and GPUs, the "
+        "backend's own engine flags, a Planner when a scaling policy is on, `multinode` when an engine "
+        "spans nodes. It expects an `hf-token-secret` Secret holding HF_TOKEN (configurable under "
+        "`deploy:`).\n"
+        "- `simulation_record.yaml`: what Dynamo Replay simulated for this candidate (engine arguments "
+        "per role, worker counts, router and planner settings, model, backend and perf-database "
+        "version) and what it measured.\n\n"
+        "The numbers are replay predictions, not measurements; benchmark on real hardware before "
+        "relying on them.\n"
     )
+
+
+def write_deploy_folder(out_dir: Any, c: Candidate, rank: int, *, target: str | None, description: str,
+                        options: Any = None, planner_target: str | None = None,
+                        sla: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """deploy/<rank>/{dgd.yaml, simulation_record.yaml, README.md}; returns name -> path.
+
+    A manifest that fails validation is a bug in the writer: it is not written as dgd.yaml; its
+    problems go to dgd.invalid.txt so the rest of the sweep's output still lands.
+    """
+    from pathlib import Path
+
+    from spica_pipeline.report.dgd import dgd_manifest, manifest_name, validate_manifest
+    from spica_pipeline.search.deploy import build_deployment_plan, planner_target_for
+    from spica_pipeline.storage import atomic_write_text
+
+    d = Path(out_dir)
+    paths: dict[str, Any] = {}
+    paths["record"] = atomic_write_text(d / "simulation_record.yaml", deployment_yaml(c, rank, target=target))
+    atomic_write_text(d / "README.md", readme_text(c, rank, description))
+    cfg = c.config
+    planner_config = None
+    if cfg.get("enable_throughput_scaling") or cfg.get("enable_load_scaling"):
+        plan = build_deployment_plan(dict(cfg), planner_target=planner_target or planner_target_for(target or ""),
+                                     sla=dict(sla) if sla else None)
+        planner_config = plan.planner_config
+    doc = dgd_manifest(cfg, name=manifest_name(str(cfg.get("model_name")), rank, str(cfg.get("deployment_mode"))),
+                       options=options, planner_config=planner_config)
+    problems = validate_manifest(doc)
+    if problems:
+        paths["dgd_invalid"] = atomic_write_text(d / "dgd.invalid.txt", "\n".join(problems) + "\n")
+    else:
+        paths["dgd"] = atomic_write_text(d / "dgd.yaml", dgd_yaml(c, rank, doc, target=target))
+    return paths

@@ -1,0 +1,425 @@
+"""DynamoGraphDeployment (DGD) manifests for the picks: what `kubectl apply` takes.
+
+Built from a candidate's flat sample alone, the way the replay saw it: one Frontend carrying the
+router mode and settings as `dynamo.frontend` flags, one component per worker role with its replica
+count and `nvidia.com/gpu` per pod, `python3 -m dynamo.vllm` / `dynamo.sglang` with the backend's
+own flag names, a Planner when a scaling policy is on, and `multinode` when an engine spans more GPUs
+than one node of the hardware has. Every manifest is checked against the vendored CRD schema subset
+and flag lists in `dgd_data/` (see SOURCES.md) before it is written.
+"""
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Mapping
+
+API_VERSIONS = ("v1beta1", "v1alpha1")
+DEFAULT_API_VERSION = "v1beta1"
+# The Dynamo runtime this project pins (ai-dynamo-runtime==1.6.1): its images run the same code.
+DYNAMO_VERSION = "1.6.1"
+IMAGE_REPO = "nvcr.io/nvidia/ai-dynamo"
+DEFAULT_HF_SECRET = "hf-token-secret"
+FRONTEND_PORT = 8000
+
+_ROUTER_MODE = {"kv_router": "kv", "kv": "kv", "round_robin": "round-robin", "random": "random"}
+# sample key -> dynamo.frontend flag (Frontend Configuration Reference, router section)
+_ROUTER_FLAGS = (
+    ("overlap_score_credit", "--router-kv-overlap-score-credit"),
+    ("prefill_load_scale", "--router-prefill-load-scale"),
+    ("router_temperature", "--router-temperature"),
+    ("host_cache_hit_weight", "--router-host-cache-hit-weight"),
+    ("disk_cache_hit_weight", "--router-disk-cache-hit-weight"),
+    ("active_decode_blocks_threshold", "--active-decode-blocks-threshold"),
+    ("active_prefill_tokens_threshold", "--active-prefill-tokens-threshold"),
+    ("active_prefill_tokens_threshold_frac", "--active-prefill-tokens-threshold-frac"),
+)
+# planner config keys that only the offline replay planner reads; a cluster planner is not given them
+_REPLAY_ONLY_PLANNER_KEYS = ("report_interval_hours", "live_dashboard_port",
+                             "metric_pulling_prometheus_extra_query_params")
+_MODULES = {"vllm": "dynamo.vllm", "sglang": "dynamo.sglang"}
+_COMPONENT_NAMES = {
+    "vllm": {"agg": "VllmWorker", "prefill": "VllmPrefillWorker", "decode": "VllmDecodeWorker"},
+    "sglang": {"agg": "SglangWorker", "prefill": "SglangPrefillWorker", "decode": "SglangDecodeWorker"},
+}
+# Precision seam: the sample keys a weight / KV-cache precision will travel under.
+PRECISION_KEYS = {"quantization": "quantization", "kv_cache_dtype": "kv_cache_dtype"}
+
+
+@dataclass(frozen=True)
+class DeployOptions:
+    """How to render manifests: API version, images and the node size that decides multinode."""
+
+    api_version: str = DEFAULT_API_VERSION
+    image: str | None = None
+    planner_image: str | None = None
+    gpus_per_node: int | None = None
+    hf_token_secret: str | None = DEFAULT_HF_SECRET
+
+    def __post_init__(self) -> None:
+        if self.api_version not in API_VERSIONS:
+            raise ValueError(f"DGD api_version must be one of {list(API_VERSIONS)}, got {self.api_version!r}")
+
+
+def default_image(backend: str) -> str:
+    """The Dynamo runtime image of a backend, at the Dynamo version this project pins."""
+    return f"{IMAGE_REPO}/{backend}-runtime:{DYNAMO_VERSION}"
+
+
+def default_planner_image() -> str:
+    return f"{IMAGE_REPO}/dynamo-planner:{DYNAMO_VERSION}"
+
+
+# --------------------------------------------------------------------------- engine arguments
+
+def _prefix(role: str) -> str:
+    return "" if role == "agg" else f"{role}_"
+
+
+def role_shape(cfg: Mapping[str, Any], role: str) -> dict[str, int]:
+    p = _prefix(role)
+    return {k: int(cfg.get(f"{p}{k}") or 1) for k in ("tp", "pp", "attention_dp", "moe_tp", "moe_ep")}
+
+
+def engine_gpus(cfg: Mapping[str, Any], role: str) -> int:
+    """GPUs one engine (worker replica) of a role occupies: tp x pp x attention-DP."""
+    s = role_shape(cfg, role)
+    return s["tp"] * s["pp"] * s["attention_dp"]
+
+
+def _fmt(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _knob(cfg: Mapping[str, Any], role: str, name: str) -> Any:
+    return cfg.get(f"{role}_{name}")
+
+
+def vllm_args(cfg: Mapping[str, Any], role: str) -> list[str]:
+    """vLLM flag names: TP/PP/DP sizes, expert parallel for MoE EP, batching and memory knobs."""
+    s = role_shape(cfg, role)
+    args = ["--model", str(cfg["model_name"])]
+    if role != "agg":
+        args += ["--disaggregation-mode", role]
+    args += ["--tensor-parallel-size", str(s["tp"])]
+    if s["pp"] > 1:
+        args += ["--pipeline-parallel-size", str(s["pp"])]
+    if s["attention_dp"] > 1:
+        args += ["--data-parallel-size", str(s["attention_dp"])]
+    if s["moe_ep"] > 1:
+        args.append("--enable-expert-parallel")
+    for key, flag in (("max_num_seqs", "--max-num-seqs"), ("max_num_batched_tokens", "--max-num-batched-tokens"),
+                      ("gpu_memory_utilization", "--gpu-memory-utilization"), ("block_size", "--block-size")):
+        v = _knob(cfg, role, key)
+        if v is not None:
+            args += [flag, _fmt(v)]
+    caching = _knob(cfg, role, "enable_prefix_caching")
+    if caching is not None:
+        args.append("--enable-prefix-caching" if caching else "--no-enable-prefix-caching")
+    if role != "agg":
+        args += ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})]
+    args += _precision_args(cfg)
+    return args
+
+
+def sglang_args(cfg: Mapping[str, Any], role: str) -> list[str]:
+    """SGLang flag names. SGLang's TP is the engine's whole GPU count; attention DP splits it."""
+    s = role_shape(cfg, role)
+    gpus = s["tp"] * s["attention_dp"]
+    args = ["--model-path", str(cfg["model_name"]), "--tp-size", str(gpus)]
+    if s["pp"] > 1:
+        args += ["--pp-size", str(s["pp"])]
+    if s["attention_dp"] > 1:
+        args += ["--dp-size", str(s["attention_dp"]), "--enable-dp-attention"]
+    if s["moe_ep"] > 1:
+        args += ["--ep-size", str(s["moe_ep"])]
+    for key, flag in (("max_num_seqs", "--max-running-requests"), ("max_num_batched_tokens", "--chunked-prefill-size"),
+                      ("gpu_memory_utilization", "--mem-fraction-static"), ("block_size", "--page-size")):
+        v = _knob(cfg, role, key)
+        if v is not None:
+            args += [flag, _fmt(v)]
+    if _knob(cfg, role, "enable_prefix_caching") is False:
+        args.append("--disable-radix-cache")
+    if role != "agg":
+        args += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", "nixl"]
+    args += _precision_args(cfg)
+    return args
+
+
+def _precision_args(cfg: Mapping[str, Any]) -> list[str]:
+    """`--quantization` / `--kv-cache-dtype` when the sample carries a precision (same names in both)."""
+    out: list[str] = []
+    for key, flag_key in PRECISION_KEYS.items():
+        v = cfg.get(key)
+        if v not in (None, "", "auto"):
+            out += ["--" + flag_key.replace("_", "-"), str(v)]
+    return out
+
+
+def engine_args(cfg: Mapping[str, Any], role: str) -> list[str]:
+    backend = str(cfg.get("backend"))
+    if backend == "vllm":
+        return vllm_args(cfg, role)
+    if backend == "sglang":
+        return sglang_args(cfg, role)
+    raise ValueError(f"no DGD writer for backend {backend!r} (vllm and sglang are supported)")
+
+
+def frontend_args(cfg: Mapping[str, Any]) -> list[str]:
+    """`dynamo.frontend` flags: the router mode, and the KV router's settings when it is on."""
+    mode = str(cfg.get("router_mode") or "round_robin")
+    try:
+        flag_mode = _ROUTER_MODE[mode]
+    except KeyError:
+        raise ValueError(f"router_mode {mode!r} has no dynamo.frontend --router-mode equivalent") from None
+    args = ["--http-port", str(FRONTEND_PORT), "--router-mode", flag_mode]
+    if flag_mode == "kv":
+        for key, flag in _ROUTER_FLAGS:
+            if cfg.get(key) is not None:
+                args += [flag, _fmt(cfg[key])]
+        roles = ("agg",) if cfg.get("deployment_mode") != "disagg" else ("decode",)
+        block = _knob(cfg, roles[0], "block_size")
+        if block is not None:
+            args += ["--kv-cache-block-size", _fmt(block)]
+    return args
+
+
+def planner_args(cfg: Mapping[str, Any], planner_config: Mapping[str, Any]) -> list[str]:
+    """One JSON `--config`: the candidate's planner settings for a Kubernetes planner."""
+    body = {"environment": "kubernetes", "backend": cfg.get("backend")}
+    body.update({k: v for k, v in planner_config.items() if k not in _REPLAY_ONLY_PLANNER_KEYS and v is not None})
+    return ["--config", json.dumps(body, sort_keys=True)]
+
+
+# --------------------------------------------------------------------------- layout
+
+@dataclass(frozen=True)
+class WorkerLayout:
+    """How one role's engines land on pods: `nodes` pods of `gpus_per_pod` GPUs per replica."""
+
+    role: str
+    replicas: int
+    engine_gpus: int
+    nodes: int
+    gpus_per_pod: int
+
+
+def worker_layout(cfg: Mapping[str, Any], role: str, gpus_per_node: int | None) -> WorkerLayout:
+    """Multinode when an engine needs more GPUs than a node has; each pod then takes an equal share."""
+    gpus = engine_gpus(cfg, role)
+    replicas = int(cfg.get("replicas" if role == "agg" else f"{role}_replicas") or 1)
+    nodes = 1
+    if gpus_per_node and gpus > gpus_per_node:
+        nodes = math.ceil(gpus / gpus_per_node)
+        while gpus % nodes:  # equal pods: the smallest node count that divides the engine
+            nodes += 1
+    return WorkerLayout(role, replicas, gpus, nodes, gpus // nodes)
+
+
+def worker_roles(cfg: Mapping[str, Any]) -> tuple[str, ...]:
+    return ("prefill", "decode") if cfg.get("deployment_mode") == "disagg" else ("agg",)
+
+
+def manifest_name(model: str, rank: int, mode: str) -> str:
+    """A DNS-1123 name: `spica-<model tail>-<mode>-<rank>`, at most 63 characters."""
+    tail = re.sub(r"[^a-z0-9-]+", "-", str(model).split("/")[-1].lower()).strip("-") or "model"
+    suffix = f"-{mode}-{rank}"
+    return ("spica-" + tail)[: 63 - len(suffix)].rstrip("-") + suffix
+
+
+def _container(image: str, module: str, args: list[str], gpus: int | None, secret: str | None) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": "main", "image": image, "command": ["python3", "-m", module], "args": args}
+    if secret and module != "dynamo.frontend" and module != "dynamo.planner":
+        c["envFrom"] = [{"secretRef": {"name": secret}}]
+    if gpus:
+        c["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    return c
+
+
+@dataclass(frozen=True)
+class _Component:
+    name: str
+    kind: str  # frontend | worker | prefill | decode | planner
+    replicas: int
+    container: dict[str, Any]
+    nodes: int = 1
+    gpus_per_pod: int = 0
+
+
+def _components(cfg: Mapping[str, Any], opts: DeployOptions,
+                planner_config: Mapping[str, Any] | None) -> list[_Component]:
+    backend = str(cfg.get("backend"))
+    if backend not in _MODULES:
+        raise ValueError(f"no DGD writer for backend {backend!r} (vllm and sglang are supported)")
+    image = opts.image or default_image(backend)
+    comps = [_Component("Frontend", "frontend", 1,
+                        _container(image, "dynamo.frontend", frontend_args(cfg), None, None))]
+    for role in worker_roles(cfg):
+        lay = worker_layout(cfg, role, opts.gpus_per_node)
+        kind = "worker" if role == "agg" else role
+        comps.append(_Component(_COMPONENT_NAMES[backend][role], kind, lay.replicas,
+                                _container(image, _MODULES[backend], engine_args(cfg, role), lay.gpus_per_pod,
+                                           opts.hf_token_secret),
+                                nodes=lay.nodes, gpus_per_pod=lay.gpus_per_pod))
+    if planner_config:
+        comps.append(_Component("Planner", "planner", 1,
+                                _container(opts.planner_image or default_planner_image(), "dynamo.planner",
+                                           planner_args(cfg, planner_config), None, None)))
+    return comps
+
+
+def dgd_manifest(cfg: Mapping[str, Any], *, name: str, options: DeployOptions | None = None,
+                 planner_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The DGD document of one candidate's sample (`planner_config`: the plan's, None when static)."""
+    opts = options or DeployOptions()
+    comps = _components(cfg, opts, planner_config)
+    backend = str(cfg.get("backend"))
+    if opts.api_version == "v1beta1":
+        items = []
+        for c in comps:
+            item: dict[str, Any] = {"name": c.name, "type": c.kind, "replicas": c.replicas}
+            if c.nodes > 1:
+                item["multinode"] = {"nodeCount": c.nodes}
+            item["podTemplate"] = {"spec": {"containers": [c.container]}}
+            items.append(item)
+        spec: dict[str, Any] = {"backendFramework": backend, "components": items}
+    else:
+        services: dict[str, Any] = {}
+        for c in comps:
+            svc: dict[str, Any] = {"componentType": "worker" if c.kind in ("prefill", "decode") else c.kind}
+            if c.kind in ("prefill", "decode"):
+                svc["subComponentType"] = c.kind
+            svc["replicas"] = c.replicas
+            if c.nodes > 1:
+                svc["multinode"] = {"nodeCount": c.nodes}
+            main = {k: v for k, v in c.container.items() if k not in ("resources", "envFrom")}
+            if "envFrom" in c.container:
+                svc["envFromSecret"] = c.container["envFrom"][0]["secretRef"]["name"]
+            if c.gpus_per_pod:
+                svc["resources"] = {"limits": {"gpu": str(c.gpus_per_pod)}}
+            svc["extraPodSpec"] = {"mainContainer": main}
+            services[c.name] = svc
+        spec = {"backendFramework": backend, "services": services}
+    return {"apiVersion": f"nvidia.com/{opts.api_version}", "kind": "DynamoGraphDeployment",
+            "metadata": {"name": name}, "spec": spec}
+
+
+# --------------------------------------------------------------------------- validation
+
+@lru_cache(maxsize=None)
+def _data(name: str) -> str:
+    return resources.files("spica_pipeline.report").joinpath("dgd_data", name).read_text()
+
+
+def schema(api_version: str) -> dict[str, Any]:
+    return json.loads(_data(f"dgd-{api_version}.schema.json"))
+
+
+@lru_cache(maxsize=None)
+def known_flags(module: str) -> frozenset[str]:
+    """The vendored flag names of `dynamo.<module>` (vllm, sglang, frontend, planner)."""
+    lines = _data(f"flags-{module.removeprefix('dynamo.')}.txt").splitlines()
+    return frozenset(s.strip() for s in lines if s.strip() and not s.lstrip().startswith("#"))
+
+
+def schema_errors(instance: Any, sch: Mapping[str, Any], path: str = "") -> list[str]:
+    """Check the OpenAPI v3 structural keywords our vendored subsets use; '<path>: <problem>' each."""
+    errors: list[str] = []
+    where = path or "<root>"
+    if "anyOf" in sch:
+        if all(schema_errors(instance, s, path) for s in sch["anyOf"]):
+            errors.append(f"{where}: {instance!r} matches none of the allowed forms")
+        return errors
+    t = sch.get("type")
+    checks = {"object": lambda v: isinstance(v, dict), "array": lambda v: isinstance(v, list),
+              "string": lambda v: isinstance(v, str), "boolean": lambda v: isinstance(v, bool),
+              "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+              "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if t is not None and not checks[t](instance):
+        return [f"{where}: expected {t}, got {type(instance).__name__}"]
+    if "enum" in sch and instance not in sch["enum"]:
+        errors.append(f"{where}: {instance!r} is not one of {sch['enum']}")
+    if isinstance(instance, str):
+        if "pattern" in sch and not re.search(sch["pattern"], instance):
+            errors.append(f"{where}: {instance!r} does not match {sch['pattern']}")
+        if "maxLength" in sch and len(instance) > sch["maxLength"]:
+            errors.append(f"{where}: longer than {sch['maxLength']}")
+        if "minLength" in sch and len(instance) < sch["minLength"]:
+            errors.append(f"{where}: shorter than {sch['minLength']}")
+    if isinstance(instance, (int, float)) and not isinstance(instance, bool) and "minimum" in sch:
+        if instance < sch["minimum"]:
+            errors.append(f"{where}: {instance} is below the minimum {sch['minimum']}")
+    if isinstance(instance, dict):
+        props = sch.get("properties", {})
+        for req in sch.get("required", []):
+            if req not in instance:
+                errors.append(f"{where}: missing required field {req!r}")
+        extra = sch.get("additionalProperties", True)
+        for key, value in instance.items():
+            sub = f"{path}.{key}" if path else key
+            if key in props:
+                errors += schema_errors(value, props[key], sub)
+            elif extra is False:
+                errors.append(f"{where}: field {key!r} is not in the CRD schema")
+            elif isinstance(extra, dict):
+                errors += schema_errors(value, extra, sub)
+    if isinstance(instance, list):
+        if "maxItems" in sch and len(instance) > sch["maxItems"]:
+            errors.append(f"{where}: more than {sch['maxItems']} items")
+        if "items" in sch:
+            for i, item in enumerate(instance):
+                errors += schema_errors(item, sch["items"], f"{path}[{i}]")
+    return errors
+
+
+def _containers(doc: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    spec = doc.get("spec") or {}
+    if "components" in spec:
+        return [(c.get("name", "?"), ct) for c in spec["components"]
+                for ct in ((c.get("podTemplate") or {}).get("spec") or {}).get("containers", [])]
+    return [(n, (s.get("extraPodSpec") or {}).get("mainContainer") or {}) for n, s in (spec.get("services") or {}).items()]
+
+
+def flag_errors(doc: Mapping[str, Any]) -> list[str]:
+    """Every `--flag` a `dynamo.<module>` container passes must be in that module's vendored list."""
+    errors = []
+    for comp, c in _containers(doc):
+        cmd = list(c.get("command") or [])
+        if len(cmd) < 3 or cmd[:2] != ["python3", "-m"]:
+            continue
+        module = cmd[2]
+        try:
+            known = known_flags(module)
+        except FileNotFoundError:
+            errors.append(f"{comp}: no vendored flag list for {module}")
+            continue
+        for a in c.get("args") or []:
+            if isinstance(a, str) and a.startswith("--") and a not in known:
+                errors.append(f"{comp}: {module} has no flag {a}")
+    return errors
+
+
+def validate_manifest(doc: Mapping[str, Any]) -> list[str]:
+    """Schema and flag problems of one manifest; empty when it is fine."""
+    version = str(doc.get("apiVersion", "")).removeprefix("nvidia.com/")
+    if version not in API_VERSIONS:
+        return [f"apiVersion: {doc.get('apiVersion')!r} is not one of {[f'nvidia.com/{v}' for v in API_VERSIONS]}"]
+    return schema_errors(doc, schema(version)) + flag_errors(doc)
+
+
+def manifest_gpus(doc: Mapping[str, Any]) -> int:
+    """Total GPUs a manifest asks for: replicas x nodes x per-pod limit, summed over components."""
+    spec = doc["spec"]
+    total = 0
+    if "components" in spec:
+        for c in spec["components"]:
+            for ct in c["podTemplate"]["spec"]["containers"]:
+                g = int(((ct.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu", 0))
+                total += g * int(c.get("replicas", 1)) * int((c.get("multinode") or {}).get("nodeCount", 1))
+    else:
+        for s in spec["services"].values():
+            g = int(((s.get("resources") or {}).get("limits") or {}).get("gpu", 0))
+            total += g * int(s.get("replicas", 1)) * int((s.get("multinode") or {}).get("nodeCount", 1))
+    return total
