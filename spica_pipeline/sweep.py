@@ -397,6 +397,7 @@ def write_results(output_dir: Path, config: SmartSearchConfig, plans: list[Branc
         branch_notes={p.branch.deployment_mode: p.why for p in plans},
         top_n=config.deploy.top_n,
         deploy_options=deploy_options(config),
+        config_json=config.model_dump(mode="json"),
     )
     return merge, paths
 

@@ -63,6 +63,20 @@ def test_tiny_sweep_writes_consistent_outputs(tmp_path):
     manifest = yaml.safe_load((out / "deploy/1/dgd.yaml").read_text())
     assert validate_manifest(manifest) == [] and manifest["apiVersion"] == "nvidia.com/v1beta1"
 
+    # recommendation.json (SweepResult) round-trips through `spica import` / `spica export`
+    written = (out / "recommendation.json").read_text()
+    assert json.loads(written)["schema_version"] == "1.1"
+    imported = spica("import", "--input", str(out / "recommendation.json"), "--output-dir", str(tmp_path / "imp"))
+    assert imported.returncode == 0, imported.stderr
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "imp/ledger.parquet"),
+                                  pd.read_parquet(out / "ledger.parquet"))
+    exported = spica("export", "--config", str(write_config(tmp_path)), "--run-dir", str(out),
+                     "--output", str(tmp_path / "again.json"))
+    assert exported.returncode == 0, exported.stderr
+    assert (tmp_path / "again.json").read_text() == written
+    bad = spica("import", "--input", str(out / "ledger.parquet"), "--output-dir", str(tmp_path / "x"))
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
     # a rerun on the same directory replays nothing: every outcome comes from the journal
     again = spica("sweep", "--config", str(write_config(tmp_path)), "--output-dir", str(out))
     assert again.returncode == 0, again.stderr

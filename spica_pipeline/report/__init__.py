@@ -23,6 +23,7 @@ def write_outputs(
     top_n: int = 10,
     branch_notes: Mapping[str, str] | None = None,
     deploy_options: Any = None,
+    config_json: Mapping[str, Any] | None = None,
 ) -> dict[str, Path]:
     """Write every artifact; returns name -> path. Each file is replaced atomically, so a reader
     never sees a half-written one and a crash leaves the previous run's file intact.
@@ -30,6 +31,7 @@ def write_outputs(
     branch_notes: branch -> why it was searched the way it was (shown in report.md).
     top_n / deploy_options: deploy/<rank>/ for the ranking's head (a front: every point up to top_n),
     rendered with report.dgd.DeployOptions (None: defaults).
+    config_json: the validated config as JSON; when given, recommendation.json (SweepResult) is written.
     """
     from spica_pipeline.report.deploy import write_deploy_folder
     from spica_pipeline.report.markdown import render_report
@@ -51,6 +53,11 @@ def write_outputs(
             description=describe_candidate(cand, m.target, m.objectives), sla=goal_summary.get("sla"))
         paths[f"deploy_{rank}"] = written.get("dgd") or written["dgd_invalid"]
         paths[f"deploy_record_{rank}"] = written["record"]
+    if config_json is not None:
+        from spica_pipeline.report.sweep_result import ledger_to_sweep_result, to_json_text
+
+        doc = ledger_to_sweep_result(ledger_df, m, config_json=config_json, top_n=top_n, goal=goal_summary)
+        paths["recommendation"] = atomic_write_text(out / "recommendation.json", to_json_text(doc))
     files = {k: str(p.relative_to(out)) for k, p in paths.items()}
     files["report"] = "report.md"
     text = render_report(m, ledger_df, goal_summary=goal_summary, workload_summary=workload_summary,

@@ -128,7 +128,7 @@ def write_deploy_folder(out_dir: Any, c: Candidate, rank: int, *, target: str | 
     from pathlib import Path
 
     from spica_pipeline.report.dgd import dgd_manifest, manifest_name, validate_manifest
-    from spica_pipeline.search.deploy import build_deployment_plan, planner_target_for
+    from spica_pipeline.search.deploy import planner_config_for, planner_target_for
     from spica_pipeline.storage import atomic_write_text
 
     d = Path(out_dir)
@@ -138,9 +138,8 @@ def write_deploy_folder(out_dir: Any, c: Candidate, rank: int, *, target: str | 
     cfg = c.config
     planner_config = None
     if cfg.get("enable_throughput_scaling") or cfg.get("enable_load_scaling"):
-        plan = build_deployment_plan(dict(cfg), planner_target=planner_target or planner_target_for(target or ""),
-                                     sla=dict(sla) if sla else None)
-        planner_config = plan.planner_config
+        planner_config = planner_config_for(dict(cfg), planner_target=planner_target or planner_target_for(target or ""),
+                                            sla=dict(sla) if sla else None)
     doc = dgd_manifest(cfg, name=manifest_name(str(cfg.get("model_name")), rank, str(cfg.get("deployment_mode"))),
                        options=options, planner_config=planner_config)
     problems = validate_manifest(doc)

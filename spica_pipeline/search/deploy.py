@@ -164,6 +164,12 @@ def _planner_config(sample: dict[str, Any], planner_target: str, sla: dict[str, 
     return cfg
 
 
+def planner_config_for(sample: dict[str, Any], *, planner_target: str,
+                       sla: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The planner payload alone (None when static): what a deployed Planner component is given."""
+    return _planner_config(sample, planner_target, sla)
+
+
 def build_deployment_plan(
     sample: dict[str, Any], *, planner_target: str, sla: dict[str, Any] | None
 ) -> DeploymentPlan:
