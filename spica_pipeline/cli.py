@@ -116,6 +116,8 @@ def summarize(config: Any) -> list[str]:
     if goal.sla is not None:
         sla = {k: v for k, v in goal.sla.model_dump().items() if v is not None}
         g += f", sla {sla}"
+    if getattr(goal, "load", None) is not None:
+        g += f", load {goal.load.kind} {goal.load.value:g}"
     lines.append(g)
     lines.append(
         f"sweep: policy {sweep.policy}, algorithm {sweep.algorithm}, max_rounds {sweep.max_rounds}, "

@@ -1,6 +1,6 @@
 """Importable evaluator fakes for whole-sweep tests (spawned pool workers import them by path)."""
 
-from spica_pipeline.search.evaluation import EvalOutcome
+from spica_pipeline.search.evaluation import EvalOutcome, Evaluator
 
 
 class AggFailsEvaluator:
@@ -12,3 +12,18 @@ class AggFailsEvaluator:
             return EvalOutcome("failed", reason="replay failed: RuntimeError: injected")
         return EvalOutcome("feasible", report={"output_throughput_tok_s": 100.0 * sample["used_gpus"]},
                            replay_seconds=0.001)
+
+
+class CapacityEvaluator(Evaluator):
+    """A replay stand-in for min_gpus: requests/s grow with the GPUs (TP2 engines a little faster),
+    and a fleet of two replicas breaks the p90 TTFT SLA, so it must never be part of the answer."""
+
+    def evaluate(self, request):
+        s = request.sample
+        used = int(s["used_gpus"])
+        rps = 3.0 * used + (1.0 if int(s.get("tp") or 1) == 2 else 0.0)
+        ttft = 900.0 if int(s.get("replicas") or 1) == 2 else 100.0
+        report = {"request_throughput_rps": rps, "output_throughput_tok_s": 64.0 * rps,
+                  "duration_ms": 3_600_000.0, "gpu_hours": float(used),
+                  "p90_ttft_ms": ttft, "p90_itl_ms": 10.0, "mean_ttft_ms": ttft / 2}
+        return EvalOutcome("feasible", report=report, replay_seconds=0.001)

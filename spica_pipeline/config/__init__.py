@@ -4,6 +4,7 @@ from spica_pipeline.config import presets
 from spica_pipeline.config.goal import (
     DEFAULT_PARETO_OBJECTIVES,
     GOODPUT_TARGETS,
+    LoadTarget,
     OptimizationGoal,
     SLATarget,
     Target,
@@ -20,6 +21,7 @@ __all__ = [
     "ALGORITHMS",
     "DEFAULT_PARETO_OBJECTIVES",
     "GOODPUT_TARGETS",
+    "LoadTarget",
     "OptimizationGoal",
     "SLATarget",
     "SearchSpace",

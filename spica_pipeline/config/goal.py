@@ -1,11 +1,11 @@
 """`goal:`: what a sweep optimises; pinned, never searched (spec §4)."""
 
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import model_validator
 
-from spica_pipeline.config.types import PosFloat, StrictModel
+from spica_pipeline.config.types import PosFloat, PosInt, StrictModel
 
 
 class Target(str, Enum):
@@ -16,6 +16,9 @@ class Target(str, Enum):
     GOODPUT = "goodput"
     GOODPUT_PER_GPU = "goodput_per_gpu"
     PARETO = "pareto"
+    # The smallest fleet that serves goal.load within goal.sla: the study maximises replayed
+    # request throughput per GPU among SLA-passing candidates; the merge sizes each pick's fleet.
+    MIN_GPUS = "min_gpus"
 
     def __str__(self) -> str:  # "throughput", not "Target.THROUGHPUT", in messages and f-strings
         return self.value
@@ -46,7 +49,7 @@ def target_direction(target: "Target | str") -> Literal["max", "min"]:
 def planner_target(target: "Target | str") -> Literal["sla", "throughput", "latency"]:
     """The planner optimisation target a goal maps to (spec §1 stage 2)."""
     t = _as_target(target)
-    if t in GOODPUT_TARGETS:
+    if t in GOODPUT_TARGETS or t is Target.MIN_GPUS:
         return "sla"
     if t is Target.E2E_LATENCY:
         return "latency"
@@ -70,16 +73,59 @@ class SLATarget(StrictModel):
         return self.ttft_ms is not None and self.itl_ms is not None
 
 
+class LoadTarget(StrictModel):
+    """The load a min_gpus fleet must carry: a request rate (req/s) or a number of requests in flight."""
+
+    request_rate: PosFloat | None = None
+    concurrency: PosInt | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> "LoadTarget":
+        if (self.request_rate is None) == (self.concurrency is None):
+            raise ValueError("goal.load needs exactly one of request_rate or concurrency")
+        return self
+
+    @property
+    def kind(self) -> Literal["request_rate", "concurrency"]:
+        return "request_rate" if self.request_rate is not None else "concurrency"
+
+    @property
+    def value(self) -> float:
+        return float(self.request_rate if self.request_rate is not None else self.concurrency)  # type: ignore[arg-type]
+
+
 class OptimizationGoal(StrictModel):
     target: Target = Target.THROUGHPUT
     sla: SLATarget | None = None
+    # min_gpus only: the load the fleet must serve within the SLA.
+    load: LoadTarget | None = None
     pareto_objectives: list[Target] | None = None
     # "strict": a candidate whose p90 TTFT / ITL / E2E breaks a set SLA threshold is gated out
     # before ranking (recorded as infeasible); "off": the SLA acts only through goodput (Spica's rule).
     sla_gate: Literal["off", "strict"] = "off"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _min_gpus_gates_the_sla(cls, data: Any) -> Any:
+        """min_gpus judges 'meets the SLA' by the p90 gate, so its gate is strict unless said otherwise."""
+        if isinstance(data, dict) and str(data.get("target")) in ("min_gpus", "Target.MIN_GPUS") \
+                and data.get("sla_gate") is None:
+            data = {**data, "sla_gate": "strict"}
+        return data
+
     @model_validator(mode="after")
     def _rules(self) -> "OptimizationGoal":
+        if self.target is Target.MIN_GPUS:
+            if self.load is None:
+                raise ValueError("target min_gpus needs goal.load (request_rate or concurrency) to size the fleet for")
+            if self.sla is None:
+                raise ValueError("target min_gpus needs goal.sla (ttft_ms+itl_ms or e2e_ms): the load must be "
+                                 "served within it")
+            if self.sla_gate != "strict":
+                raise ValueError("target min_gpus needs sla_gate 'strict' (a candidate either meets the SLA or "
+                                 "cannot be part of the fleet)")
+        elif self.load is not None:
+            raise ValueError(f"goal.load is only used by target min_gpus (target is {self.target.value!r})")
         if self.sla_gate == "strict" and self.sla is None:
             raise ValueError("sla_gate 'strict' needs goal.sla (ttft_ms, itl_ms and/or e2e_ms)")
         if self.pareto_objectives is not None:
@@ -90,6 +136,9 @@ class OptimizationGoal(StrictModel):
                 raise ValueError(f"pareto_objectives needs at least 2 objectives, got {len(objs)}")
             if Target.PARETO in objs:
                 raise ValueError("pareto_objectives must not contain 'pareto'")
+            if Target.MIN_GPUS in objs:
+                raise ValueError("pareto_objectives must not contain 'min_gpus' (it needs a load target; use "
+                                 "target min_gpus)")
             if len(set(objs)) != len(objs):
                 raise ValueError("pareto_objectives must be distinct")
         needs_sla = sorted(t.value for t in self.objectives() if t in GOODPUT_TARGETS)

@@ -76,6 +76,14 @@ def render_report(
         lines += ["No feasible candidate (check backends, SLA, gpu_budget and the failure reasons above).", ""]
     else:
         lines += [describe_candidate(best, merge.target, merge.objectives), ""]
+        if merge.load_target and "fleet_gpus" in best.metrics:
+            kind, load = next(iter(merge.load_target.items()))
+            unit = "req/s" if kind == "request_rate" else "requests in flight"
+            lines += [f"Smallest fleet for {kind} {load:g} within the SLA: **{int(best.metrics['fleet_gpus'])} GPUs** = "
+                      f"{int(best.metrics['fleet_replicas'])} replicas of this {best.used_gpus}-GPU deployment, each "
+                      f"carrying {_num(best.metrics['replica_capacity'])} {unit} in replay.", ""]
+            if merge.unservable:
+                lines += [f"{merge.unservable} feasible candidate(s) carried no load in replay and were left out.", ""]
         if best.spread:
             lines.append("Router repeats spread: " + ", ".join(
                 f"{m} std {_num(s.get('std'))}" for m, s in sorted(best.spread.items())))

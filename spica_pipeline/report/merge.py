@@ -63,6 +63,9 @@ class MergeResult:
     hypervolume: float | None = None
     reference: tuple[float, ...] | None = None
     over_budget: int = 0
+    # min_gpus: the load the fleet is sized for, and feasible candidates that could not carry any of it
+    load_target: dict[str, float] | None = None
+    unservable: int = 0
 
     @property
     def is_pareto(self) -> bool:
@@ -115,6 +118,10 @@ class MergeResult:
         if self.is_pareto:
             return f"{head}; pareto front: {len(self.candidates)}"
         best = self.candidates[0]
+        if self.target == scoring.MIN_GPUS and "fleet_gpus" in best.metrics:
+            kind, load = next(iter((self.load_target or {"load": 0}).items()))
+            return (f"{head}; min_gpus: {int(best.metrics['fleet_gpus'])} GPUs = "
+                    f"{int(best.metrics['fleet_replicas'])} x {best.used_gpus} for {kind} {load:g}")
         value = best.score if scoring.direction(self.target) == "max" else -best.score
         return f"{head}; best {self.target}={value:.6g}"
 
@@ -150,6 +157,7 @@ def merge_candidates(
     objectives: Sequence[Any] | None = None,
     directions: Mapping[str, str] | None = None,
     gpu_budget: int | None = None,
+    load_target: Mapping[str, float] | None = None,
 ) -> MergeResult:
     """Merge every branch's feasible trials by goal (spec §1 stage 6).
 
@@ -157,6 +165,9 @@ def merge_candidates(
     rows over `gpu_budget` are dropped defensively and counted in `over_budget`. A scalar goal
     gives the ranked list (score desc, ties to fewer GPUs); `pareto` gives the non-dominated front
     and its hypervolume (reference: see scoring.hypervolume, fixed over all feasible points).
+    `min_gpus` with `load_target` ({"request_rate": r} or {"concurrency": c}) ranks by the fleet each
+    candidate needs (scoring.size_fleet from its replayed per-replica capacity), fewest GPUs first;
+    ties go to the higher score (capacity per GPU). Candidates that carry no load are left out.
     """
     missing = [c for c in REQUIRED_COLUMNS if c not in ledger_df.columns]
     if missing:
@@ -217,6 +228,9 @@ def merge_candidates(
     else:
         reference, hv = None, None
         ranked = scoring.rank(feasible)
+    unservable = 0
+    if target == scoring.MIN_GPUS and load_target:
+        ranked, unservable = _size_fleets(ranked, dict(load_target), rows)
 
     tracker = {scope: _Tracker(is_pareto, dirs, reference) for scope in (*branches, "merged")}
     for branch, cand in steps:
@@ -233,14 +247,36 @@ def merge_candidates(
         counts=counts, duplicates=duplicates, failure_reasons=sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])),
         convergence=convergence, branches=branches, exhaustive_branches=exhaustive,
         hypervolume=hv, reference=reference, over_budget=over_budget,
+        load_target=dict(load_target) if load_target else None, unservable=unservable,
     )
+
+
+def _size_fleets(ranked: list[Candidate], load_target: dict[str, float],
+                 rows: Sequence[Mapping[str, Any]]) -> tuple[list[Candidate], int]:
+    """Attach fleet_replicas / fleet_gpus / replica_capacity to each candidate and rank by fleet GPUs."""
+    (kind, load), = load_target.items()
+    reports = {str(r.get("spec_hash")): _loads(r.get("report")) for r in rows if r.get("status") == "feasible"}
+    sized, unservable = [], 0
+    for c in ranked:
+        capacity = scoring.replica_capacity(kind, reports.get(str(c.spec_hash)), c.config)
+        fleet = scoring.size_fleet(kind, float(load), capacity, c.used_gpus)
+        if fleet is None:
+            unservable += 1
+            continue
+        c.metrics = {**c.metrics, "fleet_replicas": float(fleet.replicas), "fleet_gpus": float(fleet.gpus),
+                     "replica_capacity": fleet.capacity}
+        sized.append(c)
+    sized.sort(key=lambda c: (c.metrics["fleet_gpus"], -c.score, c.used_gpus))
+    return sized, unservable
 
 
 def merge_for_config(ledger_df: pd.DataFrame, config: Any) -> MergeResult:
     """merge_candidates driven by a validated SmartSearchConfig (its goal and GPU budget)."""
     goal = config.goal
     objectives = [scoring._name(o) for o in goal.objectives()] if goal.is_pareto else None
-    return merge_candidates(ledger_df, goal.target, objectives, None, config.search_space.gpu_budget)
+    load = goal.load.model_dump(exclude_none=True) if getattr(goal, "load", None) is not None else None
+    return merge_candidates(ledger_df, goal.target, objectives, None, config.search_space.gpu_budget,
+                            load_target=load)
 
 
 def _vec(c: Candidate, objs: Sequence[str]) -> tuple[float, ...]:

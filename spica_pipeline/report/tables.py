@@ -16,6 +16,7 @@ UNITS = {
     "e2e_latency": "ms",
     "goodput": "tok/s",
     "goodput_per_gpu": "tok/s/GPU",
+    "min_gpus": "req/s/GPU",
 }
 SPREAD_STATS = ("std", "min", "max")
 

@@ -25,7 +25,7 @@ ROUTER_FIELDS = (
 )
 
 _PLANNER_TARGET = {
-    "goodput": "sla", "goodput_per_gpu": "sla",
+    "goodput": "sla", "goodput_per_gpu": "sla", "min_gpus": "sla",
     "throughput": "throughput", "throughput_per_gpu": "throughput", "throughput_per_user": "throughput",
     "pareto": "throughput",
     "e2e_latency": "latency",

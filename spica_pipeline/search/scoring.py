@@ -26,6 +26,9 @@ METRIC_KEYS: tuple[str, ...] = (
     "gpu_hours",
     "duration_ms",
     "planner_total_ticks",
+    "request_throughput_rps",
+    "p90_ttft_ms",
+    "p90_itl_ms",
 )
 
 
@@ -48,8 +51,12 @@ TARGETS: dict[str, Target] = {
         Target("e2e_latency", "min", "mean_e2e_latency_ms", False, math.inf),
         Target("goodput", "max", GOODPUT_KEY, False, 0.0),
         Target("goodput_per_gpu", "max", GOODPUT_KEY, True, 0.0),
+        # min_gpus: the study's proxy is replayed requests/s per GPU (more per GPU, fewer GPUs for a
+        # given load); the exact fleet is sized after the sweep by size_fleet.
+        Target("min_gpus", "max", "request_throughput_rps", True, 0.0),
     )
 }
+MIN_GPUS = "min_gpus"
 GOODPUT_TARGETS = frozenset({"goodput", "goodput_per_gpu"})
 
 
@@ -207,6 +214,38 @@ def sla_gate(
             # no observed value in the text: equal reasons group together in the failure summary
             return False, f"sla gate: {key} above {sla_key}={float(limit):.4g}"
     return True, None
+
+
+class FleetSize(NamedTuple):
+    """A min_gpus answer for one candidate: `replicas` copies of its deployment, `gpus` in all."""
+
+    replicas: int
+    gpus: int
+    capacity: float  # the load one replica carries (req/s, or requests in flight)
+    load: float
+    kind: str  # "request_rate" | "concurrency"
+
+
+def replica_capacity(kind: str, report: Mapping[str, Any] | None, config: Mapping[str, Any]) -> float | None:
+    """The load one copy of a candidate carried in replay: its completed request rate, or the
+    concurrency it was replayed at. None when the replay did not record it."""
+    if kind == "request_rate":
+        return _num(report, "request_throughput_rps")
+    if kind == "concurrency":
+        for key in ("concurrency", "kv_load_concurrency"):
+            v = _num(config, key)
+            if v is not None:
+                return v
+        return None
+    raise ValueError(f"unknown load kind {kind!r} (request_rate or concurrency)")
+
+
+def size_fleet(kind: str, load: float, capacity: float | None, used_gpus: int) -> FleetSize | None:
+    """replicas = ceil(load / capacity), GPUs = replicas x the candidate's GPUs; None if it carries nothing."""
+    if capacity is None or not math.isfinite(capacity) or capacity <= 0 or used_gpus <= 0:
+        return None
+    replicas = max(1, math.ceil(load / capacity - 1e-9))
+    return FleetSize(replicas, replicas * int(used_gpus), float(capacity), float(load), kind)
 
 
 def metrics_from_report(report: Mapping[str, Any] | None) -> dict[str, float]:
