@@ -62,14 +62,27 @@ class PreparedSweep:
 
 
 def check_workload(config: SmartSearchConfig) -> None:
-    """Stage 1 for a trace workload: read the whole trace once, so a malformed line or an input
-    longer than the model's context is one error naming file and line, not a failure per candidate."""
-    if not config.workload.trace_path:
-        return
+    """Stage 1 workload checks: a trace is read whole once, so a malformed line or a request whose
+    input + output is longer than the model's context is one error naming file and line; a synthetic
+    isl + osl over the context is one error naming the fields. Never a failure per candidate."""
+    from spica_pipeline.errors import ConfigError, SpicaError
     from spica_pipeline.search.parallel import resolve_max_seq_len
     from spica_pipeline.traces import read_mooncake_trace
 
     space = config.search_space
+    workload = config.workload
+    if not workload.trace_path:
+        if workload.isl is not None and workload.osl is not None:
+            try:
+                context = resolve_max_seq_len(space.model_name, space.context_length)
+            except SpicaError:
+                return  # an unknown model or context: stage 3 reports it with its own message
+            if workload.isl + workload.osl > context:
+                raise ConfigError(f"workload.isl {workload.isl} + workload.osl {workload.osl} = "
+                                  f"{workload.isl + workload.osl} tokens exceeds the context length {context} "
+                                  "of the model (search_space.context_length or the model's own): input and "
+                                  "output must both fit")
+        return
     read_mooncake_trace(config.workload.trace_path,
                         max_input_length=resolve_max_seq_len(space.model_name, space.context_length))
 

@@ -60,7 +60,8 @@ def read_mooncake_trace(
 ) -> TraceData:
     """Parse and validate every line of a Mooncake JSONL trace.
 
-    `max_input_length` is the model's context length (a longer prompt cannot be served);
+    `max_input_length` is the model's context length: a request whose input plus output is longer
+    cannot be served (the KV cache must hold both);
     `block_size` is the tokens per `hash_id` the replay will assume (512 for Mooncake).
     Blank lines are skipped; line numbers are 1-based physical lines.
     """
@@ -118,6 +119,9 @@ def read_mooncake_trace(
                 )
         if max_input_length is not None and isl > max_input_length:
             raise TraceError(f"{where}: input_length {isl} exceeds the model context length {max_input_length}")
+        if max_input_length is not None and isl + osl > max_input_length:
+            raise TraceError(f"{where}: input_length {isl} + output_length {osl} = {isl + osl} tokens exceeds "
+                             f"the model context length {max_input_length}")
         timestamps.append(float(ts))
         inputs.append(isl)
         outputs.append(osl)

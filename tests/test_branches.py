@@ -106,6 +106,16 @@ def test_no_viable_mode_names_the_budget():
         enumerate_branches(config(model_name="meta-llama/Meta-Llama-3.1-405B", gpu_budget=2))
 
 
+def test_refusal_names_its_pruning_reasons():
+    """DeepSeek-V3 on 4 GPUs: the refusal says why (weights leave no KV room), per mode and backend."""
+    with pytest.raises(NoViableParallelConfig) as info:
+        enumerate_branches(config(model_name="deepseek-ai/DeepSeek-V3", gpu_budget=4, backend=["vllm"]))
+    text = str(info.value)
+    assert "pruned: disagg/vllm: " in text and "agg/vllm: " in text
+    assert "no KV budget (weights leave no room)" in text
+    assert "\n" not in text
+
+
 def test_pins():
     pinned = enumerate_branches(config(deployment_mode=["agg"], backend=["vllm", "sglang"],
                                        parallel_configs=[{"tp": 4, "moe_ep": 4, "replicas": 2}]))

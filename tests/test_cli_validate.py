@@ -159,3 +159,16 @@ def test_validate_applies_the_policy_filter(tmp_path, capsys):
     mixed.write_text(POLICY_CONFIG.format(policies="[disabled, throughput_180_5]"))
     code, out, _ = run_main(["validate", "--config", str(mixed)], capsys)
     assert code == 0 and "dropped planner_scaling_policy entries 'throughput_180_5'" in out
+
+
+def test_synthetic_input_plus_output_over_the_context_is_refused(tmp_path, capsys):
+    import yaml as _yaml
+
+    cfg = {"search_space": {"model_name": "Qwen/Qwen3-32B", "hardware_sku": "h200_sxm", "gpu_budget": 8,
+                            "context_length": 40960},
+           "workload": {"isl": 40904, "osl": 283, "request_rate": 1.0, "num_request_ratio": 10.0}}
+    path = tmp_path / "ctx.yaml"
+    path.write_text(_yaml.safe_dump(cfg))
+    code, out, err = run_main(["validate", "--config", str(path)], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "workload.isl 40904 + workload.osl 283 = 41187 tokens exceeds the context length 40960" in err

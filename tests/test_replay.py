@@ -306,3 +306,13 @@ def test_resource_fields_validated():
         ReplayEvaluator(router_repeats=0)
     with pytest.raises(pydantic.ValidationError):
         ReplayEvaluator(kv_transfer_bandwidth_gbps=0)
+
+
+def test_synthetic_context_check_counts_input_and_output():
+    from spica_pipeline.resources.replay import CandidateBuildError, check_context
+
+    check_context(40904, 56, 40960)
+    with pytest.raises(CandidateBuildError, match=r"workload.isl=40904 \+ workload.osl=283 = 41187 tokens"):
+        check_context(40904, 283, 40960)
+    with pytest.raises(CandidateBuildError, match="workload.isl=50000 exceeds"):
+        check_context(50000, 1, 40960)

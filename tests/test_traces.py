@@ -73,7 +73,7 @@ def test_bad_line_names_file_and_line(tmp_path, line, reason):
 
 
 def test_max_input_length(tmp_path):
-    p = _write(tmp_path, [_row(0, 4096), _row(1, 4097, hash_ids=None)])
+    p = _write(tmp_path, [_row(0, 4096, osl=0), _row(1, 4097, osl=0, hash_ids=None)])
     read_mooncake_trace(p, max_input_length=4097)
     with pytest.raises(TraceError, match=r":2: input_length 4097 exceeds the model context length 4096"):
         read_mooncake_trace(p, max_input_length=4096)
@@ -136,3 +136,12 @@ def test_real_trace():
     assert t.n_requests > 1000
     assert (t.input_length > 0).all()
     assert t.timestamp_ms.min() >= 0
+
+
+def test_context_check_counts_input_and_output(tmp_path):
+    """40,904 + 283 tokens does not fit a 40,960 context even though the input alone does."""
+    p = _write(tmp_path, [_row(0, 100), _row(1, 40904, osl=283, hash_ids=None)])
+    with pytest.raises(TraceError, match=r":2: input_length 40904 \+ output_length 283 = 41187 tokens exceeds "
+                                         r"the model context length 40960"):
+        read_mooncake_trace(p, max_input_length=40960)
+    read_mooncake_trace(p, max_input_length=41187)

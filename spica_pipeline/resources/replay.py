@@ -233,8 +233,8 @@ class ReplayEvaluator(dg.ConfigurableResource):
         context = sample.get("context_length") or timing.model_context_length(sample["model_name"])
         if workload.is_trace:
             _check_trace(workload.trace_path, context, self.trace_block_size)
-        elif context is not None and workload.isl is not None and workload.isl > int(context):
-            raise CandidateBuildError(f"workload.isl={workload.isl} exceeds the model context length {context}")
+        elif context is not None and workload.isl is not None:
+            check_context(int(workload.isl), int(workload.osl or 0), int(context))
 
         # 4. per-role engine configs with AIC timing and explicit capacity
         engines = {}
@@ -401,6 +401,15 @@ def _host_offload(args: dict[str, Any]) -> dict[str, Any]:
 
 
 _trace_checked: dict[tuple, None] = {}
+
+
+def check_context(isl: int, osl: int, context: int) -> None:
+    """A synthetic request must fit the model context with its output: input + output <= context."""
+    if isl > context:
+        raise CandidateBuildError(f"workload.isl={isl} exceeds the model context length {context}")
+    if isl + osl > context:
+        raise CandidateBuildError(f"workload.isl={isl} + workload.osl={osl} = {isl + osl} tokens exceeds the "
+                                  f"model context length {context}")
 
 
 def _check_trace(path: str, context: int | None, block_size: int) -> None:

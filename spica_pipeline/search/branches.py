@@ -157,6 +157,7 @@ def enumerate_branches(config: Any) -> BranchEnumeration:
     diagnostics: dict[str, dict[str, Any]] = {}
     branches: list[BranchSpace] = []
     skipped: list[str] = []
+    why_not: list[str] = []  # per mode/backend: the pruning reasons, for the refusal below
 
     for mode in dict.fromkeys(space.deployment_mode):
         excluded = [b for b in space.backend if b in REPLAY_INCOMPATIBLE.get(mode, ())]
@@ -175,6 +176,7 @@ def enumerate_branches(config: Any) -> BranchEnumeration:
                 warnings.append(f"smart-sweep: backend '{backend}' dropped for deployment_mode='{mode}': "
                                 f"{exc}")
                 mode_diag[backend] = {"error": str(exc)}
+                why_not.append(f"{mode}/{backend}: {getattr(exc, 'pruning', None) or exc}")
                 continue
             legal[backend] = result.configs
             mode_diag[backend] = result.diagnostics.to_dict()
@@ -202,5 +204,6 @@ def enumerate_branches(config: Any) -> BranchEnumeration:
         raise NoViableParallelConfig(
             f"no deployment_mode has a viable parallel config (skipped {skipped}); "
             f"check backends / model / hardware / gpu_budget={budget}"
+            + (f"; pruned: {'; '.join(why_not)}" if why_not else "")
         )
     return BranchEnumeration(branches=branches, warnings=warnings, diagnostics=diagnostics)

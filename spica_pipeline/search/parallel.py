@@ -245,12 +245,17 @@ def _enumerate(model: str, hardware: str, backend: str, mode: str, budget: int, 
     if not configs:
         detail = "; ".join(f"{r}: {p.count} pruned" + (f", e.g. {p.examples[0]}" if p.examples else "")
                            for r, p in pruned.items() if p.count)
-        raise NoViableParallelConfig(
+        err = NoViableParallelConfig(
             f"no {mode} parallel config of {model} on {hardware} fits gpu_budget={budget}"
             + (f", min_gpu_budget={min_budget}" if min_budget else "")
             + f" with KV for max_seq_len={max_seq_len} on backend={backend}"
             + f" ({detail or 'nothing to enumerate'})"
         )
+        # The summary of a refusal names the filter that removed the last survivors (kv, usually).
+        decisive = [f"{r}: {p.count} pruned" + (f", e.g. {p.examples[0]}" if p.examples else "")
+                    for r, p in pruned.items() if p.count]
+        err.pruning = decisive[-1] if decisive else "nothing to enumerate"
+        raise err
     diagnostics = EnumerationDiagnostics(
         model_name=model, hardware_sku=hardware, backend=backend, backend_version=version,
         deployment_mode=mode, gpu_budget=budget, min_gpu_budget=min_budget, max_seq_len=max_seq_len,
