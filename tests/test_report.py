@@ -223,11 +223,19 @@ def test_write_outputs_files_are_present_and_consistent(tmp_path, target):
     assert "replay failed: RuntimeError: boom (x3)" in text
     assert "branch `disagg`: enumerated exhaustively" in text and "branch `agg`: searched by Vizier" in text
     best = m.best
-    best_section = text.split("## Best configuration")[1].split("##")[0]
+    best_section = text.split("## Best configuration")[1].split("\n", 1)[1].split("##")[0]
     assert describe_candidate(best, m.target, m.objectives) in best_section
     assert best_section.strip().startswith(f"{best.config['deployment_mode']}, vllm 0.24.0, ")
     assert re.search(rf"\({best.used_gpus} GPUs?\)", best_section)
     assert f"duplicates (cache hits and repeated specs, not replayed again): {m.duplicates}" in text
+    assert "| SLA met | p90 TTFT ms | p90 ITL ms | router spread |" in text
+    assert len([c for c in cands.columns if c.startswith("spread.")]) <= 15 and "router_spread_pct" in cands.columns
+    if target == "pareto":
+        rec, rule = m.recommendation
+        assert rec is best and f"Picked by the rule **{rule}**" in text
+        front_rows = text.split("## Pareto front")[1].split("\n\n")[1].splitlines()[2:]
+        assert len(front_rows) == len(m.candidates)  # the whole front, every point with its rank
+        assert sum("★" in r for r in front_rows) == 1 and m.top(1)[0] is rec
 
     for png in ("pareto.png", "convergence.png"):
         data = (tmp_path / png).read_bytes()
@@ -349,3 +357,24 @@ def test_merge_reads_a_ledger_built_from_trial_records():
     assert [c.score for c in m.candidates] == [pytest.approx(250.0)]
     assert m.failure_reasons == [("unsupported", 1)] and m.duplicates == 1
     assert m.candidates[0].spec_hash == "abc" and m.candidates[0].branch == "agg"
+
+
+def test_plot_axes_follow_the_goal_and_zero_goal_values_are_off_the_front():
+    from spica_pipeline.report.plots import _front, plot_axes_for
+
+    ledger = make_ledger(seed=5, n=45)
+    assert plot_axes_for(merge_candidates(ledger, "goodput_per_gpu")) == ("throughput_per_user", "goodput_per_gpu")
+    assert plot_axes_for(merge_candidates(ledger, "goodput")) == ("throughput_per_user", "goodput_per_gpu")
+    assert plot_axes_for(merge_candidates(ledger, "throughput")) == ("throughput_per_user", "throughput_per_gpu")
+    assert plot_axes_for(merge_candidates(ledger, "pareto")) == ("throughput_per_user", "throughput_per_gpu")
+    # the fastest per-user point served no goodput: it is not on the plotted front
+    assert _front([(10.0, 5.0), (99.0, 0.0), (20.0, 4.0)], ("max", "max")) == [(10.0, 5.0), (20.0, 4.0)]
+
+
+def test_knee_is_the_recommended_front_point():
+    vectors = [(100.0, 1.0), (90.0, 5.0), (60.0, 8.0), (10.0, 10.0)]
+    i, rule = scoring.knee_index(vectors, ["max", "max"])
+    assert i in (1, 2) and rule.startswith("knee")
+    assert scoring.knee_index([(1.0, 1.0)], ["max", "max"])[0] == 0
+    i, rule = scoring.knee_index([(3.0, 1.0, 2.0), (2.0, 2.0, 2.0), (1.0, 3.0, 1.0)], ["max"] * 3)
+    assert i == 1 and rule.startswith("closest to the ideal")

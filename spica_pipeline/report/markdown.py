@@ -7,10 +7,11 @@ from typing import Any, Mapping
 import pandas as pd
 
 from spica_pipeline.report.merge import MergeResult
-from spica_pipeline.report.tables import describe_candidate, fmt_value, goal_value, plot_axes
+from spica_pipeline.report.tables import (
+    describe_candidate, fmt_value, goal_value, plot_axes, router_spread_pct, sla_attainment,
+)
 
 TOP_RANKED = 10
-MAX_FRONT_ROWS = 50
 
 
 def _kv_lines(d: Mapping[str, Any]) -> list[str]:
@@ -32,6 +33,23 @@ def _num(v: Any) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "–" if v is None or math.isnan(v) else str(v)
     return f"{v:,.0f}" if abs(v) >= 100 else f"{v:,.3g}"
+
+
+def _pct(v: float | None, signed: bool = False) -> str:
+    if v is None:
+        return "–"
+    return f"±{v:.1f}%" if signed else f"{100.0 * v:.1f}%"
+
+
+def _quality(c: Any) -> list[str]:
+    """SLA attainment, p90 TTFT / ITL and the router-repeat spread of one candidate, as table cells."""
+    return [_pct(sla_attainment(c)), _num(c.metrics.get("p90_ttft_ms")), _num(c.metrics.get("p90_itl_ms")),
+            _pct(router_spread_pct(c), signed=True)]
+
+
+QUALITY_HEADER = ["SLA met", "p90 TTFT ms", "p90 ITL ms", "router spread"]
+QUALITY_NOTE = ("SLA met: share of completed requests within goal.sla (– without an SLA); router spread: "
+                "std of output throughput over the KV-router repeats, as % of the mean (– for one replay).")
 
 
 def _seconds(ledger: pd.DataFrame, col: str) -> dict[str, float]:
@@ -70,12 +88,19 @@ def render_report(
         lines += ["", "Top failure reasons:", *[f"- {s}" for s in merge.failure_summary(3)]]
     lines += ["", f"`{merge.summary_line()}`", ""]
 
-    lines += ["## Best configuration", ""]
+    rec = merge.recommendation
+    if merge.is_pareto and rec is not None:
+        lines += ["## Best configuration (recommended point of the front)", ""]
+    else:
+        lines += ["## Best configuration", ""]
     best = merge.best
     if best is None:
         lines += ["No feasible candidate (check backends, SLA, gpu_budget and the failure reasons above).", ""]
     else:
         lines += [describe_candidate(best, merge.target, merge.objectives), ""]
+        if merge.is_pareto and rec is not None:
+            lines += [f"Picked by the rule **{rec[1]}**; it is rank 1 (`deploy/1/`). A front has no single "
+                      "best point: every point below trades one objective for another.", ""]
         if merge.load_target and "fleet_gpus" in best.metrics:
             kind, load = next(iter(merge.load_target.items()))
             unit = "req/s" if kind == "request_rate" else "requests in flight"
@@ -86,31 +111,36 @@ def render_report(
                 lines += [f"{merge.unservable} feasible candidate(s) carried no load in replay and were left out.", ""]
         if best.spread:
             lines.append("Router repeats spread: " + ", ".join(
-                f"{m} std {_num(s.get('std'))}" for m, s in sorted(best.spread.items())))
+                f"{m} std {_num(s.get('std'))}" for m, s in sorted(best.spread.items())
+                if m in ("output_throughput_tok_s", "mean_ttft_ms", "p90_ttft_ms", "p90_itl_ms")))
             lines.append("")
 
     if merge.is_pareto:
-        lines += [f"## Pareto front ({len(merge.candidates)} non-dominated, ascending by {merge.objectives[-1]})", ""]
+        lines += [f"## Pareto front (all {len(merge.candidates)} non-dominated points, ascending by "
+                  f"{merge.objectives[-1]})", ""]
         rows = []
-        for i, c in enumerate(merge.candidates[:MAX_FRONT_ROWS], 1):
-            rows.append([i, c.branch, *[_num((c.objectives or {}).get(o)) for o in merge.objectives],
-                         c.used_gpus, c.config.get("backend"), describe_candidate(c, merge.target, with_value=False)])
-        lines += _table(["#", "branch", *merge.objectives, "GPUs", "backend", "configuration"], rows)
-        if len(merge.candidates) > MAX_FRONT_ROWS:
-            lines.append(f"\n(first {MAX_FRONT_ROWS} shown; candidates.csv has all {len(merge.candidates)})")
+        for c in merge.candidates:
+            rank = merge.rank_of(c)
+            mark = " ★" if rec is not None and c is rec[0] else ""
+            rows.append([f"{rank}{mark}", c.branch, *[_num((c.objectives or {}).get(o)) for o in merge.objectives],
+                         c.used_gpus, *_quality(c), describe_candidate(c, merge.target, with_value=False)])
+        lines += _table(["rank", "branch", *merge.objectives, "GPUs", *QUALITY_HEADER, "configuration"], rows)
+        lines += ["", "rank = `deploy/<rank>/`; ★ = the recommended point. " + QUALITY_NOTE]
         lines += ["", f"Hypervolume: {merge.hypervolume:.6g} (reference point {tuple(round(r, 6) for r in merge.reference)};"
                   " origin for maximised objectives, 1.1 x worst observed for minimised ones)", ""]
     else:
         lines += [f"## Ranked candidates (top {min(TOP_RANKED, len(merge.candidates))} of {len(merge.candidates)})", ""]
         rows = []
+        fleet = merge.target == "min_gpus" and any("fleet_gpus" in c.metrics for c in merge.candidates)
         for i, c in enumerate(merge.candidates[:TOP_RANKED], 1):
             per_user, per_gpu = plot_axes(c)
-            rows.append([i, c.branch, fmt_value(goal_value(c, merge.target), merge.target), c.used_gpus,
-                         _num(per_gpu), _num(per_user), _num(c.metrics.get("mean_ttft_ms")),
+            extra = [_num(c.metrics.get("fleet_gpus"))] if fleet else []
+            rows.append([i, c.branch, fmt_value(goal_value(c, merge.target), merge.target), c.used_gpus, *extra,
+                         _num(per_gpu), _num(per_user), *_quality(c),
                          describe_candidate(c, merge.target, with_value=False)])
-        lines += _table(["#", "branch", merge.target, "GPUs", "tok/s/GPU", "tok/s/user", "mean TTFT ms",
-                         "configuration"], rows)
-        lines.append("")
+        lines += _table(["#", "branch", merge.target, "GPUs", *(["fleet GPUs"] if fleet else []), "tok/s/GPU",
+                         "tok/s/user", *QUALITY_HEADER, "configuration"], rows)
+        lines += ["", "# = `deploy/<rank>/`. " + QUALITY_NOTE, ""]
 
     lines += ["## Time", ""]
     opt, rep = _seconds(ledger, "optimizer_seconds"), _seconds(ledger, "replay_seconds")

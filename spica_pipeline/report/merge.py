@@ -73,18 +73,41 @@ class MergeResult:
 
     @property
     def best(self) -> Candidate | None:
-        """Scalar: the top of the ranking. Pareto: the front point with the best first objective."""
+        """Scalar: the top of the ranking. Pareto: the recommended front point (see `recommendation`)."""
         top = self.top(1)
         return top[0] if top else None
 
+    @property
+    def recommendation(self) -> tuple[Candidate, str] | None:
+        """Pareto: (the recommended front point, the rule that picked it: the knee for two
+        objectives); scalar: (the top of the ranking, 'best <target>')."""
+        if not self.candidates:
+            return None
+        if not self.is_pareto:
+            return self.candidates[0], f"best {self.target}"
+        vectors = [_vec(c, self.objectives) for c in self.candidates]
+        i, rule = scoring.knee_index(vectors, [self.directions[o] for o in self.objectives])
+        return self.candidates[i], rule
+
     def top(self, n: int) -> list[Candidate]:
-        """The n candidates to hand out first: the ranking's head, or for a front the points best
-        on the first (headline) objective."""
+        """The n candidates to hand out first, in rank order (deploy/<rank>): the ranking's head, or
+        for a front the recommended point, then the others best-first on the headline objective."""
         if not self.is_pareto:
             return self.candidates[:n]
         first = self.objectives[0]
         sign = 1.0 if self.directions[first] == "max" else -1.0
-        return sorted(self.candidates, key=lambda c: (-sign * (c.objectives or {}).get(first, 0.0), c.used_gpus))[:n]
+        ordered = sorted(self.candidates, key=lambda c: (-sign * (c.objectives or {}).get(first, 0.0), c.used_gpus))
+        rec = self.recommendation
+        if rec is not None:
+            ordered = [rec[0]] + [c for c in ordered if c is not rec[0]]
+        return ordered[:n]
+
+    def rank_of(self, c: Candidate) -> int | None:
+        """1-based rank of a candidate in `top` order (the deploy/<rank> number), None if not listed."""
+        for i, x in enumerate(self.top(len(self.candidates)), start=1):
+            if x is c:
+                return i
+        return None
 
     def failure_summary(self, k: int = 3) -> list[str]:
         """Up to k distinct reasons with (xN) counts, then '+K more distinct reason(s)'."""

@@ -13,10 +13,20 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from spica_pipeline.search import scoring  # noqa: E402
 from spica_pipeline.report.merge import MergeResult  # noqa: E402
-from spica_pipeline.report.tables import plot_axes  # noqa: E402
+from spica_pipeline.report.tables import goal_value  # noqa: E402
 
 BRANCH_STYLE = {"agg": ("tab:blue", "o"), "disagg": ("tab:orange", "s")}
 AXES_DIRS = ("max", "max")  # tok/s/user (x) and tok/s/GPU (y) are both maximised
+AXIS_LABELS = {
+    "throughput": "output tokens/s",
+    "throughput_per_gpu": "output tokens/s/GPU",
+    "throughput_per_user": "output tokens/s/user",
+    "e2e_latency": "mean end-to-end latency (ms)",
+    "goodput": "goodput: output tokens/s of requests within the SLA",
+    "goodput_per_gpu": "goodput/GPU: output tokens/s/GPU of requests within the SLA",
+    "min_gpus": "requests/s/GPU (SLA-passing candidates)",
+}
+LABELLED_RANKS = 10
 
 
 def _png(fig) -> bytes:
@@ -26,40 +36,79 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def _front_xy(points: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
-    """The 2-D max/max front of (x, y) points, ascending in x (so y descends)."""
-    front = sorted(scoring.pareto_front(points, AXES_DIRS), key=lambda p: p[0])
-    return [p[0] for p in front], [p[1] for p in front]
+def plot_axes_for(merge: MergeResult) -> tuple[str, str]:
+    """(x, y) goal metrics the trade-off plot shows: a front's first two objectives (y = first);
+    goodput goals plot goodput/GPU, min_gpus requests/s/GPU, others tok/s/GPU; x is per-user speed."""
+    if merge.is_pareto:
+        return merge.objectives[1], merge.objectives[0]
+    if merge.target in ("goodput", "goodput_per_gpu"):
+        return "throughput_per_user", "goodput_per_gpu"
+    if merge.target == "min_gpus":
+        return "throughput_per_user", "min_gpus"
+    if merge.target == "e2e_latency":
+        return "e2e_latency", "throughput_per_gpu"
+    return "throughput_per_user", "throughput_per_gpu"
+
+
+def _xy(c, x: str, y: str) -> tuple[float, float]:
+    return goal_value(c, x), goal_value(c, y)
+
+
+def _front(points: list[tuple[float, float]], dirs: tuple[str, str]) -> list[tuple[float, float]]:
+    """Non-dominated (x, y) points on the plotted axes, ascending in x; y <= 0 never counts (a goal
+    value of 0 serves nothing, e.g. no request met the SLA)."""
+    usable = [p for p in points if p[1] > 0 and math.isfinite(p[0]) and math.isfinite(p[1])]
+    return sorted(scoring.pareto_front(usable, dirs), key=lambda p: p[0])
 
 
 def pareto_png(merge: MergeResult, title: str | None = None) -> bytes:
-    """tok/s/GPU (y) against tok/s/user (x): every feasible point per branch, each branch's front
-    (thin) and the merged front (bold step line); for a scalar goal the best candidate is starred."""
-    fig, ax = plt.subplots(figsize=(8, 5.5))
+    """The goal's own metrics (see plot_axes_for): every feasible point per branch, each branch's
+    non-dominated line (dashed), the merged one (bold), ranked picks numbered as in deploy/<rank>, and
+    the recommended point starred. Every legend entry says what it is."""
+    xname, yname = plot_axes_for(merge)
+    dirs = (scoring.direction(xname), scoring.direction(yname))
+    fig, ax = plt.subplots(figsize=(8.5, 5.5))
     all_xy = []
+    zero = 0
     for branch in merge.branches:
-        pts = [plot_axes(c) for c in merge.feasible if c.branch == branch]
+        pts = [_xy(c, xname, yname) for c in merge.feasible if c.branch == branch]
         if not pts:
             continue
         color, marker = BRANCH_STYLE.get(branch, ("tab:gray", "^"))
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=22, alpha=0.45, color=color, marker=marker,
-                   label=f"{branch} ({len(pts)} feasible)")
-        fx, fy = _front_xy(pts)
-        ax.plot(fx, fy, drawstyle="steps-pre", color=color, lw=1.0, ls="--", alpha=0.8)
+        live = [p for p in pts if p[1] > 0]
+        zero += len(pts) - len(live)
+        ax.scatter([p[0] for p in live], [p[1] for p in live], s=22, alpha=0.45, color=color, marker=marker,
+                   label=f"{branch}: feasible candidates ({len(live)})")
+        f = _front(pts, dirs)
+        if f:
+            ax.plot([p[0] for p in f], [p[1] for p in f], drawstyle="steps-pre", color=color, lw=1.0, ls="--",
+                    alpha=0.8, label=f"{branch}: best trade-off within the branch (dashed)")
         all_xy += pts
-    if all_xy:
-        fx, fy = _front_xy(all_xy)
-        ax.plot(fx, fy, drawstyle="steps-pre", color="black", lw=2.0, label=f"front on these axes ({len(fx)})")
-        ax.scatter(fx, fy, s=36, facecolors="none", edgecolors="black", zorder=3)
-    best = merge.best
-    if best is not None:
-        bx, by = plot_axes(best)
-        label = "best" if not merge.is_pareto else f"best {merge.objectives[0]} on the front"
-        ax.scatter([bx], [by], s=260, marker="*", color="crimson", edgecolors="black", zorder=4, label=label)
+    if zero:
+        zs = [_xy(c, xname, yname) for c in merge.feasible if _xy(c, xname, yname)[1] <= 0]
+        ax.scatter([p[0] for p in zs], [0.0] * len(zs), s=18, marker="x", color="gray", alpha=0.6,
+                   label=f"{yname} = 0: served nothing toward the goal ({zero})")
+    f = _front(all_xy, dirs)
+    if f:
+        what = "Pareto front of the goal" if merge.is_pareto else "best trade-off on these axes, all branches"
+        ax.plot([p[0] for p in f], [p[1] for p in f], drawstyle="steps-pre", color="black", lw=2.0,
+                label=f"{what} ({len(f)} points, bold)")
+    ranked = merge.top(LABELLED_RANKS)
+    for rank, c in enumerate(ranked, start=1):
+        px, py = _xy(c, xname, yname)
+        ax.annotate(str(rank), (px, py), textcoords="offset points", xytext=(5, 5), fontsize=8, weight="bold")
+    if ranked:
+        ax.scatter([], [], s=0, label=f"1..{len(ranked)}: rank, as in deploy/<rank>/ and the report table")
+    rec = merge.recommendation
+    if rec is not None:
+        bx, by = _xy(rec[0], xname, yname)
+        rule = "knee" if rec[1] == scoring.KNEE_RULE_2D else rec[1].split(":")[0]
+        ax.scatter([bx], [by], s=260, marker="*", color="crimson", edgecolors="black", zorder=4,
+                   label=f"recommended (rank 1): {rule}")
     if not all_xy:
         ax.text(0.5, 0.5, "no feasible candidate", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("output tokens/s/user")
-    ax.set_ylabel("output tokens/s/GPU")
+    ax.set_xlabel(AXIS_LABELS.get(xname, xname))
+    ax.set_ylabel(AXIS_LABELS.get(yname, yname))
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)

@@ -19,6 +19,26 @@ UNITS = {
     "min_gpus": "req/s/GPU",
 }
 SPREAD_STATS = ("std", "min", "max")
+# The router-repeat spread kept in candidates.csv: a few headline metrics, not every report key.
+SPREAD_METRICS = ("output_throughput_tok_s", "goodput_output_throughput_tok_s", "mean_ttft_ms", "p90_ttft_ms",
+                  "p90_itl_ms")
+
+
+def sla_attainment(c: Candidate) -> float | None:
+    """Share of completed requests that met the SLA (replay's goodput count); None without an SLA."""
+    done, good = c.metrics.get("completed_requests"), c.metrics.get("goodput_completed_requests")
+    if done is None or good is None or done <= 0:
+        return None
+    return float(good) / float(done)
+
+
+def router_spread_pct(c: Candidate) -> float | None:
+    """Throughput spread over the KV-router repeats: std as a % of the mean; None without repeats."""
+    stats = (c.spread or {}).get("output_throughput_tok_s") or {}
+    mean = c.metrics.get("output_throughput_tok_s")
+    if stats.get("std") is None or not mean:
+        return None
+    return 100.0 * float(stats["std"]) / float(mean)
 
 
 def plot_axes(c: Candidate) -> tuple[float, float]:
@@ -144,10 +164,16 @@ def candidates_frame(candidates: Sequence[Candidate], objectives: Sequence[str] 
         row["avg_gpu"] = scoring.avg_gpu(c.metrics)
         row["tok_s_per_gpu"] = per_gpu
         row["tok_s_per_user"] = per_user
-        for metric, stats in sorted((c.spread or {}).items()):
+        row["sla_attainment"] = sla_attainment(c)
+        row["router_spread_pct"] = router_spread_pct(c)
+        for metric in SPREAD_METRICS:  # the full spread stays in the ledger's `spread` column
+            stats = (c.spread or {}).get(metric) or {}
             for s in SPREAD_STATS:
                 if s in stats:
                     row[f"spread.{metric}.{s}"] = stats[s]
+        for k in ("fleet_replicas", "fleet_gpus", "replica_capacity"):
+            if k in c.metrics:
+                row[k] = c.metrics[k]
         for k, v in c.config.items():
             row[f"cfg.{k}"] = _cell(v)
         rows.append(row)

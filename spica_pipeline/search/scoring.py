@@ -29,6 +29,8 @@ METRIC_KEYS: tuple[str, ...] = (
     "request_throughput_rps",
     "p90_ttft_ms",
     "p90_itl_ms",
+    "completed_requests",
+    "goodput_completed_requests",
 )
 
 
@@ -442,3 +444,54 @@ def _hv(points: list[tuple[float, ...]], ref: tuple[float, ...]) -> float:
             j += 1
         total += _hv(active, ref[:-1]) * (z - z_next)
     return total
+
+
+KNEE_RULE_2D = "knee: the front point farthest from the straight line joining the front's two extremes (objectives scaled to [0, 1] over the front)"
+KNEE_RULE_ND = "closest to the ideal point: smallest distance to the best value of every objective (objectives scaled to [0, 1] over the front)"
+
+
+def knee_index(vectors: Sequence[Sequence[float]], dirs: Sequence[str]) -> tuple[int, str]:
+    """The recommended point of a front and the rule that picked it.
+
+    Objectives are scaled to [0, 1] over the front, 1 = best. Two objectives: the knee, the point
+    farthest from the chord between the two extremes on the ideal side (ties: the first); a front
+    of one or two points, or a straight one, falls back to the closest point to the ideal (1, 1).
+    Three or more: the closest point to the ideal. Raises ValueError on an empty front.
+    """
+    if not vectors:
+        raise ValueError("an empty front has no recommended point")
+    d = len(dirs)
+    scaled = []
+    for v in vectors:
+        row = []
+        for i in range(d):
+            col = [float(w[i]) for w in vectors]
+            lo, hi = min(col), max(col)
+            x = 0.5 if hi == lo else (float(v[i]) - lo) / (hi - lo)
+            row.append(x if dirs[i] == "max" else 1.0 - x)
+        scaled.append(row)
+
+    def ideal_distance(i: int) -> float:
+        return math.sqrt(sum((1.0 - x) ** 2 for x in scaled[i]))
+
+    closest = min(range(len(scaled)), key=lambda i: (ideal_distance(i), i))
+    if d != 2 or len(scaled) < 3:
+        return closest, KNEE_RULE_ND
+    a = max(range(len(scaled)), key=lambda i: (scaled[i][0], -i))  # best on the first objective
+    b = max(range(len(scaled)), key=lambda i: (scaled[i][1], -i))  # best on the second
+    (ax, ay), (bx, by) = scaled[a], scaled[b]
+    norm = math.hypot(bx - ax, by - ay)
+    if norm == 0:
+        return closest, KNEE_RULE_ND
+
+    def above_chord(i: int) -> float:
+        x, y = scaled[i]
+        # signed distance, positive on the side of the ideal point (1, 1)
+        side = ((bx - ax) * (1.0 - ay) - (by - ay) * (1.0 - ax))
+        dist = ((bx - ax) * (y - ay) - (by - ay) * (x - ax)) / norm
+        return dist if side >= 0 else -dist
+
+    best = max(range(len(scaled)), key=lambda i: (round(above_chord(i), 12), -i))
+    if above_chord(best) <= 1e-12:
+        return closest, KNEE_RULE_ND
+    return best, KNEE_RULE_2D
