@@ -62,7 +62,7 @@ def deployment_dict(c: Candidate, rank: int, *, target: str | None = None) -> di
         planner["settings"] = {k: cfg[k] for k in PLANNER_KEYS if k in cfg}
         planner["limits"] = {k: cfg[k] for k in ("gpu_budget", "min_gpu_budget", "min_endpoint") if cfg.get(k) is not None}
     return {
-        "kind": "SpicaDeploymentCandidate",
+        "kind": "SpicaSimulationRecord",
         "note": "starting point simulated by Dynamo Replay; validate on hardware before production",
         "rank": rank,
         "branch": c.branch,
