@@ -378,3 +378,12 @@ def test_knee_is_the_recommended_front_point():
     assert scoring.knee_index([(1.0, 1.0)], ["max", "max"])[0] == 0
     i, rule = scoring.knee_index([(3.0, 1.0, 2.0), (2.0, 2.0, 2.0), (1.0, 3.0, 1.0)], ["max"] * 3)
     assert i == 1 and rule.startswith("closest to the ideal")
+
+
+def test_a_rerun_with_fewer_picks_drops_stale_deploy_folders(tmp_path):
+    ledger = make_ledger(seed=5, n=45)
+    m = merge_candidates(ledger, "throughput_per_gpu", gpu_budget=16)
+    write_outputs(tmp_path, ledger, m, goal_summary=GOAL, workload_summary=WORKLOAD, timings={}, top_n=5)
+    assert (tmp_path / "deploy" / "5" / "dgd.yaml").is_file()
+    write_outputs(tmp_path, ledger, m, goal_summary=GOAL, workload_summary=WORKLOAD, timings={}, top_n=2)
+    assert sorted(p.name for p in (tmp_path / "deploy").iterdir()) == ["1", "2"]

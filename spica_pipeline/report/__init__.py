@@ -9,6 +9,17 @@ import pandas as pd
 from spica_pipeline.report.merge import MergeResult, merge_candidates, merge_for_config
 from spica_pipeline.storage import atomic_write_bytes, atomic_write_parquet, atomic_write_text
 
+
+def _drop_stale_deploy_folders(deploy_dir: Path, keep: int) -> None:
+    """A rerun with fewer picks (or a smaller top_n) must not leave an older run's deploy/<rank>/."""
+    import shutil
+
+    if not deploy_dir.is_dir():
+        return
+    for d in deploy_dir.iterdir():
+        if d.is_dir() and d.name.isdigit() and int(d.name) > keep:
+            shutil.rmtree(d)
+
 __all__ = ["MergeResult", "merge_candidates", "merge_for_config", "write_outputs"]
 
 
@@ -53,6 +64,7 @@ def write_outputs(
             description=describe_candidate(cand, m.target, m.objectives), sla=goal_summary.get("sla"))
         paths[f"deploy_{rank}"] = written.get("dgd") or written["dgd_invalid"]
         paths[f"deploy_record_{rank}"] = written["record"]
+    _drop_stale_deploy_folders(out / "deploy", keep=len(m.top(top_n)))
     if config_json is not None:
         from spica_pipeline.report.sweep_result import ledger_to_sweep_result, to_json_text
 
