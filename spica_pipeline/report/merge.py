@@ -122,7 +122,9 @@ class MergeResult:
         if not self.candidates:
             return []
         if not self.is_pareto:
-            return [f"{i}: score={c.score} used_gpus={c.used_gpus}" for i, c in enumerate(self.candidates)]
+            return [f"{i}: score={c.score} used_gpus={c.used_gpus}"
+                    + (f" fleet_gpus={int(c.metrics['fleet_gpus'])}" if "fleet_gpus" in c.metrics else "")
+                    for i, c in enumerate(self.candidates)]
         lines = [f"pareto front ({len(self.candidates)} non-dominated):"]
         for i, c in enumerate(self.candidates):
             objs = ", ".join(f"{k}={v:.4g}" for k, v in (c.objectives or {}).items())
