@@ -42,6 +42,36 @@ def test_min_gpus_sweep_picks_the_smallest_fleet_under_the_sla(tmp_path):
     assert merge.counts["infeasible"] == 1  # the SLA-breaking shape never reaches the ranking
     assert "min_gpus: 6 GPUs = 3 x 2 for request_rate 20" in merge.summary_line()
     assert "fleet" in (tmp_path / "report.md").read_text().lower()
+    # deploy/1/dgd.yaml deploys the whole fleet: 3 worker replicas of the 2-GPU engine
+    import yaml
+
+    from spica_pipeline.report.dgd import manifest_gpus, validate_manifest
+
+    doc = yaml.safe_load((tmp_path / "deploy" / "1" / "dgd.yaml").read_text())
+    assert validate_manifest(doc) == [] and manifest_gpus(doc) == 6
+    assert [c["replicas"] for c in doc["spec"]["components"] if c["type"] == "worker"] == [3]
+
+
+def test_concurrency_target_through_the_merge():
+    """A concurrency load sizes by the concurrency each candidate was replayed at."""
+    import json
+
+    import pandas as pd
+
+    from spica_pipeline.report import merge_candidates
+
+    def row(h, gpus, conc, rps):
+        report = {"request_throughput_rps": rps, "duration_ms": 3.6e6, "gpu_hours": float(gpus)}
+        return {"branch": "agg", "status": "feasible", "spec_hash": h, "used_gpus": gpus, "reason": None,
+                "config": json.dumps({"concurrency": conc, "used_gpus": gpus}), "report": json.dumps(report)}
+
+    ledger = pd.DataFrame([row("a", 4, 32, 10.0), row("b", 1, 6, 2.0), row("c", 2, 0, 5.0)])
+    m = merge_candidates(ledger, "min_gpus", load_target={"concurrency": 64})
+    # a: ceil(64/32)=2 x 4 = 8 GPUs; b: ceil(64/6)=11 x 1 = 11 GPUs; c carried nothing
+    assert [(c.spec_hash, c.metrics["fleet_gpus"]) for c in m.candidates] == [("a", 8.0), ("b", 11.0)]
+    assert m.unservable == 1
+    none = merge_candidates(ledger[ledger["spec_hash"] == "c"], "min_gpus", load_target={"concurrency": 64})
+    assert "NO candidate carried any of the load" in none.summary_line()
 
 
 def test_concurrency_load_uses_the_replayed_concurrency():

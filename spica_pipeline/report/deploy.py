@@ -96,6 +96,9 @@ def dgd_yaml(c: Candidate, rank: int, doc: Mapping[str, Any], *, target: str | N
              "# Generated from the replayed sample; validated against the vendored DGD CRD schema subset",
              "# and backend flag lists (spica_pipeline/report/dgd_data/SOURCES.md).",
              f"# GPUs: {c.used_gpus}. Predicted by Dynamo Replay, not measured: benchmark before production."]
+    if c.metrics.get("fleet_replicas", 1) > 1:
+        lines.append(f"# min_gpus fleet: {int(c.metrics['fleet_replicas'])} x the replayed deployment = "
+                     f"{int(c.metrics['fleet_gpus'])} GPUs; worker replicas below are already multiplied.")
     if target is not None and c.score is not None:
         lines.append(f"# goal {target}: score {c.score:.6g}")
     return "\n".join(lines) + "\n" + yaml.safe_dump(dict(doc), sort_keys=False, default_flow_style=False, width=1000)
@@ -115,6 +118,20 @@ def readme_text(c: Candidate, rank: int, description: str) -> str:
         "The numbers are replay predictions, not measurements; benchmark on real hardware before "
         "relying on them.\n"
     )
+
+
+def fleet_config(cfg: Mapping[str, Any], fleet_replicas: Any) -> dict[str, Any]:
+    """A min_gpus pick deploys its whole fleet: every worker role's replicas times the fleet size."""
+    out = dict(cfg)
+    k = int(fleet_replicas or 1)
+    if k <= 1:
+        return out
+    for key in ("replicas", "prefill_replicas", "decode_replicas"):
+        if key in out:
+            out[key] = int(out[key] or 1) * k
+    if "used_gpus" in out:
+        out["used_gpus"] = int(out["used_gpus"]) * k
+    return out
 
 
 def write_deploy_folder(out_dir: Any, c: Candidate, rank: int, *, target: str | None, description: str,
@@ -140,7 +157,8 @@ def write_deploy_folder(out_dir: Any, c: Candidate, rank: int, *, target: str | 
     if cfg.get("enable_throughput_scaling") or cfg.get("enable_load_scaling"):
         planner_config = planner_config_for(dict(cfg), planner_target=planner_target or planner_target_for(target or ""),
                                             sla=dict(sla) if sla else None)
-    doc = dgd_manifest(cfg, name=manifest_name(str(cfg.get("model_name")), rank, str(cfg.get("deployment_mode"))),
+    doc = dgd_manifest(fleet_config(cfg, c.metrics.get("fleet_replicas")),
+                       name=manifest_name(str(cfg.get("model_name")), rank, str(cfg.get("deployment_mode"))),
                        options=options, planner_config=planner_config)
     problems = validate_manifest(doc)
     if problems:

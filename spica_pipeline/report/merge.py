@@ -139,6 +139,8 @@ class MergeResult:
         head = (f"feasible={c.get('feasible', 0)} gated={c.get('infeasible', 0) + c.get('timed_out', 0)} "
                 f"unsupported={c.get('unsupported', 0)} failed={c.get('failed', 0)} cache_hits={self.duplicates}")
         if not self.candidates:
+            if self.unservable:
+                return f"{head}; NO candidate carried any of the load ({self.unservable} feasible, capacity 0)"
             return f"{head}; NO feasible candidate"
         if self.is_pareto:
             return f"{head}; pareto front: {len(self.candidates)}"

@@ -195,6 +195,9 @@ def ledger_to_sweep_result(
                 "ledger_columns": [{"name": str(c), "dtype": str(ledger[c].dtype)} for c in ledger.columns],
                 "cache_hit_rows": cache_rows,
                 "target": getattr(merge, "target", None),
+                "recommended": (first_id.get(merge.recommendation[0].spec_hash)
+                                if merge is not None and merge.recommendation is not None else None),
+                "load_target": getattr(merge, "load_target", None),
                 "objectives": list(getattr(merge, "objectives", []) or []),
             }},
         },
