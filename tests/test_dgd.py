@@ -146,3 +146,12 @@ def test_validation_catches_invented_fields_and_flags():
 def test_names_are_dns_labels():
     name = dgd.manifest_name("Qwen/Qwen3-235B-A22B_FP8" + "x" * 80, 10, "disagg")
     assert len(name) <= 63 and name.endswith("-disagg-10") and name == name.lower()
+
+
+def test_custom_image_without_a_version_tag_gets_the_runtime_version():
+    cfg = sample("agg", "vllm", "TP")
+    doc = dgd_manifest(cfg, name="x-1", options=DeployOptions(image="registry.local/dynamo:latest"))
+    assert {c["runtimeVersionOverride"] for c in doc["spec"]["components"]} == {dgd.DYNAMO_VERSION}
+    assert validate_manifest(doc) == []
+    tagged = dgd_manifest(cfg, name="x-1", options=DeployOptions(image="registry.local/dynamo:1.6.1"))
+    assert all("runtimeVersionOverride" not in c for c in tagged["spec"]["components"])

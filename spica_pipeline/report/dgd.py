@@ -23,6 +23,7 @@ DYNAMO_VERSION = "1.6.1"
 IMAGE_REPO = "nvcr.io/nvidia/ai-dynamo"
 DEFAULT_HF_SECRET = "hf-token-secret"
 FRONTEND_PORT = 8000
+_SEMVER_TAG = re.compile(r":v?\d+\.\d+\.\d+[^/:]*$")
 
 _ROUTER_MODE = {"kv_router": "kv", "kv": "kv", "round_robin": "round-robin", "random": "random"}
 # sample key -> dynamo.frontend flag (Frontend Configuration Reference, router section)
@@ -282,6 +283,9 @@ def dgd_manifest(cfg: Mapping[str, Any], *, name: str, options: DeployOptions | 
             item: dict[str, Any] = {"name": c.name, "type": c.kind, "replicas": c.replicas}
             if c.nodes > 1:
                 item["multinode"] = {"nodeCount": c.nodes}
+            if not _SEMVER_TAG.search(str(c.container.get("image", ""))):
+                # DGD admission needs the runtime version when the image tag does not carry one
+                item["runtimeVersionOverride"] = DYNAMO_VERSION
             item["podTemplate"] = {"spec": {"containers": [c.container]}}
             items.append(item)
         spec: dict[str, Any] = {"backendFramework": backend, "components": items}
