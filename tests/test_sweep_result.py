@@ -61,6 +61,8 @@ def test_classify_resource_limits_and_budget():
     assert classify("infeasible", "used_gpus 24 exceeds the budget 16 (gpu_budget)") == ("infeasible", "gpu_budget")
     assert classify("infeasible", "p90 TTFT 900 ms breaks the SLA ttft_ms 500") == ("infeasible", "sla_constraint")
     assert classify("feasible", None) == ("feasible", None)
+    assert classify("failed", "workload.isl=50000 exceeds the model context length 40960") == (
+        "failed", "candidate_materialization")
 
 
 def test_import_refuses_foreign_or_broken_documents():

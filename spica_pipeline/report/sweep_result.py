@@ -39,6 +39,7 @@ _RULES: tuple[tuple[str, str | None, str], ...] = (
     (r"projection", None, "parallel_projection"),
     (r"no (finished|completed) requests|no samples", None, "no_samples"),
     (r"metric", None, "invalid_metrics"),
+    (r"context length|cannot build|needs exactly one load controller", None, "candidate_materialization"),
 )
 _STATUS_DEFAULT_CATEGORY = {"timed_out": "runtime_timeout", "unsupported": "backend_topology",
                             "failed": "replay_runtime", "infeasible": "unknown"}
