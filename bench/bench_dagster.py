@@ -5,8 +5,9 @@
 
 Both sides get the same validated config (launch overrides applied once), the real replay and
 Vizier resources, and a fresh output folder / journal each time, so neither resumes the other.
-Dagster runs in-process on an ephemeral instance, all six assets plus the four checks in one run
-(both mode partitions), which is what a launchpad or scheduled run does minus the run-worker start.
+Dagster runs the sweep's job in-process on an ephemeral instance (every stage, the four checks and
+the deploy asset, all searched modes), which is what a launchpad or scheduled run does minus the
+run-worker start. It also times the code location's load (all bundled sweeps) in a fresh interpreter.
 Target: Dagster / run_sweep <= 1.15x. Module imports are paid before timing on both sides, and an
 untimed warm-up sweep pays the first-use costs (AIC, Vizier, timing tables) before either is timed.
 """
@@ -24,39 +25,51 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dagster as dg  # noqa: E402
 
-from spica_pipeline.assets.checks import ALL_CHECKS  # noqa: E402
-from spica_pipeline.assets.config import SweepLaunchConfig, read_launch_config  # noqa: E402
+from spica_pipeline.assets.config import SweepLaunchConfig, read_sweep_config  # noqa: E402
+from spica_pipeline.assets.factory import sweeps_definitions  # noqa: E402
 from spica_pipeline.assets.io import ParquetIOManager, SweepStorage  # noqa: E402
-from spica_pipeline.assets.studies import ALL_MODES_TAGS  # noqa: E402
-from spica_pipeline.definitions import ASSETS  # noqa: E402
+from spica_pipeline.assets.spec import sweep_spec  # noqa: E402
 from spica_pipeline.resources.replay import ReplayEvaluator  # noqa: E402
 from spica_pipeline.resources.vizier import VizierClient  # noqa: E402
 from spica_pipeline.sweep import run_sweep  # noqa: E402
 
 
-def run_cli(launch: SweepLaunchConfig, root: Path) -> tuple[float, dict]:
-    config, _, _ = read_launch_config(launch)
+def code_location_load_seconds() -> float:
+    """A fresh interpreter importing the code location with every bundled sweep (what the code
+    server does at start and at each reload)."""
+    import subprocess
+
+    code = ("import time; t=time.perf_counter(); import spica_pipeline.definitions as d; "
+            "d.defs.resolve_asset_graph(); print(time.perf_counter()-t)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def run_cli(config_path: str, launch: SweepLaunchConfig, root: Path) -> tuple[float, dict]:
+    config = read_sweep_config(config_path, launch)
     t0 = time.perf_counter()
     result = run_sweep(config, root / "cli", evaluator=ReplayEvaluator(), vizier=VizierClient())
     seconds = time.perf_counter() - t0
     return seconds, {"trials": len(result.ledger), "summary": result.merge.summary_line()}
 
 
-def run_dagster(launch: SweepLaunchConfig, root: Path) -> tuple[float, dict]:
+def run_dagster(config_path: str, launch: SweepLaunchConfig, root: Path) -> tuple[float, dict]:
     resources = {
         "io_manager": ParquetIOManager(base_dir=str(root / "assets")),
         "sweep_storage": SweepStorage(base_dir=str(root / "spica")),
         "replay": ReplayEvaluator(),
         "vizier": VizierClient(),
     }
-    run_config = {"ops": {"validated_config": {"config": launch.model_dump()}}}
+    spec = sweep_spec("bench", config_path)
+    defs = sweeps_definitions([spec], resources=resources)
+    job = defs.resolve_job_def("bench_sweep")
+    run_config = {"ops": {"bench__validated_config": {"config": launch.model_dump()}}}
     t0 = time.perf_counter()
-    result = dg.materialize(ASSETS + ALL_CHECKS, resources=resources, run_config=run_config,
-                            tags=ALL_MODES_TAGS, instance=dg.DagsterInstance.ephemeral())
+    result = job.execute_in_process(run_config=run_config, instance=dg.DagsterInstance.ephemeral(),
+                                    raise_on_error=False)
     seconds = time.perf_counter() - t0
-    if not result.success:
-        raise SystemExit("dagster run failed")
-    md = result.asset_materializations_for_node("sweep_result")[0].metadata
+    md = result.asset_materializations_for_node("bench__sweep_result")[0].metadata
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     return seconds, {"trials": md["trials"].value, "summary": md["summary"].value, "checks": checks}
 
@@ -71,10 +84,13 @@ def main() -> None:
                     help="skip the untimed run_sweep that first pays the in-process imports (AIC, Vizier) "
                          "and fills the timing-table disk cache")
     args = ap.parse_args()
-    launch = SweepLaunchConfig(config_path=args.config, algorithm=args.algorithm or None)
+    load = code_location_load_seconds()
+    print(f"code location load (all bundled sweeps, fresh interpreter): {load:.1f} s  (target <= 10 s)",
+          flush=True)
+    launch = SweepLaunchConfig(algorithm=args.algorithm or None)
     if not args.no_warmup:
         with tempfile.TemporaryDirectory(prefix="bench-dagster-warmup-") as tmp:
-            seconds, _ = run_cli(launch, Path(tmp))
+            seconds, _ = run_cli(args.config, launch, Path(tmp))
         print(f"[warm-up] run_sweep {seconds:7.1f} s (untimed)", flush=True)
 
     cli_times, dag_times = [], []
@@ -85,7 +101,7 @@ def main() -> None:
             order.reverse()
         for name, fn, sink in order:
             with tempfile.TemporaryDirectory(prefix=f"bench-dagster-{name}-") as tmp:
-                seconds, info = fn(launch, Path(tmp))
+                seconds, info = fn(args.config, launch, Path(tmp))
             sink.append(seconds)
             print(f"[{i + 1}/{args.repeats}] {name:9s} {seconds:7.1f} s  trials={info['trials']}  {info['summary']}"
                   + (f"  checks={info['checks']}" if "checks" in info else ""), flush=True)

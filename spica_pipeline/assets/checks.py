@@ -9,7 +9,8 @@ import dagster as dg
 import pandas as pd
 
 from spica_pipeline.assets.config import config_from_frame
-from spica_pipeline.assets.result import merged_ledger, sweep_result
+from spica_pipeline.assets.result import as_ledgers, merged_ledger
+from spica_pipeline.assets.spec import SweepSpec
 from spica_pipeline.search import scoring
 
 REPLAY_STATUSES = ("feasible", "infeasible", "failed", "timed_out")
@@ -72,33 +73,39 @@ def _objectives(config: Any) -> list[str]:
     return [scoring._name(o) for o in config.goal.objectives()]
 
 
-@dg.asset_check(asset=sweep_result, description="At least one feasible candidate came out of the sweep")
-def has_feasible_candidate(sweep_result: pd.DataFrame) -> dg.AssetCheckResult:
-    return feasible_candidate_check(sweep_result)
+def build_checks(spec: SweepSpec) -> list[dg.AssetChecksDefinition]:
+    """The four checks on one sweep's result; the first two are blocking (deploy waits on them)."""
+    result_key = spec.key("sweep_result")
+    config_in = {"filtered_config": dg.AssetIn(spec.key("filtered_config"))}
+
+    @dg.asset_check(asset=result_key, blocking=True, automation_condition=dg.AutomationCondition.eager(),
+                    description="Blocking: at least one feasible candidate came out of the sweep")
+    def has_feasible_candidate(sweep_result: pd.DataFrame) -> dg.AssetCheckResult:
+        return feasible_candidate_check(sweep_result)
+
+    @dg.asset_check(asset=result_key, blocking=True, additional_ins=config_in,
+                    automation_condition=dg.AutomationCondition.eager(),
+                    description="Blocking: no candidate uses more GPUs than search_space.gpu_budget")
+    def within_gpu_budget(sweep_result: pd.DataFrame, filtered_config: pd.DataFrame) -> dg.AssetCheckResult:
+        return gpu_budget_check(sweep_result, int(config_from_frame(filtered_config).search_space.gpu_budget))
+
+    @dg.asset_check(
+        asset=result_key, automation_condition=dg.AutomationCondition.eager(),
+        description="Spec hashes are unique among replayed (non-cached) trials of the ledger",
+        additional_ins={**config_in, "branch_study": dg.AssetIn(spec.key("branch_study"),
+                                                                metadata={"allow_missing_partitions": True})},
+    )
+    def unique_replayed_spec_hashes(filtered_config: pd.DataFrame, branch_study: Any) -> dg.AssetCheckResult:
+        return unique_replays_check(merged_ledger(config_from_frame(filtered_config),
+                                                  as_ledgers(spec, branch_study)))
+
+    @dg.asset_check(asset=result_key, additional_ins=config_in, automation_condition=dg.AutomationCondition.eager(),
+                    description="Pareto front is non-dominated (scalar goal: ranking is best-first)")
+    def front_non_dominated(sweep_result: pd.DataFrame, filtered_config: pd.DataFrame) -> dg.AssetCheckResult:
+        config = config_from_frame(filtered_config)
+        return front_check(sweep_result, config.goal.target.value, _objectives(config))
+
+    return [has_feasible_candidate, within_gpu_budget, unique_replayed_spec_hashes, front_non_dominated]
 
 
-@dg.asset_check(asset=sweep_result, description="No candidate uses more GPUs than search_space.gpu_budget",
-                additional_ins={"filtered_config": dg.AssetIn("filtered_config")})
-def within_gpu_budget(sweep_result: pd.DataFrame, filtered_config: pd.DataFrame) -> dg.AssetCheckResult:
-    return gpu_budget_check(sweep_result, int(config_from_frame(filtered_config).search_space.gpu_budget))
-
-
-@dg.asset_check(
-    asset=sweep_result,
-    description="Spec hashes are unique among replayed (non-cached) trials of the ledger",
-    additional_ins={"filtered_config": dg.AssetIn("filtered_config"),
-                    "branch_study": dg.AssetIn("branch_study", metadata={"allow_missing_partitions": True})},
-)
-def unique_replayed_spec_hashes(filtered_config: pd.DataFrame,
-                                branch_study: dict[str, pd.DataFrame]) -> dg.AssetCheckResult:
-    return unique_replays_check(merged_ledger(config_from_frame(filtered_config), dict(branch_study or {})))
-
-
-@dg.asset_check(asset=sweep_result, description="Pareto front is non-dominated (scalar goal: ranking is best-first)",
-                additional_ins={"filtered_config": dg.AssetIn("filtered_config")})
-def front_non_dominated(sweep_result: pd.DataFrame, filtered_config: pd.DataFrame) -> dg.AssetCheckResult:
-    config = config_from_frame(filtered_config)
-    return front_check(sweep_result, config.goal.target.value, _objectives(config))
-
-
-ALL_CHECKS = [has_feasible_candidate, within_gpu_budget, unique_replayed_spec_hashes, front_non_dominated]
+CHECK_NAMES = ["has_feasible_candidate", "within_gpu_budget", "unique_replayed_spec_hashes", "front_non_dominated"]

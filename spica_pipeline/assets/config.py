@@ -1,4 +1,4 @@
-"""Stage 1 asset: the validated sweep config, from a file or inline YAML plus launch overrides.
+"""Stage 1 asset: the sweep's validated config, from its file plus the run's overrides.
 
 `SweepLaunchConfig` is what a person edits in the launchpad (or what the schedule sends). The
 config is stored as a one-row frame (JSON + YAML + hash) so each later stage reads back exactly
@@ -19,20 +19,13 @@ from spica_pipeline.config import SmartSearchConfig, load_config, parse_yaml_tex
 from spica_pipeline import sweep as sweep_stages
 from spica_pipeline.errors import ConfigError, SpicaError
 from spica_pipeline.search.evaluation import canonical_json
+from spica_pipeline.assets.spec import SweepSpec, resolve_path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CONFIG = "examples/configs/quickstart.yaml"
-GROUP = "sweep"
 
 
 class SweepLaunchConfig(dg.Config):
-    """Which sweep to run. Overrides left empty keep the config file's values."""
+    """Ad-hoc overrides for one run of a sweep (launchpad, schedule). Empty keeps the file's value."""
 
-    config_path: str | None = Field(
-        default=DEFAULT_CONFIG,
-        description="Sweep config YAML; relative paths resolve against the working dir, then the repo root",
-    )
-    config_yaml: str | None = Field(default=None, description="Inline config YAML (wins over config_path)")
     seed: int | None = Field(default=None, description="Override sweep.seed")
     policy: str | None = Field(default=None, description="Override sweep.policy: rapid | thorough")
     algorithm: str | None = Field(
@@ -40,35 +33,26 @@ class SweepLaunchConfig(dg.Config):
         description="Override sweep.algorithm: DEFAULT | GAUSSIAN_PROCESS_BANDIT | RANDOM_SEARCH | "
         "QUASI_RANDOM_SEARCH | NSGA2",
     )
-    name: str | None = Field(default=None, description="Output folder name; default the config file's stem")
+    max_rounds: int | None = Field(default=None, description="Override sweep.max_rounds (the trial budget)")
+    gpu_budget: int | None = Field(default=None, description="Override search_space.gpu_budget")
 
 
-def resolve_path(path: str | Path) -> Path:
-    """Relative to the working dir when it exists there, else to the repository root."""
-    p = Path(path).expanduser()
-    if p.is_absolute() or p.exists():
-        return p.resolve() if p.exists() else p
-    candidate = REPO_ROOT / p
-    return candidate if candidate.exists() else p
-
-
-def _overrides(launch: SweepLaunchConfig) -> dict[str, Any]:
-    return {k: v for k, v in (("seed", launch.seed), ("policy", launch.policy),
-                              ("algorithm", launch.algorithm)) if v is not None}
-
-
-def _with_overrides(data: Any, launch: SweepLaunchConfig, where: str) -> dict[str, Any]:
+def _with_overrides(data: Any, launch: SweepLaunchConfig, where: str, base: Path | None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"invalid config {where}: the top level must be a mapping, got {type(data).__name__}")
     data = dict(data)
     sweep = dict(data.get("sweep") or {})
-    sweep.update(_overrides(launch))
+    sweep.update({k: v for k, v in (("seed", launch.seed), ("policy", launch.policy),
+                                    ("algorithm", launch.algorithm), ("max_rounds", launch.max_rounds))
+                  if v is not None})
     if sweep:
         data["sweep"] = sweep
+    if launch.gpu_budget is not None and isinstance(data.get("search_space"), dict):
+        data["search_space"] = {**data["search_space"], "gpu_budget": launch.gpu_budget}
     workload = data.get("workload")
     if isinstance(workload, dict) and isinstance(workload.get("trace_path"), str) and workload["trace_path"].strip():
         # pin the trace to an absolute path so later stages and run workers agree on the file
-        data["workload"] = {**workload, "trace_path": str(resolve_path(workload["trace_path"]))}
+        data["workload"] = {**workload, "trace_path": str(resolve_path(workload["trace_path"], base))}
     return data
 
 
@@ -81,22 +65,13 @@ def _validate(data: dict[str, Any], where: str) -> SmartSearchConfig:
         raise ConfigError(f"invalid config {where}: {' '.join(str(err).split())}") from None
 
 
-def read_launch_config(launch: SweepLaunchConfig) -> tuple[SmartSearchConfig, str, str]:
-    """(config, source, sweep name); every problem is one ConfigError line."""
-    if launch.config_yaml:
-        where = "<launch config_yaml>"
-        data = parse_yaml_text(launch.config_yaml, where)
-        if data is None:
-            raise ConfigError(f"invalid config {where}: the text is empty")
-        config = _validate(_with_overrides(data, launch, where), where)
-        return config, "inline", launch.name or "inline"
-    if not launch.config_path:
-        raise ConfigError("launch config: set config_path or config_yaml")
-    path = resolve_path(launch.config_path)
+def read_sweep_config(config_path: str | Path, launch: SweepLaunchConfig | None = None) -> SmartSearchConfig:
+    """The sweep's file with the run's overrides applied; every problem is one ConfigError line."""
+    launch = launch or SweepLaunchConfig()
+    path = resolve_path(config_path)
     load_config(path)  # file-level checks and messages (size, encoding, YAML, schema)
     data = parse_yaml_text(path.read_text(encoding="utf-8-sig"), path)
-    config = _validate(_with_overrides(data, launch, str(path)), str(path))
-    return config, str(path), launch.name or path.stem
+    return _validate(_with_overrides(data, launch, str(path), path.parent), str(path))
 
 
 def config_hash(config: SmartSearchConfig) -> str:
@@ -140,26 +115,30 @@ def fail(err: Exception) -> dg.Failure:
     return dg.Failure(description=f"{type(err).__name__}: {' '.join(str(err).split())}")
 
 
-@dg.asset(group_name=GROUP, kinds={"pandas", "parquet"})
-def validated_config(context: dg.AssetExecutionContext, config: SweepLaunchConfig) -> dg.Output[pd.DataFrame]:
-    """Stage 1: read, override and validate the sweep config (bad config -> one-line failure)."""
-    try:
-        cfg, source, name = read_launch_config(config)
-        sweep_stages.check_workload(cfg)  # a malformed trace line -> one error naming file and line
-    except SpicaError as err:
-        raise fail(err) from None
-    frame = config_frame(cfg, source=source, sweep_name=name)
-    space = cfg.search_space
-    return dg.Output(frame, metadata={
-        "source": source,
-        "sweep_name": name,
-        "config_hash": frame_value(frame, "config_hash"),
-        "goal": cfg.goal.target.value,
-        "model": space.model_name,
-        "hardware": space.hardware_sku,
-        "gpu_budget": int(space.gpu_budget),
-        "deployment_modes": ", ".join(space.deployment_mode),
-        "seed": int(cfg.sweep.seed),
-        "algorithm": cfg.sweep.algorithm,
-        "config": dg.MetadataValue.md(f"```yaml\n{frame_value(frame, 'config_yaml')}```"),
-    })
+def build_validated_config(spec: SweepSpec) -> dg.AssetsDefinition:
+    @dg.asset(**spec.common("validated_config"), kinds={"pandas", "parquet"}, deps=spec.source_keys,
+              description=f"Stage 1: {Path(spec.config_path).name} read, overridden and validated "
+              "(a bad config fails with one line)")
+    def validated_config(context: dg.AssetExecutionContext, config: SweepLaunchConfig) -> dg.Output[pd.DataFrame]:
+        try:
+            cfg = read_sweep_config(spec.config_path, config)
+            sweep_stages.check_workload(cfg)  # a malformed trace line -> one error naming file and line
+        except SpicaError as err:
+            raise fail(err) from None
+        frame = config_frame(cfg, source=spec.config_path, sweep_name=spec.name)
+        space = cfg.search_space
+        return dg.Output(frame, metadata={
+            "source": spec.config_path,
+            "sweep_name": spec.name,
+            "config_hash": frame_value(frame, "config_hash"),
+            "goal": cfg.goal.target.value,
+            "model": space.model_name,
+            "hardware": space.hardware_sku,
+            "gpu_budget": int(space.gpu_budget),
+            "deployment_modes": ", ".join(space.deployment_mode),
+            "seed": int(cfg.sweep.seed),
+            "algorithm": cfg.sweep.algorithm,
+            "config": dg.MetadataValue.md(f"```yaml\n{frame_value(frame, 'config_yaml')}```"),
+        })
+
+    return validated_config

@@ -31,7 +31,7 @@ class PandasParquetIOManager(dg.UPathIOManager):
     """DataFrame <-> Parquet, one file per asset or partition.
 
     Unlike the base class it also stores a multi-partition output (a run over the partition range
-    agg..disagg, as the `spica_sweep` job launches) when the asset returns {partition_key: DataFrame}.
+    agg..disagg, as a sweep's job launches) when the asset returns {partition_key: DataFrame}.
     """
 
     extension = ".parquet"
@@ -51,12 +51,12 @@ class PandasParquetIOManager(dg.UPathIOManager):
         if not frames:
             return {}
         first = frames[0]
-        return {
-            "dagster/row_count": dg.MetadataValue.int(int(sum(len(f) for f in frames))),
-            "dagster/column_schema": dg.TableSchema(
-                columns=[dg.TableColumn(str(c), str(t)) for c, t in first.dtypes.items()]
-            ),
-        }
+        metadata: dict[str, Any] = {"dagster/column_schema": dg.TableSchema(
+            columns=[dg.TableColumn(str(c), str(t), description=column_description(str(c)))
+                     for c, t in first.dtypes.items()])}
+        if not context.has_asset_partitions:  # a partitioned asset reports each partition's own count
+            metadata["dagster/row_count"] = dg.MetadataValue.int(len(first))
+        return metadata
 
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
         if not (context.has_asset_partitions and isinstance(obj, dict)):
@@ -106,3 +106,81 @@ class SweepStorage(dg.ConfigurableResource):
     def output_dir(self, sweep_name: str) -> Path:
         """A stable folder per sweep name: the latest report, and last night's ledger for warm start."""
         return self.root / "outputs" / sweep_name
+
+
+COLUMN_DESCRIPTIONS = {
+    # config frames (validated_config, filtered_config)
+    "sweep_name": "the sweep's name (asset-key prefix)",
+    "source": "the config file it was read from",
+    "config_hash": "sha256 of the validated config and, for a trace workload, the trace bytes",
+    "config_json": "the validated config as canonical JSON",
+    "config_yaml": "the validated config as YAML",
+    "dropped_json": "planner policies dropped by the goal filter, with the reason",
+    # load_predictor_result
+    "result_class": "class of the load-predictor result (module:qualname), null when none is needed",
+    "result_json": "the load-predictor result as JSON",
+    # branch_spaces
+    "deployment_mode": "agg or disagg",
+    "space_json": "the branch's search space (parallel pool and knobs) as JSON",
+    "space_hash": "identity of the space: warm start only reuses trials of an equal hash",
+    "finite_size": "points in the space (-1: continuous)",
+    "pool_size": "legal parallel configurations",
+    "exhaustive": "true when the whole space is replayed instead of searched",
+    "plan": "why the branch is searched the way it is",
+    "warnings_json": "enumeration warnings",
+    # ledgers (branch_study)
+    "branch": "deployment mode of the trial",
+    "trial": "trial number (sweep-wide in a merged ledger)",
+    "round": "optimizer round that suggested it",
+    "status": "feasible | infeasible | failed | timed_out | cached | ...",
+    "reason": "why it is not feasible, or which trial's result it reuses",
+    "spec_hash": "identity of the replayed deployment spec (dedup key)",
+    "parameters": "the optimizer's parameters (JSON)",
+    "selection": "the parallel-config selection (JSON)",
+    "parallel_config": "TP/PP/replicas per role (JSON)",
+    "config": "the full candidate config (JSON)",
+    "report": "the replay's summary metrics (JSON)",
+    "spread": "per-metric spread over router repeats (JSON)",
+    "used_gpus": "GPUs the candidate uses",
+    "score": "goal value, signed so that larger is better",
+    "objectives": "Pareto objective values (JSON)",
+    "told_metrics": "what the optimizer was told (JSON)",
+    "replay_seconds": "wall seconds spent replaying",
+    "optimizer_seconds": "wall seconds spent suggesting",
+    "projection": "how the sample was projected onto a legal config (JSON)",
+    # candidates (sweep_result)
+    "rank": "1 = best (a front: ascending by the last objective)",
+    "avg_gpu": "time-averaged GPUs in use (planner scaling)",
+    "tok_s_per_gpu": "output tokens/s per GPU",
+    "tok_s_per_user": "output tokens/s per user",
+    "sla_attainment": "share of requests within the SLA",
+    "router_spread_pct": "spread of throughput across router repeats, percent",
+    "fleet_replicas": "min_gpus: replicas to carry the load",
+    "fleet_gpus": "min_gpus: GPUs of the sized fleet",
+    "replica_capacity": "min_gpus: requests/s one replica carries within the SLA",
+    "output_throughput_tok_s": "output tokens/s (replay)",
+    "mean_ttft_ms": "mean time to first token, ms",
+    "mean_tpot_ms": "mean time per output token, ms",
+    "mean_e2e_latency_ms": "mean end-to-end latency, ms",
+    "mean_output_token_throughput_per_user": "mean output tokens/s per request",
+    "goodput_output_throughput_tok_s": "output tokens/s of requests within the SLA",
+    "gpu_hours": "GPU hours the replay used",
+    "duration_ms": "replayed duration, ms",
+    "planner_total_ticks": "planner decisions during the replay",
+    "request_throughput_rps": "completed requests/s",
+    "p90_ttft_ms": "p90 time to first token, ms",
+    "p90_itl_ms": "p90 inter-token latency, ms",
+    "completed_requests": "requests completed in the replay",
+    "goodput_completed_requests": "completed requests within the SLA",
+}
+PREFIX_DESCRIPTIONS = {"obj.": "Pareto objective: ", "cfg.": "candidate config: ", "spread.": "router-repeat spread: "}
+
+
+def column_description(name: str) -> str | None:
+    """What a stored column means (shown in the asset's column schema)."""
+    if name in COLUMN_DESCRIPTIONS:
+        return COLUMN_DESCRIPTIONS[name]
+    for prefix, what in PREFIX_DESCRIPTIONS.items():
+        if name.startswith(prefix):
+            return what + name[len(prefix):]
+    return None

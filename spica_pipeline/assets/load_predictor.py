@@ -7,7 +7,8 @@ from typing import Any
 import dagster as dg
 import pandas as pd
 
-from spica_pipeline.assets.config import GROUP, config_from_frame, fail
+from spica_pipeline.assets.config import config_from_frame, fail
+from spica_pipeline.assets.spec import SweepSpec
 from spica_pipeline.errors import SpicaError
 from spica_pipeline.sweep import predict_load
 
@@ -40,24 +41,30 @@ def _numbers(d: dict[str, Any], prefix: str = "", depth: int = 0) -> dict[str, f
         if isinstance(value, bool):
             continue
         if isinstance(value, (int, float)) and value == value:
-            out[f"{prefix}{key}"] = float(value)
+            out[f"{prefix}{key}"] = round(float(value), 4)
         elif isinstance(value, dict) and depth < 1:
             out.update(_numbers(value, f"{prefix}{key}.", depth + 1))
     return out
 
 
-@dg.asset(group_name=GROUP, kinds={"pandas", "parquet"})
-def load_predictor_result(context: dg.AssetExecutionContext, filtered_config: pd.DataFrame) -> dg.Output[pd.DataFrame]:
-    """Which load predictor (and settings) the planner candidates use; skipped without a planner."""
-    config = config_from_frame(filtered_config)
-    try:
-        result = predict_load(config)
-    except SpicaError as err:
-        raise fail(err) from None
-    frame = load_predictor_frame(result)
-    if result is None:
-        return dg.Output(frame, metadata={"status": "not needed: no planner policy uses a load predictor"})
-    data = result.to_dict()
-    metadata: dict[str, Any] = dict(_numbers(data))
-    metadata["result"] = dg.MetadataValue.json(json.loads(json.dumps(data, default=str)))
-    return dg.Output(frame, metadata=metadata)
+def build_load_predictor_result(spec: SweepSpec) -> dg.AssetsDefinition:
+    @dg.asset(**spec.common("load_predictor_result"), kinds={"pandas", "parquet"},
+              ins={"filtered_config": dg.AssetIn(spec.key("filtered_config"))},
+              description="Stage 3: which load predictor (and settings) the planner candidates use; "
+              "null without a planner")
+    def load_predictor_result(context: dg.AssetExecutionContext,
+                              filtered_config: pd.DataFrame) -> dg.Output[pd.DataFrame]:
+        config = config_from_frame(filtered_config)
+        try:
+            result = predict_load(config)
+        except SpicaError as err:
+            raise fail(err) from None
+        frame = load_predictor_frame(result)
+        if result is None:
+            return dg.Output(frame, metadata={"status": "not needed: no planner policy uses a load predictor"})
+        data = result.to_dict()
+        metadata: dict[str, Any] = dict(_numbers(data))
+        metadata["result"] = dg.MetadataValue.json(json.loads(json.dumps(data, default=str)))
+        return dg.Output(frame, metadata=metadata)
+
+    return load_predictor_result

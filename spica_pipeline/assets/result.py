@@ -1,11 +1,10 @@
-"""Stage 6 asset: merge every branch's ledger by goal and write the report artifacts.
+"""Stage 6 assets: merge every branch's ledger by goal (`sweep_result`), then write the deploy output.
 
-The stored value is the candidates table (ranked list, or the Pareto front); report.md, the
-plots, the deploy/ YAML and the merged ledger are written by `write_results` under the sweep's
-output folder and linked from the materialization metadata.
+`sweep_result` stores the candidates table (ranked list, or the Pareto front) and carries the
+blocking checks. `deploy` is downstream of it, so a failed blocking check leaves no new deploy
+files: it calls `write_results` (report.md, plots, deploy/<rank>/, recommendation.json).
 """
 
-import base64
 import json
 import math
 import re
@@ -17,13 +16,16 @@ import dagster as dg
 import pandas as pd
 
 from spica_pipeline.assets.branches import branch_spaces_from_frame
-from spica_pipeline.assets.config import GROUP, config_from_frame, fail, frame_value
+from spica_pipeline.assets.config import config_from_frame, fail
+from spica_pipeline.assets.io import SweepStorage
+from spica_pipeline.assets.spec import SweepSpec
+from spica_pipeline.assets.ui_plots import inline_plot
 from spica_pipeline.assets.studies import SPACES_FILE
 from spica_pipeline.errors import SpicaError
 from spica_pipeline.search import scoring
 from spica_pipeline.search.ledger import STATUSES, TrialRecord
 from spica_pipeline.search.study import BranchOutcome
-from spica_pipeline.storage import atomic_write_text
+from spica_pipeline.storage import atomic_write_parquet, atomic_write_text
 from spica_pipeline.sweep import ledger_frame, plan_branch, write_results
 
 TABLE_ROWS = 20
@@ -66,16 +68,13 @@ def branch_outcome(mode: str, ledger: pd.DataFrame) -> BranchOutcome:
     )
 
 
-def _png_markdown(path: Any, alt: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
-    return f"![{alt}](data:image/png;base64,{data})"
-
-
 def _cell(v: Any) -> Any:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return None
     if hasattr(v, "item"):
         v = v.item()
+    if isinstance(v, float):
+        return round(v, 4)
     return v if isinstance(v, (int, float, str, bool)) else str(v)
 
 
@@ -93,25 +92,27 @@ def candidates_table(candidates: pd.DataFrame, objectives: list[str] | None) -> 
                                   schema=dg.TableSchema(columns=[dg.TableColumn(c, types[c]) for c in cols]))
 
 
-@dg.asset(
-    group_name=GROUP,
-    kinds={"pandas", "parquet"},
-    ins={"branch_study": dg.AssetIn(metadata={"allow_missing_partitions": True})},
-    deps=["load_predictor_result"],  # lineage: the studies' samples carry its winners
-    required_resource_keys={"sweep_storage"},
-)
-def sweep_result(
-    context: dg.AssetExecutionContext,
-    filtered_config: pd.DataFrame,
-    branch_spaces: pd.DataFrame,
-    branch_study: dict[str, pd.DataFrame],
-) -> dg.Output[pd.DataFrame]:
-    """Ranked candidates (scalar goal) or the Pareto front, plus report.md, plots and deploy YAML."""
+def _sweep_inputs(spec: SweepSpec) -> dict[str, dg.AssetIn]:
+    return {"filtered_config": dg.AssetIn(spec.key("filtered_config")),
+            "branch_spaces": dg.AssetIn(spec.key("branch_spaces")),
+            "branch_study": dg.AssetIn(spec.key("branch_study"), metadata={"allow_missing_partitions": True})}
+
+
+def as_ledgers(spec: SweepSpec, branch_study: Any) -> dict[str, pd.DataFrame]:
+    """The branch_study input as {mode: ledger}: Dagster hands a single-partition asset over as the
+    frame itself."""
+    if isinstance(branch_study, pd.DataFrame):
+        return {spec.modes[0]: branch_study}
+    return dict(branch_study or {})
+
+
+def merged_inputs(context: Any, spec: SweepSpec, filtered_config: pd.DataFrame, branch_spaces: pd.DataFrame,
+                  branch_study: Any) -> tuple[Any, pd.DataFrame, list[Any], list[Any]]:
+    """(config, merged ledger, plans, outcomes) rebuilt from the stored stage outputs."""
     from spica_pipeline.search.branches import BranchSpace
 
-    started = time.perf_counter()
     config = config_from_frame(filtered_config)
-    ledgers = dict(branch_study or {})
+    ledgers = as_ledgers(spec, branch_study)
     spaces = branch_spaces_from_frame(branch_spaces)
     missing = [m for m in spaces if m not in ledgers]
     if missing:
@@ -121,45 +122,116 @@ def sweep_result(
     plans = [plan_branch(b, config) for b in branches]
     outcomes = [branch_outcome(p.branch.deployment_mode, ledgers.get(p.branch.deployment_mode, ledger_frame([])))
                 for p in plans]
-    output_dir = context.resources.sweep_storage.output_dir(str(frame_value(filtered_config, "sweep_name")))
-    timings = {
-        "optimizer_seconds": sum(o.optimizer_seconds for o in outcomes),
-        "replay_seconds": sum(o.replay_seconds for o in outcomes),
-        "wall_seconds": time.perf_counter() - started,
-    }
-    try:
-        merge, paths = write_results(output_dir, config, plans, ledger, timings)
-    except SpicaError as err:
-        raise fail(err) from None
-    # what the next warm start compares against
-    atomic_write_text(output_dir / SPACES_FILE, json.dumps(
-        {str(r["deployment_mode"]): str(r["space_hash"]) for r in branch_spaces.to_dict("records")}, indent=2))
-    candidates = pd.read_parquet(paths["candidates"])
+    return config, ledger, plans, outcomes
 
-    metadata: dict[str, Any] = {s: int(merge.counts.get(s, 0)) for s in STATUSES}
-    metadata.update({
-        "trials": int(len(ledger)),
-        "candidates": int(len(candidates)),
-        "duplicates": int(merge.duplicates),
-        "over_budget": int(merge.over_budget),
-        "goal": merge.target,
-        "summary": merge.summary_line(),
-    })
-    if merge.is_pareto:
-        metadata["hypervolume"] = float(merge.hypervolume or 0.0)
-        metadata["front_size"] = len(merge.candidates)
-    elif merge.candidates:
-        best = merge.candidates[0]
-        metadata["best_score"] = float(best.score)
-        value = best.score if scoring.direction(merge.target) == "max" else -best.score
-        metadata[f"best_{merge.target}"] = float(value)
-    metadata["ranked" if not merge.is_pareto else "front"] = candidates_table(
-        candidates, merge.objectives if merge.is_pareto else None)
-    metadata["report"] = dg.MetadataValue.path(str(paths["report"]))
-    metadata["output_dir"] = dg.MetadataValue.path(str(output_dir))
-    if (output_dir / "deploy").exists():
-        metadata["deploy_dir"] = dg.MetadataValue.path(str(output_dir / "deploy"))
-    metadata["pareto_plot"] = dg.MetadataValue.md(_png_markdown(paths["pareto_png"], "pareto"))
-    metadata["convergence_plot"] = dg.MetadataValue.md(_png_markdown(paths["convergence_png"], "convergence"))
-    context.log.info(merge.summary_line())
-    return dg.Output(candidates, metadata=metadata)
+
+def _r(v: Any) -> float:
+    return round(float(v), 4)
+
+
+def result_plots(merge: Any) -> dict[str, Any]:
+    """Inline sketches of the trade-off (front squares) and the convergence curve."""
+    from spica_pipeline.report.plots import plot_axes_for
+    from spica_pipeline.report.tables import goal_value
+
+    x, y = plot_axes_for(merge)
+    pts = [(goal_value(c, x), goal_value(c, y)) for c in merge.feasible]
+    front = [(goal_value(c, x), goal_value(c, y)) for c in merge.candidates] if merge.is_pareto else []
+    conv = merge.convergence
+    merged = conv[conv["scope"] == "merged"] if not conv.empty else conv
+    flip = (not merge.is_pareto) and scoring.direction(merge.target) == "min"
+    curve = [(float(e), -float(v) if flip else float(v)) for e, v in zip(merged.get("evaluation", []),
+                                                                           merged.get("value", []))]
+    label = "hypervolume" if merge.is_pareto else f"best {merge.target}"
+    return {
+        "tradeoff_plot": dg.MetadataValue.md(inline_plot("trade-off", pts, highlight=front, x_label=x, y_label=y)),
+        "convergence_plot": dg.MetadataValue.md(inline_plot("convergence", curve, x_label="evaluation",
+                                                            y_label=label, line=True)),
+    }
+
+
+def build_sweep_result(spec: SweepSpec) -> dg.AssetsDefinition:
+    @dg.asset(**spec.common("sweep_result"), kinds={"pandas", "parquet"}, ins=_sweep_inputs(spec),
+              deps=[spec.key("load_predictor_result")],  # lineage: the studies' samples carry its winners
+              description="Stage 6: ranked candidates (scalar goal) or the Pareto front, merged over branches "
+              "by goal. Deploy files are written downstream, only after the blocking checks pass.")
+    def sweep_result(context: dg.AssetExecutionContext, filtered_config: pd.DataFrame,
+                     branch_spaces: pd.DataFrame, branch_study: Any,
+                     sweep_storage: SweepStorage) -> dg.Output[pd.DataFrame]:
+        from spica_pipeline.report import merge_for_config
+        from spica_pipeline.report.tables import arrow_safe, candidates_frame
+
+        config, ledger, _, _ = merged_inputs(context, spec, filtered_config, branch_spaces, branch_study)
+        try:
+            merge = merge_for_config(ledger, config)
+        except SpicaError as err:
+            raise fail(err) from None
+        candidates = arrow_safe(candidates_frame(merge.candidates, merge.objectives if merge.is_pareto else None))
+        # warm-start state for the next run (not deploy output): the ledger and each branch's space hash
+        output_dir = sweep_storage.output_dir(spec.name)
+        atomic_write_parquet(output_dir / "ledger.parquet", arrow_safe(ledger))
+        atomic_write_text(output_dir / SPACES_FILE, json.dumps(
+            {str(r["deployment_mode"]): str(r["space_hash"]) for r in branch_spaces.to_dict("records")}, indent=2))
+
+        metadata: dict[str, Any] = {s: int(merge.counts.get(s, 0)) for s in STATUSES}
+        metadata.update({
+            "trials": int(len(ledger)),
+            "candidates": int(len(candidates)),
+            "duplicates": int(merge.duplicates),
+            "over_budget": int(merge.over_budget),
+            "goal": merge.target,
+            "summary": merge.summary_line(),
+        })
+        if merge.is_pareto:
+            metadata["hypervolume"] = _r(merge.hypervolume or 0.0)
+            metadata["front_size"] = len(merge.candidates)
+        elif merge.candidates:
+            best = merge.candidates[0]
+            metadata["best_score"] = _r(best.score)
+            value = best.score if scoring.direction(merge.target) == "max" else -best.score
+            metadata[f"best_{merge.target}"] = _r(value)
+        metadata["ranked" if not merge.is_pareto else "front"] = candidates_table(
+            candidates, merge.objectives if merge.is_pareto else None)
+        metadata.update(result_plots(merge))
+        metadata["output_dir"] = dg.MetadataValue.path(str(output_dir))
+        context.log.info(merge.summary_line())
+        return dg.Output(candidates, metadata=metadata)
+
+    return sweep_result
+
+
+def build_deploy(spec: SweepSpec, sweep_result: dg.AssetsDefinition) -> dg.AssetsDefinition:
+    @dg.asset(**spec.common("deploy"), kinds={"kubernetes", "yaml"},
+              ins={**_sweep_inputs(spec), "sweep_result": dg.AssetIn(spec.key("sweep_result"))},
+              description="Deploy output: report.md, plots, deploy/<rank>/ manifests and recommendation.json, "
+              "written by the report package. Runs only after sweep_result's blocking checks pass.")
+    def deploy(context: dg.AssetExecutionContext, filtered_config: pd.DataFrame, branch_spaces: pd.DataFrame,
+               branch_study: Any, sweep_result: pd.DataFrame,
+               sweep_storage: SweepStorage) -> dg.MaterializeResult:
+        started = time.perf_counter()
+        config, ledger, plans, outcomes = merged_inputs(context, spec, filtered_config, branch_spaces, branch_study)
+        output_dir = sweep_storage.output_dir(spec.name)
+        timings = {
+            "optimizer_seconds": sum(o.optimizer_seconds for o in outcomes),
+            "replay_seconds": sum(o.replay_seconds for o in outcomes),
+            "wall_seconds": time.perf_counter() - started,
+        }
+        try:
+            merge, paths = write_results(output_dir, config, plans, ledger, timings)
+        except SpicaError as err:
+            raise fail(err) from None
+        deploy_files = sorted(str(p.relative_to(output_dir)) for k, p in paths.items() if k.startswith("deploy_"))
+        metadata: dict[str, Any] = {
+            "report": dg.MetadataValue.path(str(paths["report"])),
+            "output_dir": dg.MetadataValue.path(str(output_dir)),
+            "deploy_files": len(deploy_files),
+            "pareto_png": dg.MetadataValue.path(str(paths["pareto_png"])),
+            "convergence_png": dg.MetadataValue.path(str(paths["convergence_png"])),
+        }
+        if "recommendation" in paths:
+            metadata["recommendation"] = dg.MetadataValue.path(str(paths["recommendation"]))
+        if deploy_files:
+            metadata["deploy_dir"] = dg.MetadataValue.path(str(output_dir / "deploy"))
+        return dg.MaterializeResult(metadata=metadata)
+
+    return deploy

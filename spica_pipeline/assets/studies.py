@@ -3,7 +3,7 @@
 A partition runs `run_branch` for its mode and stores that branch's ledger. Evaluations and
 optimizer suggestions go through a `FileJournal` keyed by the config hash (and the warm-start
 history), so a retried or interrupted partition resumes where it stopped instead of replaying
-again. A mode the config does not search materializes an empty ledger that says why.
+again. Only the modes the sweep searches are partitions (read from its config at load).
 """
 
 import hashlib
@@ -17,21 +17,17 @@ import pandas as pd
 from pydantic import Field
 
 from spica_pipeline.assets.branches import branch_spaces_from_frame
-from spica_pipeline.assets.config import GROUP, config_from_frame, fail, frame_value
+from spica_pipeline.assets.config import config_from_frame, fail, frame_value
+from spica_pipeline.assets.io import SweepStorage
 from spica_pipeline.assets.load_predictor import load_predictor_from_frame
+from spica_pipeline.assets.spec import REPLAY_POOL, SweepSpec
 from spica_pipeline.errors import SpicaError
 from spica_pipeline.journal import FileJournal, OutputDirBusy, RunLock
-from spica_pipeline.search.evaluation import canonical_json, json_safe
+from spica_pipeline.resources.vizier import VizierClient
+from spica_pipeline.search.evaluation import Evaluator, canonical_json, json_safe
 from spica_pipeline.search.ledger import STATUSES
 from spica_pipeline.sweep import ledger_frame, make_pool, plan_branch, run_branch, warm_history_for
 
-MODES = ["agg", "disagg"]
-mode_partitions = dg.StaticPartitionsDefinition(MODES)
-# one run over both partitions: the branch_study step loops over its partition keys
-ALL_MODES_TAGS = {
-    "dagster/asset_partition_range_start": MODES[0],
-    "dagster/asset_partition_range_end": MODES[-1],
-}
 SPACES_FILE = "spaces.json"  # written next to the report: {mode: space_hash} of the last sweep
 
 
@@ -70,6 +66,8 @@ def study_partition(
     load_predictor_result: pd.DataFrame,
     branch_spaces: pd.DataFrame,
     pool: Any,
+    storage: SweepStorage,
+    vizier: Any,
 ) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Run one branch study on `pool`; returns its ledger and the materialization metadata."""
     from spica_pipeline.search.branches import BranchSpace
@@ -86,7 +84,6 @@ def study_partition(
 
     plan = plan_branch(BranchSpace.from_dict(spaces[mode]), config)
     row = branch_spaces[branch_spaces["deployment_mode"] == mode].iloc[0]
-    storage = context.resources.sweep_storage
     warm: list[Any] = []
     warm_note = "off"
     if warm_start:
@@ -108,7 +105,7 @@ def study_partition(
             journal = FileJournal(journal_dir / "journal.jsonl")
             try:
                 outcome = run_branch(plan, config, load_predictor, evaluate_wave=pool.evaluate_wave,
-                                     vizier=context.resources.vizier, journal=journal,
+                                     vizier=vizier, journal=journal,
                                      warm_history=warm, on_round=on_round)
             finally:
                 journal.close()
@@ -126,8 +123,8 @@ def study_partition(
         "plan": plan.why,
         "rounds": int(outcome.rounds),
         "stalled": bool(outcome.stalled),
-        "optimizer_seconds": round(float(outcome.optimizer_seconds), 3),
-        "replay_seconds": round(float(outcome.replay_seconds), 3),
+        "optimizer_seconds": round(float(outcome.optimizer_seconds), 2),
+        "replay_seconds": round(float(outcome.replay_seconds), 2),
         "resumed_journal_records": int(journal.loaded_records),
         "warm_start_trials": len(warm),
         "warm_start": warm_note,
@@ -135,48 +132,49 @@ def study_partition(
         "journal": dg.MetadataValue.path(str(journal_dir / "journal.jsonl")),
     })
     if feasible:
-        metadata["best_score"] = float(max(feasible))
+        metadata["best_score"] = round(float(max(feasible)), 4)
     return ledger, metadata
 
 
-def _study_asset(fn):
-    """`@dg.asset` for branch_study, quiet about backfill_policy being beta in Dagster 1.13 (the
-    warning would print at every code-location load)."""
-    with warnings.catch_warnings():
+def build_branch_study(spec: SweepSpec) -> dg.AssetsDefinition:
+    with warnings.catch_warnings():  # backfill_policy is beta in Dagster 1.13: quiet at every load
         warnings.simplefilter("ignore", dg.BetaWarning)
-        return dg.asset(
-            group_name=GROUP,
+
+        @dg.asset(
+            **spec.common("branch_study"),
             kinds={"pandas", "parquet"},
-            partitions_def=mode_partitions,
-            # a UI backfill runs one partition per run (both at once under the queued coordinator);
-            # the spica_sweep job still covers agg..disagg in one run (see ALL_MODES_TAGS)
+            description="Stage 5: the trial ledger of one deployment mode's study (a partition per searched mode)",
+            partitions_def=dg.StaticPartitionsDefinition(list(spec.modes)),
+            ins={"filtered_config": dg.AssetIn(spec.key("filtered_config")),
+                 "load_predictor_result": dg.AssetIn(spec.key("load_predictor_result")),
+                 "branch_spaces": dg.AssetIn(spec.key("branch_spaces"))},
+            # a UI backfill runs one partition per run; the sweep job covers every mode in one run
             backfill_policy=dg.BackfillPolicy.multi_run(1),
-            required_resource_keys={"replay", "vizier", "sweep_storage"},
-        )(fn)
+            pool=REPLAY_POOL,
+        )
+        def branch_study(
+            context: dg.AssetExecutionContext,
+            config: BranchStudyConfig,
+            filtered_config: pd.DataFrame,
+            load_predictor_result: pd.DataFrame,
+            branch_spaces: pd.DataFrame,
+            replay: dg.ResourceParam[Evaluator],
+            vizier: VizierClient,
+            sweep_storage: SweepStorage,
+        ):
+            keys = list(context.partition_keys)
+            frames: dict[str, pd.DataFrame] = {}
+            sweep = config_from_frame(filtered_config).sweep
+            workers = max(1, min(sweep.parallel_evals, sweep.per_round))
+            # one pool for every partition of this run: workers spawn on the first wave and stay warm
+            with make_pool(replay, workers, sweep.max_eval_seconds) as pool:
+                for mode in keys:
+                    frames[mode], md = study_partition(
+                        context, mode, warm_start=config.warm_start, filtered_config=filtered_config,
+                        load_predictor_result=load_predictor_result, branch_spaces=branch_spaces,
+                        pool=pool, storage=sweep_storage, vizier=vizier)
+                    md["dagster/row_count"] = len(frames[mode])
+                    context.add_asset_metadata(md, partition_key=mode)
+            return frames if len(keys) > 1 else frames[keys[0]]
 
-
-@_study_asset
-def branch_study(
-    context: dg.AssetExecutionContext,
-    config: BranchStudyConfig,
-    filtered_config: pd.DataFrame,
-    load_predictor_result: pd.DataFrame,
-    branch_spaces: pd.DataFrame,
-):
-    """The trial ledger of one deployment mode's study (one Parquet file per partition)."""
-    keys = list(context.partition_keys)
-    frames: dict[str, pd.DataFrame] = {}
-    metadata: dict[str, Any] = {}
-    sweep = config_from_frame(filtered_config).sweep
-    workers = max(1, min(sweep.parallel_evals, sweep.per_round))
-    # one pool for every partition of this run: workers spawn on the first wave and stay warm
-    with make_pool(context.resources.replay, workers, sweep.max_eval_seconds) as pool:
-        for mode in keys:
-            frames[mode], md = study_partition(context, mode, warm_start=config.warm_start,
-                                               filtered_config=filtered_config,
-                                               load_predictor_result=load_predictor_result,
-                                               branch_spaces=branch_spaces, pool=pool)
-            # one run may cover both partitions, so keys carry the mode (stable for per-partition plots)
-            metadata.update({f"{mode}.{k}": v for k, v in md.items()})
-    context.add_output_metadata(metadata)
-    return frames if len(keys) > 1 else frames[keys[0]]
+    return branch_study

@@ -1,5 +1,7 @@
-"""End to end: `dagster dev` on 127.0.0.1 with a temp DAGSTER_HOME, a tiny sweep launched through
-GraphQL with the real replay, and a headless-Chromium screenshot of the asset graph."""
+"""End to end against a real `dagster dev` on 127.0.0.1 (temp DAGSTER_HOME): a code location with
+two tiny trace sweeps (the fake evaluator, exhaustive one-point studies) whose automation is on.
+The daemon materializes both, then a content change to sweep A's trace re-materializes sweep A
+and only sweep A. Headless Chromium screenshots the asset graph and sweep A's result page."""
 
 import json
 import os
@@ -15,14 +17,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+TESTS = REPO / "tests"
+TRACE = REPO / "examples" / "traces" / "small_mooncake.jsonl"
 CHROMIUM = os.environ.get("SPICA_CHROMIUM", "/usr/bin/chromium")
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.integration,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                       reason=f"{CHROMIUM} not found: install the Debian package `chromium` (apt-get install -y chromium)"),
-]
-TINY_YAML = """\
+pytestmark = [pytest.mark.e2e]
+SWEEP_YAML = """\
 search_space:
   model_name: Qwen/Qwen3-32B
   hardware_sku: h200_sxm
@@ -31,26 +30,33 @@ search_space:
   backend: [vllm]
   router_mode: [round_robin]
   planner_scaling_policy: [disabled]
-workload: {isl: 512, osl: 64, request_rate: 4, num_request_ratio: 10}
-sweep: {max_rounds: 1, candidates_per_round: 2, parallel_evals: 1, algorithm: RANDOM_SEARCH}
+  agg_max_num_seqs: [256]
+  agg_max_num_batched_tokens: [8192]
+workload:
+  trace_path: {trace}
+sweep: {{max_rounds: 1, candidates_per_round: 2, parallel_evals: 1, policy: thorough,
+        algorithm: QUASI_RANDOM_SEARCH}}
 """
-LAUNCH = """
-mutation Launch($params: ExecutionParams!) {
-  launchRun(executionParams: $params) {
-    __typename
-    ... on LaunchRunSuccess { run { runId } }
-    ... on PythonError { message }
-    ... on RunConfigValidationInvalid { errors { message } }
-    ... on InvalidSubsetError { message }
-  }
+LOCATION = """\
+import sys
+sys.path.insert(0, {tests!r})
+from dagster import DefaultSensorStatus
+from dagster_fakes import FakeEvaluator
+from spica_pipeline.assets.factory import sweeps_definitions
+from spica_pipeline.assets.io import ParquetIOManager, SweepStorage
+from spica_pipeline.assets.spec import sweep_spec
+from spica_pipeline.resources.vizier import VizierClient
+
+defs = sweeps_definitions(
+    [sweep_spec("e2e_a", {a!r}), sweep_spec("e2e_b", {b!r})],
+    resources={{"io_manager": ParquetIOManager(), "sweep_storage": SweepStorage(), "replay": FakeEvaluator(),
+               "vizier": VizierClient()}},
+    automation_status=DefaultSensorStatus.RUNNING, interval_s=5)
+"""
+LATEST = """
+query Latest($path: [String!]!) {
+  assetOrError(assetKey: {path: $path}) { ... on Asset { assetMaterializations(limit: 1) { runId timestamp } } }
 }"""
-RUN = """
-query Run($id: ID!) {
-  runOrError(runId: $id) { __typename ... on Run { status assetMaterializations { assetKey { path } } } }
-}"""
-CHECKS = """
-{ assetNodes { assetKey { path } assetChecksOrError { ... on AssetChecks { checks { name
-    executionForLatestMaterialization { status } } } } } }"""
 
 
 def _free_port() -> int:
@@ -84,24 +90,43 @@ def _wait(predicate, timeout: float, what: str, proc: subprocess.Popen, log: Pat
     pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}:\n{log.read_text()[-3000:]}")
 
 
+def _latest(port: int, sweep: str, stage: str) -> dict | None:
+    asset = _graphql(port, LATEST, {"path": [sweep, stage]})["assetOrError"]
+    mats = (asset or {}).get("assetMaterializations") or []
+    return mats[0] if mats else None
+
+
 @pytest.fixture
-def dagster_dev(tmp_path):
+def dev_server(tmp_path):
+    traces = {}
+    for name in ("e2e_a", "e2e_b"):
+        trace = tmp_path / f"{name}.jsonl"
+        trace.write_text("\n".join(TRACE.read_text().splitlines()[:40]) + "\n")
+        (tmp_path / f"{name}.yaml").write_text(SWEEP_YAML.format(trace=trace))
+        traces[name] = trace
+    (tmp_path / "location.py").write_text(LOCATION.format(tests=str(TESTS), a=str(tmp_path / "e2e_a.yaml"),
+                                                         b=str(tmp_path / "e2e_b.yaml")))
+    (tmp_path / "workspace.yaml").write_text(
+        f"load_from:\n  - python_file:\n      relative_path: {tmp_path / 'location.py'}\n"
+        f"      working_directory: {REPO}\n      location_name: e2e\n")
     home = tmp_path / "dagster_home"
     home.mkdir()
     shutil.copy(REPO / "deploy" / "dagster.yaml", home / "dagster.yaml")
     port = _free_port()
-    env = dict(os.environ, DAGSTER_HOME=str(home), DYN_LOG="warn", PYTHONUNBUFFERED="1")
+    # run workers and their replay-pool processes import the fake evaluator from tests/
+    pythonpath = os.pathsep.join(p for p in (str(TESTS), str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, DAGSTER_HOME=str(home), DYN_LOG="warn", PYTHONUNBUFFERED="1", PYTHONPATH=pythonpath)
     log = tmp_path / "dagster-dev.log"
     with log.open("w") as fh:
-        # own session: the whole process tree (dev, code server, webserver, daemon, run workers) is
-        # stopped by one signal to the group, and SIGINT/SIGTERM are not inherited as ignored
+        # own session: the whole tree (dev, code server, webserver, daemon, run workers) stops with
+        # one signal to the group, and SIGINT/SIGTERM are not inherited as ignored
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dagster", "dev", "-w", str(REPO / "workspace.yaml"),
+            [sys.executable, "-m", "dagster", "dev", "-w", str(tmp_path / "workspace.yaml"),
              "-h", "127.0.0.1", "-p", str(port)],
             cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:
-        yield port, proc, log, home
+        yield port, proc, log, traces
     finally:
         for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, 5)):
             try:
@@ -115,59 +140,57 @@ def dagster_dev(tmp_path):
                 continue
 
 
-def test_launch_tiny_sweep_and_screenshot_asset_graph(dagster_dev, tmp_path):
-    port, proc, log, home = dagster_dev
+def _screenshot(url: str, shot: Path, tmp_path: Path) -> None:
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp_path / 'chrome-profile'}", f"--screenshot={shot}", "--window-size=1400,900",
+           "--virtual-time-budget=15000", url]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert shot.exists(), done.stderr[-2000:]
+    from PIL import Image
+
+    with Image.open(shot) as img:  # non-blank: many distinct colours, not one background
+        colours = img.convert("RGB").resize((350, 225)).getcolors(maxcolors=1 << 16) or []
+    assert len(colours) > 20, f"{shot.name} looks blank ({len(colours)} colours)"
+    keep = os.environ.get("SPICA_E2E_ARTIFACTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(keep) / shot.name)
+
+
+def test_trace_change_rematerializes_only_that_sweep(dev_server, tmp_path):
+    port, proc, log, traces = dev_server
 
     def location_loaded():
         data = _graphql(port, "{ workspaceOrError { ... on Workspace { locationEntries { name "
                               "loadStatus locationOrLoadError { __typename ... on PythonError { message } } } } } }")
-        entries = data["workspaceOrError"]["locationEntries"]
-        for e in entries:
+        for e in data["workspaceOrError"]["locationEntries"]:
             if e["locationOrLoadError"] and e["locationOrLoadError"]["__typename"] == "PythonError":
                 pytest.fail(f"code location failed to load: {e['locationOrLoadError']['message']}")
-        return any(e["name"] == "spica_pipeline" and e["loadStatus"] == "LOADED" for e in entries)
+        return any(e["name"] == "e2e" and e["loadStatus"] == "LOADED" for e in data["workspaceOrError"]["locationEntries"])
 
-    _wait(location_loaded, 240, "the code location to load", proc, log)
-    _graphql(port, "mutation { setNuxSeen }")  # the community modal would cover the screenshot
+    _wait(location_loaded, 180, "the code location to load", proc, log)
+    _graphql(port, "mutation { setNuxSeen }")  # the community modal would cover the screenshots
 
-    params = {
-        "selector": {"repositoryLocationName": "spica_pipeline", "repositoryName": "__repository__",
-                     "jobName": "spica_sweep"},
-        "runConfigData": {"ops": {"validated_config": {"config": {"config_yaml": TINY_YAML, "name": "e2e"}}}},
-        "executionMetadata": {"tags": [{"key": "dagster/asset_partition_range_start", "value": "agg"},
-                                       {"key": "dagster/asset_partition_range_end", "value": "disagg"}]},
-    }
-    launched = _graphql(port, LAUNCH, {"params": params})["launchRun"]
-    assert launched["__typename"] == "LaunchRunSuccess", launched
-    run_id = launched["run"]["runId"]
+    # automation is on: the daemon fills both sweeps once (their assets are missing)
+    first = {s: _wait(lambda s=s: _latest(port, s, "deploy"), 240, f"{s} to materialize", proc, log)
+             for s in ("e2e_a", "e2e_b")}
+    b_result = _latest(port, "e2e_b", "sweep_result")
 
-    def finished():
-        run = _graphql(port, RUN, {"id": run_id})["runOrError"]
-        return run if run["status"] in ("SUCCESS", "FAILURE", "CANCELED") else None
+    with traces["e2e_a"].open("a") as fh:  # a content change to sweep A's trace only
+        fh.write(TRACE.read_text().splitlines()[40] + "\n")
 
-    run = _wait(finished, 900, f"run {run_id}", proc, log)
-    assert run["status"] == "SUCCESS", f"run {run_id} ended {run['status']}:\n{log.read_text()[-4000:]}"
-    materialized = {"/".join(m["assetKey"]["path"]) for m in run["assetMaterializations"]}
-    assert {"validated_config", "filtered_config", "load_predictor_result", "branch_spaces", "branch_study",
-            "sweep_result"} <= materialized
-    checks = {c["name"]: c["executionForLatestMaterialization"]["status"]
-              for n in _graphql(port, CHECKS)["assetNodes"] if n["assetChecksOrError"].get("checks")
-              for c in n["assetChecksOrError"]["checks"]}
-    assert set(checks) == {"has_feasible_candidate", "within_gpu_budget", "unique_replayed_spec_hashes",
-                           "front_non_dominated"}
-    assert checks["unique_replayed_spec_hashes"] == "SUCCEEDED" and checks["within_gpu_budget"] == "SUCCEEDED"
-    assert (home / "storage" / "spica" / "outputs" / "e2e" / "report.md").exists()
+    def a_again():
+        latest = _latest(port, "e2e_a", "deploy")
+        return latest if latest and latest["runId"] != first["e2e_a"]["runId"] else None
 
-    shot = tmp_path / "asset-graph.png"
-    profile = tmp_path / "chrome-profile"
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={profile}", f"--screenshot={shot}", "--window-size=1400,900",
-           "--virtual-time-budget=20000",
-           f"http://127.0.0.1:{port}/locations/spica_pipeline/asset-groups/sweep"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    assert shot.exists() and shot.stat().st_size > 20_000, done.stderr[-2000:]
-    keep = os.environ.get("SPICA_E2E_ARTIFACTS")
-    if keep:
-        Path(keep).mkdir(parents=True, exist_ok=True)
-        shutil.copy(shot, Path(keep) / "dagster-asset-graph.png")
+    _wait(a_again, 180, "sweep e2e_a to re-materialize after its trace changed", proc, log)
+    time.sleep(10)  # give a wrong trigger of sweep B the time to show up
+    assert _latest(port, "e2e_b", "sweep_result") == b_result
+    assert _latest(port, "e2e_b", "deploy") == first["e2e_b"]
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} not found: screenshots need the Debian package `chromium`")
+    _screenshot(f"http://127.0.0.1:{port}/asset-groups", tmp_path / "dagster-asset-graph.png", tmp_path)
+    _screenshot(f"http://127.0.0.1:{port}/assets/e2e_a/sweep_result", tmp_path / "dagster-sweep-result.png",
+                tmp_path)
