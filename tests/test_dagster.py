@@ -349,3 +349,34 @@ def test_merged_ledger_renumbers_trials_and_their_cache_references():
     assert list(merged["trial"]) == [1, 2, 3, 4]
     reasons = [r if isinstance(r, str) else None for r in merged["reason"]]
     assert reasons == [None, "feasible (same spec as trial 1)", None, "failed (same spec as trial 3): boom"]
+
+
+def test_object_store_urls_for_assets_journals_and_outputs(tmp_path):
+    """An fsspec URL (here `memory://`) as every storage root: the run writes there, and a fresh
+    local working folder resumes from the journal it finds there."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    root = "memory://spica-url-test"
+
+    def resources(local):
+        from spica_pipeline.resources.vizier import VizierClient
+
+        return {"io_manager": ParquetIOManager(base_dir=f"{root}/assets"),
+                "sweep_storage": SweepStorage(base_dir=root, local_dir=str(local)),
+                "replay": FakeEvaluator(), "vizier": VizierClient()}
+
+    spec = _spec(tmp_path, "remote", EXHAUSTIVE_YAML)
+    r = _run(sweeps_definitions([spec], resources=resources(tmp_path / "pod1")), "remote",
+             instance=dg.DagsterInstance.ephemeral())
+    assert r.success
+    files = set(fs.find("/spica-url-test"))
+    assert "/spica-url-test/assets/remote/branch_study/agg.parquet" in files
+    assert "/spica-url-test/outputs/remote/report.md" in files
+    assert "/spica-url-test/outputs/remote/recommendation.json" in files
+    assert any(f.endswith("/agg/journal.jsonl") for f in files)
+    # another pod (an empty local folder) resumes from the journal in the object store
+    r2 = _run(sweeps_definitions([spec], resources=resources(tmp_path / "pod2")), "remote",
+              instance=dg.DagsterInstance.ephemeral())
+    assert _mats(r2, "remote", "branch_study")[0].metadata["resumed_journal_records"].value >= 3
+    fs.rm("/spica-url-test", recursive=True)

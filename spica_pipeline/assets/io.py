@@ -88,16 +88,37 @@ class ParquetIOManager(dg.ConfigurableIOManagerFactory):
         return PandasParquetIOManager(base_path=UPath(base))
 
 
+def is_url(path: str | None) -> bool:
+    return bool(path) and "://" in str(path) and not str(path).startswith("file://")
+
+
 class SweepStorage(dg.ConfigurableResource):
-    """Plain files the stages keep between runs: resume journals and the report output folders."""
+    """Plain files the stages keep between runs: resume journals and the report output folders.
+
+    `base_dir` may be a local path or an object-store URL (`s3://bucket/spica`, any fsspec URL).
+    With a URL the stages work in a local folder (`local_dir`: the journal lock needs a file
+    system) and sync it with the URL: `pull` before a study or a warm start, `push` after a study,
+    the result and the deploy output, so another pod (dagster-k8s) resumes and warm-starts from it.
+    """
 
     base_dir: str | None = Field(
-        default=None, description="Root for journals and outputs; default $DAGSTER_HOME/storage/spica"
+        default=None, description="Root for journals and outputs (path or fsspec URL); default "
+        "$DAGSTER_HOME/storage/spica"
+    )
+    local_dir: str | None = Field(
+        default=None, description="Local working folder when base_dir is a URL; default "
+        "$DAGSTER_HOME/storage/spica-local"
     )
 
     @property
+    def remote(self) -> UPath | None:
+        return UPath(self.base_dir) if is_url(self.base_dir) else None
+
+    @property
     def root(self) -> Path:
-        return Path(self.base_dir or default_base_dir())
+        if self.remote is None:
+            return Path(self.base_dir or default_base_dir())
+        return Path(self.local_dir or (str(default_base_dir()).rstrip("/") + "-local"))
 
     def journal_dir(self, config_hash: str, mode: str) -> Path:
         """One journal per (config, branch): a retried or interrupted partition resumes from it."""
@@ -106,6 +127,32 @@ class SweepStorage(dg.ConfigurableResource):
     def output_dir(self, sweep_name: str) -> Path:
         """A stable folder per sweep name: the latest report, and last night's ledger for warm start."""
         return self.root / "outputs" / sweep_name
+
+    def pull(self, local: Path) -> None:
+        """Copy the URL's files under `local`'s relative path down (no-op for a local base_dir)."""
+        remote = self.remote
+        if remote is None:
+            return
+        src = remote / local.relative_to(self.root).as_posix()
+        if not src.exists():
+            return
+        for item in src.rglob("*"):
+            if item.is_file():
+                dest = local / item.relative_to(src).as_posix()  # type: ignore[arg-type]
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(item.read_bytes())
+
+    def push(self, local: Path) -> None:
+        """Copy every file under `local` up to the same relative path of the URL."""
+        remote = self.remote
+        if remote is None or not local.exists():
+            return
+        dest_root = remote / local.relative_to(self.root).as_posix()
+        for item in local.rglob("*"):
+            if item.is_file() and not item.name.startswith("."):
+                dest = dest_root / item.relative_to(local).as_posix()
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(item.read_bytes())
 
 
 COLUMN_DESCRIPTIONS = {

@@ -172,6 +172,7 @@ def build_sweep_result(spec: SweepSpec) -> dg.AssetsDefinition:
         atomic_write_parquet(output_dir / "ledger.parquet", arrow_safe(ledger))
         atomic_write_text(output_dir / SPACES_FILE, json.dumps(
             {str(r["deployment_mode"]): str(r["space_hash"]) for r in branch_spaces.to_dict("records")}, indent=2))
+        sweep_storage.push(output_dir)
 
         metadata: dict[str, Any] = {s: int(merge.counts.get(s, 0)) for s in STATUSES}
         metadata.update({
@@ -220,6 +221,7 @@ def build_deploy(spec: SweepSpec, sweep_result: dg.AssetsDefinition) -> dg.Asset
             merge, paths = write_results(output_dir, config, plans, ledger, timings)
         except SpicaError as err:
             raise fail(err) from None
+        sweep_storage.push(output_dir)
         deploy_files = sorted(str(p.relative_to(output_dir)) for k, p in paths.items() if k.startswith("deploy_"))
         metadata: dict[str, Any] = {
             "report": dg.MetadataValue.path(str(paths["report"])),

@@ -87,8 +87,9 @@ def study_partition(
     warm: list[Any] = []
     warm_note = "off"
     if warm_start:
-        prev, warm_note = previous_ledger(storage.output_dir(frame_value(filtered_config, "sweep_name")),
-                                          mode, str(row["space_hash"]))
+        output_dir = storage.output_dir(frame_value(filtered_config, "sweep_name"))
+        storage.pull(output_dir)  # an object-store base_dir: last run's ledger and spaces.json
+        prev, warm_note = previous_ledger(output_dir, mode, str(row["space_hash"]))
         warm = warm_history_for(prev, plan)
         if prev is not None and plan.exhaustive:
             warm_note = "exhaustive branch: warm start not used"
@@ -102,6 +103,7 @@ def study_partition(
 
     try:
         with RunLock(journal_dir):
+            storage.pull(journal_dir)  # an object-store base_dir: resume what another pod journalled
             journal = FileJournal(journal_dir / "journal.jsonl")
             try:
                 outcome = run_branch(plan, config, load_predictor, evaluate_wave=pool.evaluate_wave,
@@ -109,6 +111,7 @@ def study_partition(
                                      warm_history=warm, on_round=on_round)
             finally:
                 journal.close()
+                storage.push(journal_dir)
     except OutputDirBusy as err:
         raise fail(err) from None
     except SpicaError as err:
