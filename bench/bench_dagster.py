@@ -83,6 +83,7 @@ def main() -> None:
     ap.add_argument("--no-warmup", action="store_true",
                     help="skip the untimed run_sweep that first pays the in-process imports (AIC, Vizier) "
                          "and fills the timing-table disk cache")
+    ap.add_argument("--json", help="also write the numbers to this JSON file")
     args = ap.parse_args()
     load = code_location_load_seconds()
     print(f"code location load (all bundled sweeps, fresh interpreter): {load:.1f} s  (target <= 10 s)",
@@ -110,6 +111,15 @@ def main() -> None:
     print(f"  run_sweep : {cli:7.1f} s")
     print(f"  dagster   : {dag:7.1f} s")
     print(f"  ratio     : {dag / cli:.3f}x  (target <= 1.15x)")
+    if args.json:
+        import json
+
+        Path(args.json).write_text(json.dumps({
+            "benchmark": "bench_dagster", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "config": args.config, "algorithm": args.algorithm, "repeats": args.repeats, "nproc": os.cpu_count(),
+            "code_location_load_s": round(load, 2), "run_sweep_s": [round(t, 2) for t in cli_times],
+            "dagster_s": [round(t, 2) for t in dag_times], "ratio_of_medians": round(dag / cli, 3),
+        }, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ class SpicaSweep(dg.Component, dg.Model, dg.Resolvable):
     nightly_cron: str | None = Field(default=DEFAULT_NIGHTLY_CRON, description="UTC cron of the nightly "
                                      "warm-started run (the schedule starts stopped); null for none")
     owners: list[str] = Field(default_factory=lambda: list(DEFAULT_OWNERS), description="Asset owners")
-    description: str = Field(default="", description="Shown on the sweep's assets")
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         from spica_pipeline.assets.factory import build_sweep_defs
@@ -32,5 +31,5 @@ class SpicaSweep(dg.Component, dg.Model, dg.Resolvable):
         folder = Path(context.path)
         folder = folder if folder.is_dir() else folder.parent
         spec = sweep_spec(self.name or folder.name, self.config_path, base=folder,
-                          nightly_cron=self.nightly_cron, owners=self.owners, description=self.description)
+                          nightly_cron=self.nightly_cron, owners=self.owners)
         return build_sweep_defs(spec)

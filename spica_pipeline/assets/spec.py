@@ -6,7 +6,7 @@ own history, checks and plots.
 """
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
@@ -48,8 +48,6 @@ class SweepSpec:
     nightly_cron: str | None = DEFAULT_NIGHTLY_CRON
     owners: tuple[str, ...] = DEFAULT_OWNERS
     load_error: str | None = None  # the config did not validate at load: the run will say why
-    description: str = ""
-    tags: dict = field(default_factory=dict)
 
     def key(self, stage: str) -> dg.AssetKey:
         return dg.AssetKey([self.name, stage])
@@ -78,8 +76,8 @@ class SweepSpec:
 
 
 def sweep_spec(name: str, config_path: str | Path, *, base: Path | None = None,
-               nightly_cron: str | None = DEFAULT_NIGHTLY_CRON, owners: list[str] | tuple[str, ...] = DEFAULT_OWNERS,
-               description: str = "") -> SweepSpec:
+               nightly_cron: str | None = DEFAULT_NIGHTLY_CRON,
+               owners: list[str] | tuple[str, ...] = DEFAULT_OWNERS) -> SweepSpec:
     """Read the config once for the graph's shape. A config that does not validate still yields a
     graph (both modes, no trace): its `validated_config` step fails with the one-line reason."""
     from spica_pipeline.config import load_config
@@ -92,9 +90,9 @@ def sweep_spec(name: str, config_path: str | Path, *, base: Path | None = None,
         config = load_config(path)
     except SpicaError as err:
         return SweepSpec(name=name, config_path=str(path), nightly_cron=nightly_cron, owners=tuple(owners),
-                         load_error=" ".join(str(err).split()), description=description)
+                         load_error=" ".join(str(err).split()))
     modes = tuple(m for m in MODES if m in config.search_space.deployment_mode) or MODES
     trace = config.workload.trace_path
     return SweepSpec(name=name, config_path=str(path), modes=modes,
                      trace_path=str(resolve_path(trace, path.parent)) if trace else None,
-                     nightly_cron=nightly_cron, owners=tuple(owners), description=description)
+                     nightly_cron=nightly_cron, owners=tuple(owners))

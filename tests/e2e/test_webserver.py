@@ -140,10 +140,10 @@ def dev_server(tmp_path):
                 continue
 
 
-def _screenshot(url: str, shot: Path, tmp_path: Path) -> None:
+def _screenshot(url: str, shot: Path, tmp_path: Path, height: int = 900) -> None:
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={tmp_path / 'chrome-profile'}", f"--screenshot={shot}", "--window-size=1400,900",
+           f"--user-data-dir={tmp_path / 'chrome-profile'}", f"--screenshot={shot}", f"--window-size=1400,{height}",
            "--virtual-time-budget=15000", url]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert shot.exists(), done.stderr[-2000:]
@@ -192,5 +192,6 @@ def test_trace_change_rematerializes_only_that_sweep(dev_server, tmp_path):
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} not found: screenshots need the Debian package `chromium`")
     _screenshot(f"http://127.0.0.1:{port}/asset-groups", tmp_path / "dagster-asset-graph.png", tmp_path)
+    # tall: the metadata below the columns (inline plots, the ranked table) is in the picture too
     _screenshot(f"http://127.0.0.1:{port}/assets/e2e_a/sweep_result", tmp_path / "dagster-sweep-result.png",
-                tmp_path)
+                tmp_path, height=3200)
