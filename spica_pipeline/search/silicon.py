@@ -258,12 +258,11 @@ def _resolve_shape(role: Role, *, moe: bool, default_workers: int | None, concur
         if mt is None or me is None or mt * me != width:
             return f"{name} MoE shape moe_tp={role.moe_tp} x moe_ep={role.moe_ep} does not match tp x dp = {width}"
         moe_tp, moe_ep = mt, me
-    # engines cap running requests per attention-DP rank; the row's batch size is per worker
-    per_rank_load = math.ceil(concurrency / (workers * dp))
-    batch = role.batch_size if (role.batch_size and name != "prefill") else None
-    seqs = max(1, math.ceil(batch / dp)) if batch else max(per_rank_load, 1)
-    if name == "prefill":
-        seqs = max(per_rank_load, 1)
+    # engines cap running requests per attention-DP rank, and the row's batch size is per rank
+    # (agg: batch x attention_dp == concurrency on every row that states both); a prefill
+    # worker's batch is AIC's prefill-pass batch, not a cap on queued prompts
+    per_rank_load = max(1, math.ceil(concurrency / (workers * dp)))
+    seqs = role.batch_size if (role.batch_size and name != "prefill") else per_rank_load
     return Shape(tp, pp, dp, moe_tp, moe_ep, workers, seqs)
 
 
