@@ -17,7 +17,7 @@ the binding rule in search/silicon.py), overall and by model, backend, system an
 usage:
   DYN_LOG=warn .venv/bin/python bench/bench_fidelity.py [--split calibration|heldout|all]
       [--models M1,M2] [--systems S1,S2] [--max-rows N] [--ids ID1,ID2] [--quick] [--json PATH]
-      [--request-ratio 6] [--no-aic]
+      [--request-ratio 6] [--no-aic] [--stability]
 --quick: a stratified subset (one row per (model, backend, system, mode) stratum, lowest and
 highest concurrency alternating, at most 24 rows, concurrency <= 256), a few minutes on 2 cores.
 """
@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from spica_pipeline.search import silicon  # noqa: E402
 from spica_pipeline.search.evaluation import EvalRequest  # noqa: E402
+from spica_pipeline.search.measurement import relative_change  # noqa: E402
 
 GOAL = {"target": "throughput", "sla": None, "pareto_objectives": None}
 MNBT = 8192
@@ -131,7 +132,7 @@ def aic_estimate(case: silicon.SiliconCase, version: str) -> tuple[float, float]
 
 
 def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ratio: float,
-                  with_aic: bool) -> dict[str, Any]:
+                  with_aic: bool, stability: bool = False) -> dict[str, Any]:
     r = case.row
     rec: dict[str, Any] = {
         "id": r.id, "line": r.line, "split": case.split, "model": r.model, "aic_model": case.aic_model,
@@ -148,6 +149,18 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
     if out.status == "feasible" and out.report:
         rec["ours"] = {"ttft": out.report.get("mean_ttft_ms"), "tpot": out.report.get("mean_tpot_ms")}
         rec["requests"] = out.report.get("completed_requests")
+        rec["window_counted"] = out.report.get("window_counted_requests")
+        rec["window_rule"] = out.derived.get("window_rule")
+        if stability:  # the same row with twice the requests actually replayed
+            used = float(out.derived.get("request_count") or out.report.get("completed_requests") or 0)
+            twice = evaluator.evaluate(EvalRequest(case.sample(version, max_num_batched_tokens=MNBT),
+                                                   case.workload(2 * used / r.concurrency), GOAL))
+            if twice.status == "feasible" and twice.report:
+                rec["stability"] = {
+                    "requests": [used, float(twice.derived.get("request_count") or 0)],
+                    "ttft": relative_change(rec["ours"]["ttft"], twice.report.get("mean_ttft_ms")),
+                    "tpot": relative_change(rec["ours"]["tpot"], twice.report.get("mean_tpot_ms")),
+                }
     else:
         rec["reason"] = out.reason
     if with_aic:
@@ -195,6 +208,23 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+STABILITY_LIMIT = 0.05
+
+
+def stability_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """How much doubling the replayed requests moves mean TTFT/TPOT (issue 14 item 2: <= 5 %)."""
+    rows = [r["stability"] for r in records if r.get("stability")]
+    if not rows:
+        return None
+    out: dict[str, Any] = {"rows": len(rows), "limit": STABILITY_LIMIT}
+    for metric in ("ttft", "tpot"):
+        values = [x[metric] for x in rows if x.get(metric) is not None and math.isfinite(x[metric])]
+        out[metric] = {"median": round(_quantile(values, 0.5), 4), "p90": round(_quantile(values, 0.9), 4),
+                       "max": round(max(values), 4), "within_limit": sum(v <= STABILITY_LIMIT for v in values)}
+    out["both_within_limit"] = sum(1 for x in rows if max(x["ttft"], x["tpot"]) <= STABILITY_LIMIT)
+    return out
+
+
 def split_report(name: str, rows: list[silicon.SiliconRow], mapped: list, selected: list[silicon.SiliconCase],
                  records: list[dict[str, Any]]) -> dict[str, Any]:
     in_split = [m for m in mapped if name == "all" or m.row.split == name]
@@ -208,6 +238,7 @@ def split_report(name: str, rows: list[silicon.SiliconRow], mapped: list, select
         "selected": len(recs),
         "evaluated": len(evaluated),
         **summarise(evaluated),
+        "stability": stability_summary(evaluated),
         "inexpressible_reasons": dict(reasons.most_common()),
         "failures": dict(failures.most_common()),
         "by": {},
@@ -235,6 +266,11 @@ def print_report(name: str, rep: dict[str, Any]) -> None:
         for k, v in rep["by"][g].items():
             print(f"   {g}={k} (n={v['evaluated']}): TTFT ours {_fmt(v['ours']['ttft'])} aic {_fmt(v['aic']['ttft'])}"
                   f" | TPOT ours {_fmt(v['ours']['tpot'])} aic {_fmt(v['aic']['tpot'])}")
+    if rep.get("stability"):
+        st = rep["stability"]
+        print(f"   doubling the requests ({st['rows']} rows): TTFT change median {100 * st['ttft']['median']:.1f}% "
+              f"max {100 * st['ttft']['max']:.1f}% | TPOT median {100 * st['tpot']['median']:.1f}% "
+              f"max {100 * st['tpot']['max']:.1f}% | both <= 5 %: {st['both_within_limit']}/{st['rows']}")
     if rep["failures"]:
         print(f"   failures: {rep['failures']}")
 
@@ -295,7 +331,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
 
     for i, case in enumerate(cases, 1):
         version = latest_backend_version(case.row.system, case.row.backend)
-        rec = evaluate_case(evaluator, case, version, args.request_ratio, not args.no_aic)
+        rec = evaluate_case(evaluator, case, version, args.request_ratio, not args.no_aic, args.stability)
         records.append(rec)
         ours = rec.get("ours") or {}
         print(f"[{i}/{len(cases)}] {case.row.id} c={case.row.concurrency} {rec['status']} "
@@ -334,6 +370,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--json", help="write the result JSON here")
     ap.add_argument("--request-ratio", type=float, default=6.0, help="requests per unit of concurrency")
     ap.add_argument("--no-aic", action="store_true", help="skip AIC's own estimate")
+    ap.add_argument("--stability", action="store_true",
+                    help="also replay each row with twice the requests and report the change in mean TTFT/TPOT")
     ap.add_argument("--cache-dir", default=None, help="timing/KV cache (default $SPICA_CACHE_DIR)")
     return ap.parse_args(argv)
 

@@ -42,7 +42,7 @@ log = logging.getLogger("spica_pipeline.sweep")
 
 # Bump when anything in the evaluator changes what a replay returns for the same spec: it is part
 # of every spec hash, so old journal entries stop matching instead of being reused wrongly.
-EVALUATOR_FIDELITY = "replay-1.6.1/aic-0.12.0/npz-v1"
+EVALUATOR_FIDELITY = "replay-1.6.1/aic-0.12.0/npz-v1/window-v1"  # window-v1: ramped closed loop, steady-state window
 
 
 # --------------------------------------------------------------------------------------------

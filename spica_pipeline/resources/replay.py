@@ -13,6 +13,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -245,7 +246,7 @@ class ReplayEvaluator(dg.ConfigurableResource):
         kwargs: dict[str, Any] = {
             "router_mode": plan.router_mode,
             "router_config": _router_config(plan),
-            "capture_per_request": False,
+            "capture_per_request": True,  # the steady-state window is cut from per-request records
         }
         if plan.deployment_mode == "agg":
             kwargs.update(extra_engine_args=engines["agg"], num_workers=plan.num_workers)
@@ -269,6 +270,21 @@ class ReplayEvaluator(dg.ConfigurableResource):
                           num_prefix_groups=int(workload.num_prefix_groups),
                           inter_turn_delay_ms=float(workload.inter_turn_delay_ms))
             derived["request_count"] = args[2]
+            if interval is None and cap and int(workload.turns_per_session) == 1:
+                loop = _ramped_closed_loop(plan, engines, workload, int(cap), args[2])
+                args = (args[0], args[1], loop.clients)
+                kwargs.update(replay_concurrency=None, arrival_interval_ms=max(loop.interval_ms, 1e-3),
+                              turns_per_session=loop.turns, inter_turn_delay_ms=0.0)
+                derived["ramp"] = loop.to_dict()
+                derived["request_count"] = loop.request_count
+            if workload.has_jitter:  # per-request lengths need a generated trace
+                function, args = "trace", (self._jittered_trace(workload, derived, interval, context),)
+                for key in ("arrival_interval_ms", "turns_per_session", "shared_prefix_ratio", "num_prefix_groups",
+                            "inter_turn_delay_ms"):
+                    kwargs.pop(key, None)
+                kwargs.update(replay_concurrency=None if derived.get("ramp") else kwargs.get("replay_concurrency"),
+                              trace_block_size=int(self.trace_block_size), trace_format="mooncake")
+        derived["window_rule"] = _window_kind(plan, function, derived)
         controllers = [k for k in ("replay_concurrency", "arrival_interval_ms") if kwargs.get(k) is not None]
         if function == "synthetic" and len(controllers) != 1:
             raise CandidateBuildError(f"a synthetic replay needs exactly one load controller, got {controllers}")
@@ -283,6 +299,38 @@ class ReplayEvaluator(dg.ConfigurableResource):
         return ReplayCall(function, args, kwargs, repeats, derived, policy_factory=policy_factory)
 
     # ---- internals ---------------------------------------------------------------------------
+
+    def _jittered_trace(self, workload: Any, derived: dict[str, Any], interval: float | None,
+                        context: int | None) -> list[str]:
+        """Write (once, atomically, content-addressed) the Mooncake trace of a jittered workload.
+
+        Seeded by the workload alone, so every candidate of a sweep sees the same requests.
+        """
+        from spica_pipeline.resources.timing import default_cache_dir
+        from spica_pipeline.search import measurement
+        from spica_pipeline.search.evaluation import canonical_json, spec_hash
+        from spica_pipeline.storage import atomic_write_text
+
+        isl, osl = int(workload.isl), int(workload.osl)
+        if context is not None:
+            check_context(math.ceil(isl * (1 + workload.isl_jitter)), math.ceil(osl * (1 + workload.osl_jitter)),
+                          int(context))
+        seed = int(spec_hash(workload.model_dump(mode="json")), 16) % (2 ** 31)
+        ramp = derived.get("ramp")
+        loop = measurement.ClosedLoop(ramp["clients"], ramp["turns"], ramp["interval_ms"], ramp["cycle_ms"]) \
+            if ramp else None
+        records = measurement.jittered_trace(
+            isl=isl, osl=osl, isl_jitter=float(workload.isl_jitter), osl_jitter=float(workload.osl_jitter),
+            seed=seed, loop=loop, request_count=int(derived.get("request_count") or 1),
+            interval_ms=float(interval or 0.0), shared_prefix_ratio=float(workload.shared_prefix_ratio),
+            num_prefix_groups=int(workload.num_prefix_groups), block_size=int(self.trace_block_size))
+        text = "".join(canonical_json(r) + "\n" for r in records)
+        root = Path(self.cache_dir) if self.cache_dir else default_cache_dir()
+        path = root / "traces" / f"jitter-{spec_hash(text)}.jsonl"
+        if not path.exists():
+            atomic_write_text(path, text)
+        derived["jitter_seed"] = seed
+        return [str(path)]
 
     def _engine_config(self, sample: dict[str, Any], role: str, args: dict[str, Any], context: int | None,
                        derived: dict[str, Any]) -> dict[str, Any]:
@@ -362,8 +410,56 @@ class ReplayEvaluator(dg.ConfigurableResource):
             result = core.run_mocker_trace_replay(*call.args, **kwargs)
         else:
             result = core.run_mocker_synthetic_trace_replay(*call.args, **kwargs)
-        summary = result.summary if hasattr(result, "summary") else result
-        return dict(summary), (counter.ticks if counter is not None else None)
+        summary = dict(result.summary if hasattr(result, "summary") else result)
+        per_request = getattr(result, "per_request", None)
+        if per_request:
+            summary = _steady_state_summary(summary, per_request, call.derived.get("window_rule"), request.goal)
+        return summary, (counter.ticks if counter is not None else None)
+
+
+# ---- measuring like a benchmark client (issue 14 item 2; rules in search/measurement.py) ---------
+
+
+def _ramped_closed_loop(plan: DeploymentPlan, engines: dict[str, dict[str, Any]], workload: Any, clients: int,
+                        requested: int):
+    """c ramped clients spaced one estimated request cycle / c apart (timing from the role tables)."""
+    from spica_pipeline.resources.timing import table_estimators
+    from spica_pipeline.search import measurement
+
+    first = engines["agg"] if "agg" in engines else engines["prefill"]
+    last = engines["agg"] if "agg" in engines else engines["decode"]
+    prefill_ms, _ = table_estimators(first["engine"]["timing_model"]["config"]["path"])
+    _, decode_ms = table_estimators(last["engine"]["timing_model"]["config"]["path"])
+    ranks = max(1, (plan.num_workers if "agg" in engines else plan.num_decode_workers) * int(last.get("dp_size", 1)))
+    batch = min(math.ceil(clients / ranks), int(last["engine"]["max_num_seqs"]))
+    cycle = measurement.cycle_estimate_ms(int(workload.isl), int(workload.osl), batch, prefill_ms=prefill_ms,
+                                          decode_ms=decode_ms)
+    return measurement.closed_loop(clients, requested, cycle)
+
+
+def _window_kind(plan: DeploymentPlan, function: str, derived: dict[str, Any]) -> str:
+    if not plan.is_static:
+        return "whole_run"
+    return "closed_loop" if derived.get("ramp") else "open_loop"
+
+
+def _steady_state_summary(summary: dict[str, Any], per_request: list[dict[str, Any]], kind: str | None,
+                          goal: dict[str, Any] | None) -> dict[str, Any]:
+    """The replay summary with its latency/throughput keys measured in the steady-state window.
+
+    The whole-run means stay beside them as `full_run_*` so the ledger shows what the window changed.
+    """
+    from spica_pipeline.search import measurement
+
+    window = measurement.steady_state(per_request, kind or "open_loop", sla=(goal or {}).get("sla") or None)
+    if window is None:
+        return summary
+    out = dict(summary)
+    for key in ("mean_ttft_ms", "mean_tpot_ms", "output_throughput_tok_s"):
+        if key in summary:
+            out[f"full_run_{key}"] = summary[key]
+    out.update(window.to_report())
+    return out
 
 
 def _rebuild_evaluator(cls: type, fields: dict[str, Any]) -> "ReplayEvaluator":
