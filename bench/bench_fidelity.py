@@ -199,7 +199,7 @@ def error_stats(pairs: list[tuple[float, float]]) -> dict[str, Any]:
 def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     """ours / aic error stats for TTFT and TPOT over records where both sides have numbers."""
     out: dict[str, Any] = {}
-    for side in ("ours", "aic"):
+    for side in ("ours", "calibrated", "aic"):
         out[side] = {}
         for metric in ("ttft", "tpot"):
             pairs = [(r[side][metric], r["silicon"][metric]) for r in records
@@ -209,6 +209,34 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 STABILITY_LIMIT = 0.05
+
+
+def band_coverage(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Share of rows whose silicon value lies inside the calibrated P10-P90 band (nominal 0.8)."""
+    out: dict[str, Any] = {}
+    for metric in ("ttft", "tpot"):
+        hits = [r["band"][metric]["inside"] for r in records if r.get("band")]
+        if hits:
+            out[metric] = {"rows": len(hits), "inside": round(sum(hits) / len(hits), 4)}
+    return out or None
+
+
+def apply_profile(records: list[dict[str, Any]], profile: dict[str, Any]) -> None:
+    """Add calibrated values and the band check to every replayed record (in place)."""
+    from spica_pipeline.search import calibration
+
+    for rec in records:
+        if not rec.get("ours"):
+            continue
+        cal = calibration.calibrate({"mean_ttft_ms": rec["ours"]["ttft"], "mean_tpot_ms": rec["ours"]["tpot"]},
+                                    profile, system=rec["system"], backend=rec["backend"],
+                                    concurrency={p: calibration.engine_concurrency(rec, p) for p in ("ttft", "tpot")})
+        rec["calibrated"] = {"ttft": cal.get("calibrated_mean_ttft_ms"), "tpot": cal.get("calibrated_mean_tpot_ms")}
+        rec["band"] = {}
+        for metric in ("ttft", "tpot"):
+            value = rec["calibrated"][metric]
+            lo, hi = value * cal[f"band_{metric}_lo"], value * cal[f"band_{metric}_hi"]
+            rec["band"][metric] = {"lo": lo, "hi": hi, "inside": lo <= rec["silicon"][metric] <= hi}
 
 
 def stability_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -239,6 +267,7 @@ def split_report(name: str, rows: list[silicon.SiliconRow], mapped: list, select
         "evaluated": len(evaluated),
         **summarise(evaluated),
         "stability": stability_summary(evaluated),
+        "band_coverage": band_coverage(evaluated),
         "inexpressible_reasons": dict(reasons.most_common()),
         "failures": dict(failures.most_common()),
         "by": {},
@@ -261,7 +290,11 @@ def print_report(name: str, rep: dict[str, Any]) -> None:
     print(f"== split {name}: rows {rep['rows']}, expressible {rep['expressible']}, selected {rep['selected']}, "
           f"evaluated {rep['evaluated']}")
     for metric in ("ttft", "tpot"):
-        print(f"   {metric.upper():4s} ours {_fmt(rep['ours'][metric])} | aic {_fmt(rep['aic'][metric])}")
+        print(f"   {metric.upper():4s} ours {_fmt(rep['ours'][metric])} | calibrated {_fmt(rep['calibrated'][metric])}"
+              f" | aic {_fmt(rep['aic'][metric])}")
+    if rep.get("band_coverage"):
+        print(f"   P10-P90 band coverage (nominal 80 %): " + ", ".join(
+            f"{m.upper()} {100 * v['inside']:.0f}% of {v['rows']}" for m, v in rep["band_coverage"].items()))
     for g in GROUPS:
         for k, v in rep["by"][g].items():
             print(f"   {g}={k} (n={v['evaluated']}): TTFT ours {_fmt(v['ours']['ttft'])} aic {_fmt(v['aic']['ttft'])}"
@@ -340,7 +373,25 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
               f"({rec['replay_seconds']:.1f}s)", flush=True)
         if args.json and i % 50 == 0 and i < len(cases):  # a killed long run keeps what it measured
             write_json(args.json, result(partial=True))
-    return result(partial=False)
+    profile = None
+    if args.fit_calibration:
+        from spica_pipeline.search import calibration
+
+        cal_records = [r for r in records if r["split"] == "calibration" and r.get("ours")]
+        profile = calibration.fit(cal_records, fitted=time.strftime("%Y-%m-%d", time.gmtime()),
+                                  source="bench/bench_fidelity.py " + " ".join(sys.argv[1:] if argv is None else argv))
+        write_json(args.fit_calibration, profile)
+        print(f"wrote calibration profile {args.fit_calibration} ({len(profile['rows_used'])} calibration rows)")
+    elif args.calibration != "none":
+        from spica_pipeline.resources.calibration import load_profile
+
+        profile, _ = load_profile(args.calibration)
+    if profile is not None:
+        apply_profile(records, profile)
+    final = result(partial=False)
+    final["calibration"] = ({"fitted": profile["fitted"], "rows_used": len(profile["rows_used"]),
+                             "in_sample_split": "calibration"} if profile else None)
+    return final
 
 
 def write_json(path: str, data: dict[str, Any]) -> None:
@@ -373,6 +424,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--stability", action="store_true",
                     help="also replay each row with twice the requests and report the change in mean TTFT/TPOT")
     ap.add_argument("--cache-dir", default=None, help="timing/KV cache (default $SPICA_CACHE_DIR)")
+    ap.add_argument("--calibration", default="auto",
+                    help="profile to report calibrated errors with: auto (the packaged one), none, or a path")
+    ap.add_argument("--fit-calibration", metavar="PATH",
+                    help="fit a profile on this run's calibration-split rows, write it to PATH and apply it")
     return ap.parse_args(argv)
 
 

@@ -133,6 +133,11 @@ def evaluation_context(config: SmartSearchConfig, load_predictor: Any) -> dict[s
         context["load_predictor"] = load_predictor.to_dict()
     if config.workload.trace_path:
         context["trace_sha256"] = _file_sha256(config.workload.trace_path)
+    from spica_pipeline.resources.calibration import load_profile
+
+    profile, digest = load_profile(config.evaluation.calibration)  # ConfigError (exit 2) names a bad file
+    if profile is not None:  # the setting, not an absolute path: the hash stays the same across machines
+        context["calibration"] = {"setting": config.evaluation.calibration, "sha256": digest}
     return context
 
 

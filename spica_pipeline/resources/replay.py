@@ -173,6 +173,7 @@ class ReplayEvaluator(dg.ConfigurableResource):
         report, spread = summarise_repeats(summaries)
         if ticks:
             report["planner_total_ticks"] = statistics.fmean(ticks)
+        _calibrate(report, request, derived)
         outcome = EvalOutcome("feasible", report=report, spread=spread, derived=derived,
                               replay_seconds=replay_seconds, repeats=len(summaries))
 
@@ -460,6 +461,33 @@ def _steady_state_summary(summary: dict[str, Any], per_request: list[dict[str, A
             out[f"full_run_{key}"] = summary[key]
     out.update(window.to_report())
     return out
+
+
+def _calibrate(report: dict[str, Any], request: EvalRequest, derived: dict[str, Any]) -> None:
+    """Add calibrated metrics and P10-P90 bands beside the raw ones (request.context["calibration"]).
+
+    The profile was validated when the sweep built its context, so a failure here is a bug, not a
+    bad candidate: it propagates.
+    """
+    setting = (request.context or {}).get("calibration")
+    if not setting:
+        return
+    from spica_pipeline.resources.calibration import load_profile
+    from spica_pipeline.search import calibration
+
+    profile, _ = load_profile(setting["setting"])
+    sample = request.sample
+    concurrency = derived.get("concurrency") or sample.get("concurrency")
+    if concurrency is None and report.get("request_throughput_rps") and report.get("mean_e2e_latency_ms"):
+        # open loop / trace: Little's law gives the mean number of requests in flight
+        concurrency = report["request_throughput_rps"] * report["mean_e2e_latency_ms"] / 1000.0
+    engines = {}
+    for phase, role in (("ttft", "prefill"), ("tpot", "decode")):
+        role = "agg" if sample.get("deployment_mode") == "agg" else role
+        engines[phase] = float(concurrency or 1) / max(1, role_replicas(sample, role) or 1)
+    widen = 1.5 if derived.get("fidelity_note") else 1.0  # a perf-data fallback was used: less certain
+    report.update(calibration.calibrate(report, profile, system=sample["hardware_sku"], backend=sample["backend"],
+                                        concurrency=engines, extra_widen=widen))
 
 
 def _rebuild_evaluator(cls: type, fields: dict[str, Any]) -> "ReplayEvaluator":

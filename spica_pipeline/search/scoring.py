@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Mapping, NamedTuple, Sequence, TypeVar
 
+from spica_pipeline.search.calibration import REPORT_KEYS as CALIBRATION_KEYS
+
 Direction = Literal["max", "min"]
 
 PARETO = "pareto"
@@ -31,6 +33,7 @@ METRIC_KEYS: tuple[str, ...] = (
     "p90_itl_ms",
     "completed_requests",
     "goodput_completed_requests",
+    *CALIBRATION_KEYS,  # calibrated values and P10-P90 band multipliers (search/calibration.py)
 )
 
 
