@@ -20,6 +20,7 @@ import dagster as dg
 from pydantic import Field
 
 from spica_pipeline.errors import InfeasibleKVCapacity
+from spica_pipeline.search import measurement
 from spica_pipeline.search.deploy import (
     DeploymentPlan,
     active_roles,
@@ -285,7 +286,7 @@ class ReplayEvaluator(dg.ConfigurableResource):
                     kwargs.pop(key, None)
                 kwargs.update(replay_concurrency=None if derived.get("ramp") else kwargs.get("replay_concurrency"),
                               trace_block_size=int(self.trace_block_size), trace_format="mooncake")
-        derived["window_rule"] = _window_kind(plan, function, derived)
+        derived["window_rule"] = measurement.window_kind(plan.is_static, bool(derived.get("ramp")))
         controllers = [k for k in ("replay_concurrency", "arrival_interval_ms") if kwargs.get(k) is not None]
         if function == "synthetic" and len(controllers) != 1:
             raise CandidateBuildError(f"a synthetic replay needs exactly one load controller, got {controllers}")
@@ -414,7 +415,10 @@ class ReplayEvaluator(dg.ConfigurableResource):
         summary = dict(result.summary if hasattr(result, "summary") else result)
         per_request = getattr(result, "per_request", None)
         if per_request:
-            summary = _steady_state_summary(summary, per_request, call.derived.get("window_rule"), request.goal)
+            from spica_pipeline.search.measurement import windowed_summary
+
+            summary = windowed_summary(summary, per_request, call.derived.get("window_rule"),
+                                       (request.goal or {}).get("sla") or None)
         return summary, (counter.ticks if counter is not None else None)
 
 
@@ -436,31 +440,6 @@ def _ramped_closed_loop(plan: DeploymentPlan, engines: dict[str, dict[str, Any]]
     cycle = measurement.cycle_estimate_ms(int(workload.isl), int(workload.osl), batch, prefill_ms=prefill_ms,
                                           decode_ms=decode_ms)
     return measurement.closed_loop(clients, requested, cycle)
-
-
-def _window_kind(plan: DeploymentPlan, function: str, derived: dict[str, Any]) -> str:
-    if not plan.is_static:
-        return "whole_run"
-    return "closed_loop" if derived.get("ramp") else "open_loop"
-
-
-def _steady_state_summary(summary: dict[str, Any], per_request: list[dict[str, Any]], kind: str | None,
-                          goal: dict[str, Any] | None) -> dict[str, Any]:
-    """The replay summary with its latency/throughput keys measured in the steady-state window.
-
-    The whole-run means stay beside them as `full_run_*` so the ledger shows what the window changed.
-    """
-    from spica_pipeline.search import measurement
-
-    window = measurement.steady_state(per_request, kind or "open_loop", sla=(goal or {}).get("sla") or None)
-    if window is None:
-        return summary
-    out = dict(summary)
-    for key in ("mean_ttft_ms", "mean_tpot_ms", "output_throughput_tok_s"):
-        if key in summary:
-            out[f"full_run_{key}"] = summary[key]
-    out.update(window.to_report())
-    return out
 
 
 def _calibrate(report: dict[str, Any], request: EvalRequest, derived: dict[str, Any]) -> None:

@@ -213,6 +213,30 @@ def steady_state(records: Iterable[dict[str, Any]], kind: str, *,
     return Window(kind, float(start), float(end), len(inside), len(done), metrics)
 
 
+def windowed_summary(summary: dict[str, Any], per_request: list[dict[str, Any]], kind: str | None,
+                     sla: dict[str, float] | None = None) -> dict[str, Any]:
+    """The replay summary with its latency/throughput keys measured in the steady-state window.
+
+    The whole-run means stay beside them as `full_run_*` so the ledger shows what the window changed.
+    """
+    window = steady_state(per_request, kind or "open_loop", sla=sla)
+    if window is None:
+        return summary
+    out = dict(summary)
+    for key in ("mean_ttft_ms", "mean_tpot_ms", "output_throughput_tok_s"):
+        if key in summary:
+            out[f"full_run_{key}"] = summary[key]
+    out.update(window.to_report())
+    return out
+
+
+def window_kind(is_static: bool, ramped: bool) -> str:
+    """Which WINDOW_RULES entry measures a replay."""
+    if not is_static:
+        return "whole_run"
+    return "closed_loop" if ramped else "open_loop"
+
+
 def relative_change(a: float, b: float) -> float:
     """|b - a| / |a| (inf when a is 0 and b is not)."""
     if a == b:
