@@ -418,7 +418,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-rows", type=int, default=None)
     ap.add_argument("--ids", help="comma-separated silicon row ids (reproduce single rows)")
     ap.add_argument("--quick", action="store_true", help="stratified subset, a few minutes on 2 cores")
-    ap.add_argument("--json", help="write the result JSON here")
+    ap.add_argument("--json", "--out", dest="json", help="write the result JSON here (--out: run_all.py's name)")
     ap.add_argument("--request-ratio", type=float, default=6.0, help="requests per unit of concurrency")
     ap.add_argument("--no-aic", action="store_true", help="skip AIC's own estimate")
     ap.add_argument("--stability", action="store_true",

@@ -37,6 +37,7 @@ BENCHES: dict[str, tuple[str, list[str], list[str], bool, int]] = {
     "load_predictor": ("bench_load_predictor.py", [], [], False, 1800),
     "vizier": ("bench_vizier.py", [], ["--algos", "QUASI_RANDOM_SEARCH,DEFAULT", "--ns", "0,8"], False, 1800),
     "dagster": ("bench_dagster.py", [], [], False, 1800),
+    "fidelity": ("bench_fidelity.py", ["--split", "all"], ["--quick"], True, 3 * 3600),
 }
 
 
@@ -186,6 +187,22 @@ def summary_peer(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def summary_fidelity(data: dict[str, Any]) -> list[str]:
+    def cell(stats: dict[str, Any] | None) -> str:
+        if not stats or stats.get("mdape") is None:
+            return "-"
+        return f"{100 * stats['mdape']:.0f}% / {100 * stats['p90']:.0f}% / {100 * stats['bias']:+.0f}%"
+
+    lines = ["MdAPE / P90 / bias against silicon_sample.csv (docs/fidelity.md).", "",
+             "| split | evaluated / expressible | TTFT ours | TTFT calibrated | TTFT AIC | TPOT ours | TPOT calibrated "
+             "| TPOT AIC |", "|---|---|---|---|---|---|---|---|"]
+    for name, rep in data["splits"].items():
+        lines.append(f"| {name} | {rep['evaluated']} / {rep['expressible']} | " + " | ".join(
+            cell((rep.get(side) or {}).get(m)) for m in ("ttft", "tpot") for side in ("ours", "calibrated", "aic"))
+            + " |")
+    return lines
+
+
 def summary_captured(data: dict[str, Any]) -> list[str]:
     lines = [f"`{data['command']}`: exit {data['returncode']} in {data['seconds']} s."]
     tail = [l for l in data.get("stdout_tail", []) if l.strip()][-12:]
@@ -203,9 +220,10 @@ def write_summary(host: dict[str, Any] | None = None) -> Path:
              "compare the ratios within one benchmark, not absolute seconds across runs).", ""]
     sections = [("sample_efficiency", "Sample efficiency against the exhaustive truth", summary_sample_efficiency),
                 ("sweep", "Quickstart sweep: DEFAULT vs QUASI_RANDOM_SEARCH", summary_sweep),
-                ("peer_aic", "Peer comparison: AI Configurator default search, replayed", summary_peer)]
+                ("peer_aic", "Peer comparison: AI Configurator default search, replayed", summary_peer),
+                ("fidelity", "Fidelity against real GPU measurements", summary_fidelity)]
     sections += [(n, f"{n} (captured output)", summary_captured) for n in BENCHES if n not in
-                 ("sample_efficiency", "sweep", "peer_aic")]
+                 ("sample_efficiency", "sweep", "peer_aic", "fidelity")]
     for name, title, render in sections:
         data, file = _load(name)
         lines += [f"## {title}", ""]
