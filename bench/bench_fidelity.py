@@ -355,6 +355,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             "aiconfigurator_core": _version("aiconfigurator-core"),
             "ai_dynamo_runtime": _version("ai-dynamo-runtime"),
             "request_ratio": args.request_ratio,
+            "replays_from": args.from_json,
             "quick": bool(args.quick),
             "partial": partial,
             "wall_seconds": round(time.perf_counter() - started, 1),
@@ -362,6 +363,11 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             "records": records,
         }
 
+    if args.from_json:  # re-fit / re-apply a profile to the replays of an earlier run (no replay here)
+        previous = json.loads(Path(args.from_json).read_text())["records"]
+        wanted = {c.row.id for c in cases}
+        records.extend(r for r in previous if r["id"] in wanted)
+        cases = []
     for i, case in enumerate(cases, 1):
         version = latest_backend_version(case.row.system, case.row.backend)
         rec = evaluate_case(evaluator, case, version, args.request_ratio, not args.no_aic, args.stability)
@@ -382,6 +388,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
                                   source="bench/bench_fidelity.py " + " ".join(sys.argv[1:] if argv is None else argv))
         write_json(args.fit_calibration, profile)
         print(f"wrote calibration profile {args.fit_calibration} ({len(profile['rows_used'])} calibration rows)")
+        lomo = leave_one_model_out(cal_records)
     elif args.calibration != "none":
         from spica_pipeline.resources.calibration import load_profile
 
@@ -391,7 +398,29 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
     final = result(partial=False)
     final["calibration"] = ({"fitted": profile["fitted"], "rows_used": len(profile["rows_used"]),
                              "in_sample_split": "calibration"} if profile else None)
+    if args.fit_calibration:
+        final["calibration"]["leave_one_model_out"] = lomo
+        print(f"leave-one-model-out calibrated ({lomo['rows']} rows): "
+              f"TTFT {_fmt(lomo['calibrated']['ttft'])} | TPOT {_fmt(lomo['calibrated']['tpot'])}")
     return final
+
+
+def leave_one_model_out(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Calibrated errors on each calibration model with a profile fitted without it: the
+    calibration split's own estimate of how the profile does on a model it never saw."""
+    import copy
+
+    from spica_pipeline.search import calibration
+
+    scored: list[dict[str, Any]] = []
+    for model in sorted({r["model"] for r in records}):
+        train = [r for r in records if r["model"] != model]
+        test = [copy.deepcopy(r) for r in records if r["model"] == model]
+        if not train or not test:
+            continue
+        apply_profile(test, calibration.fit(train, fitted="lomo", source="lomo"))
+        scored += test
+    return {"rows": len(scored), "calibrated": summarise(scored)["calibrated"], "band_coverage": band_coverage(scored)}
 
 
 def write_json(path: str, data: dict[str, Any]) -> None:
@@ -426,6 +455,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cache-dir", default=None, help="timing/KV cache (default $SPICA_CACHE_DIR)")
     ap.add_argument("--calibration", default="auto",
                     help="profile to report calibrated errors with: auto (the packaged one), none, or a path")
+    ap.add_argument("--from-json", metavar="PATH",
+                    help="reuse the replays of an earlier result file (re-fit/re-apply calibration only)")
     ap.add_argument("--fit-calibration", metavar="PATH",
                     help="fit a profile on this run's calibration-split rows, write it to PATH and apply it")
     return ap.parse_args(argv)

@@ -90,11 +90,20 @@ def _quantile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def _shrunk(values: list[float], parent: float) -> float:
-    if not values:
+def _model_median(members: list[dict[str, Any]]) -> float:
+    """Median over models of each model's median residual: a model with many rows (MiniMax-M2.5 is
+    over half of the calibration sample) cannot set a slice's correction for the others."""
+    per: dict[Any, list[float]] = defaultdict(list)
+    for m in members:
+        per[m.get("model")].append(m["residual"])
+    return statistics.median(statistics.median(v) for v in per.values())
+
+
+def _shrunk(members: list[dict[str, Any]], parent: float) -> float:
+    if not members:
         return parent
-    n = len(values)
-    return (n * statistics.median(values) + SHRINK_K * parent) / (n + SHRINK_K)
+    n = len({m.get("model") for m in members})  # evidence counts in models, not rows
+    return (n * _model_median(members) + SHRINK_K * parent) / (n + SHRINK_K)
 
 
 def load_x(concurrency_per_engine: float | None) -> float:
@@ -119,7 +128,8 @@ def residual_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         for phase in PHASES:
             o, s = ours.get(phase), silicon.get(phase)
             if o and s and o > 0 and s > 0 and math.isfinite(o) and math.isfinite(s):
-                out.append({"id": r["id"], "system": r["system"], "backend": r["backend"], "phase": phase,
+                out.append({"id": r["id"], "model": r.get("model"), "system": r["system"], "backend": r["backend"],
+                            "phase": phase,
                             "split": r.get("split"), "x": load_x(engine_concurrency(r, phase)),
                             "residual": math.log(s / o)})
     return out
@@ -146,18 +156,18 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str) -> di
         slopes[phase] = theil_sen([r["x"] for r in members], [r["residual"] for r in members])
     for r in rows:  # offsets are fitted on the load-detrended residuals
         r["residual"] -= slopes[r["phase"]] * r["x"]
-    by_phase: dict[str, list[float]] = defaultdict(list)
-    by_backend: dict[tuple[str, str], list[float]] = defaultdict(list)
+    by_phase: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_backend: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     by_slice: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        by_phase[r["phase"]].append(r["residual"])
-        by_backend[(r["backend"], r["phase"])].append(r["residual"])
+        by_phase[r["phase"]].append(r)
+        by_backend[(r["backend"], r["phase"])].append(r)
         by_slice[(r["system"], r["backend"], r["phase"])].append(r)
-    phase_m = {p: statistics.median(v) for p, v in by_phase.items()}
+    phase_m = {p: _model_median(v) for p, v in by_phase.items()}
     backend_m = {k: _shrunk(v, phase_m[k[1]]) for k, v in by_backend.items()}
     slices: dict[str, Any] = {}
     for (system, backend, phase), members in sorted(by_slice.items()):
-        m = _shrunk([x["residual"] for x in members], backend_m[(backend, phase)])
+        m = _shrunk(members, backend_m[(backend, phase)])
         slices[f"{system}/{backend}/{phase}"] = {"factor": round(math.exp(m), 6), "rows": len(members)}
     # bands from calibrated residuals (each row corrected by its own slice's factor)
     calibrated: dict[tuple[str, str, str], list[float]] = defaultdict(list)
