@@ -41,7 +41,10 @@ def single(isl, osl=8):
 def test_single_request_ttft_equals_aic_prefill(evaluator, version):
     out = evaluator.evaluate(EvalRequest(agg(version, tp=2, replicas=1, used_gpus=2), single(4096), THROUGHPUT))
     assert out.status == "feasible", out.reason
-    assert out.report["completed_requests"] == 1
+    # one closed-loop client sends MIN_TURNS requests one after another (search/measurement.py), each alone
+    from spica_pipeline.search.measurement import MIN_TURNS
+
+    assert out.report["completed_requests"] == MIN_TURNS
     ident = timing.EngineIdentity(MODEL, SKU, BACKEND, version, tp=2)
     aic = timing._AicStep(ident).prefill(4096)
     assert out.report["mean_ttft_ms"] == pytest.approx(aic, rel=0.02)
