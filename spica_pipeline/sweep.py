@@ -336,8 +336,10 @@ def run_sweep(
     vizier: Any = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
     warm_start_ledger: pd.DataFrame | None = None,
+    repair: bool = False,
 ) -> SweepResult:
-    """Run all stages, journalling to `output_dir` so a rerun resumes, and write the outputs."""
+    """Run all stages, journalling to `output_dir` so a rerun resumes, and write the outputs.
+    `repair` quarantines damaged journal records instead of refusing the journal (`--repair`)."""
     output_dir = Path(output_dir)
     emit = progress or (lambda event: None)
     started = time.perf_counter()
@@ -350,7 +352,9 @@ def run_sweep(
         for plan in plans:
             emit({"event": "plan", "branch": plan.branch.deployment_mode, "why": plan.why,
                   "exhaustive": plan.exhaustive, "size": plan.finite_size})
-        journal = FileJournal(output_dir / "journal.jsonl")
+        journal = FileJournal(output_dir / "journal.jsonl", repair=repair)
+        for warning in journal.warnings:
+            emit({"event": "warning", "message": warning})
         resumed = journal.loaded_records
         if resumed:
             emit({"event": "resume", "records": resumed})
