@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from spica_pipeline.errors import ConfigError, SpicaError
+from spica_pipeline.errors import ConfigError, SpicaError, TraceError
 
 EXIT_OK = 0
 EXIT_NOTHING_FEASIBLE = 1
@@ -239,9 +239,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if isinstance(config, int):
         return config
     trace = config.workload.trace_path
-    if trace is not None and not Path(trace).is_file():
-        return _fail(f"invalid config {args.config}: workload.trace_path: no such file {trace!r} "
-                     f"(relative paths resolve against the working directory {Path.cwd()})")
+    from spica_pipeline.traces import path_problem
+
+    problem = path_problem(trace) if trace is not None else None
+    if problem is not None:
+        hint = (f" (relative paths resolve against the working directory {Path.cwd()})"
+                if problem.startswith("does not exist") and not Path(trace).is_absolute() else "")
+        return _fail(f"invalid config {args.config}: workload.trace_path {trace!r} {problem}{hint}")
+    try:
+        algorithm = _resolve_algorithm(config)
+    except ConfigError as err:
+        return _fail(f"invalid config {args.config}: {err}")
     try:
         lines = summarize(config)
     except Exception as err:  # a summary bug must not turn into a traceback either
@@ -250,19 +258,34 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from spica_pipeline.sweep import check_workload, filter_policies
 
     try:
-        check_workload(config)
-    except SpicaError as err:  # names the trace file and line
+        trace_warnings = check_workload(config)
+    except TraceError as err:  # names the trace file and line
         return _fail(str(err))
+    except SpicaError as err:  # names the field and the limit
+        return _fail(f"invalid config {args.config}: {err}")
     try:
         filtered = filter_policies(config)  # stage 2: a goal that leaves no usable policy is bad input
     except PolicyFilterError as err:
         return _fail(f"invalid config {args.config}: search_space.planner_scaling_policy: {err}")
+    for warning in trace_warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"config {args.config} is valid")
     for line in lines:
         print(line)
+    if algorithm != config.sweep.algorithm:
+        from spica_pipeline.config.sweep import ALGO_ENV
+
+        print(f"algorithm {algorithm} (from {ALGO_ENV}, overriding sweep.algorithm {config.sweep.algorithm})")
     if filtered.dropped:
         print(filtered.summary())
     return EXIT_OK
+
+
+def _resolve_algorithm(config: Any) -> str:
+    """The Vizier algorithm a study would use, SPICA_VIZIER_ALGO included (ConfigError if unknown)."""
+    from spica_pipeline.config.sweep import resolve_algorithm
+
+    return resolve_algorithm(config.sweep.algorithm)
 
 
 def _with_overrides(config: Any, args: argparse.Namespace) -> Any:
@@ -292,6 +315,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     config = _with_overrides(config, args)
     if isinstance(config, int):
         return config
+    try:
+        _resolve_algorithm(config)  # an unknown SPICA_VIZIER_ALGO is bad input now, not at the first study
+    except ConfigError as err:
+        return _fail(f"invalid config {args.config}: {err}")
     output_dir = Path(args.output_dir or Path("runs") / Path(args.config).stem)
     progress = ProgressPrinter()
     try:

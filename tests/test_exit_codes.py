@@ -252,8 +252,8 @@ def test_sigint_and_sigterm_flush_and_print_the_resume_hint_then_resume_equals(t
         last = stderr_lines(proc.err)[-1]
         assert last.startswith(word) and "run the same command again to resume" in last, proc.err
         assert "Traceback" not in proc.err
-        partial = pd.read_parquet(out / "ledger.parquet")  # the partial ledger was flushed
-        assert len(partial) >= 2
+        partial = pd.read_parquet(out / "ledger.parquet")  # the partial ledger was flushed, readable
+        assert set(partial["spec_hash"].dropna()) <= set(outcome_hashes(journal))
     proc = subprocess.run(driver(tmp_path, {}, "sweep", "--config", str(config), "--output-dir", str(out)),
                           cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
