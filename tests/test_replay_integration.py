@@ -103,7 +103,9 @@ def test_small_prefill_pool_saturates_under_heavy_load(evaluator, version):
 
 def test_goodput_never_exceeds_throughput(evaluator, version):
     goal = {"target": "goodput", "sla": {"ttft_ms": 300.0, "itl_ms": 25.0}, "pareto_objectives": None}
-    wl = {"isl": 2048, "osl": 128, "request_rate": 8.0, "num_request_ratio": 30}
+    # a load the engine sustains: at 8 req/s TPOT settles near 90 ms, so the steady-state window
+    # (search/measurement.py) rightly has no goodput at all (only the first requests met the SLA)
+    wl = {"isl": 2048, "osl": 128, "request_rate": 4.0, "num_request_ratio": 30}
     out = evaluator.evaluate(EvalRequest(agg(version, tp=2, replicas=1, used_gpus=2), wl, goal))
     assert out.status == "feasible", out.reason
     r = out.report
