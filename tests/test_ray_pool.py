@@ -75,6 +75,34 @@ def wait_ready(pool, n: int, timeout: float = 120.0) -> list[dict]:
     return pool.workers_info()
 
 
+# ---- choosing the backend (no Ray started) ------------------------------------------------
+
+def test_executor_choice_config_cli_and_dagster_resource():
+    from spica_pipeline.assets.config import config_hash
+    from spica_pipeline.cli import _with_overrides, build_parser
+    from spica_pipeline.resources.executor import EvaluationBackendResource
+    from spica_pipeline.resources.pool import EvaluationPool
+
+    local = SmartSearchConfig.from_dict(tiny_config())
+    on_ray = SmartSearchConfig.from_dict(tiny_config(executor="ray", ray_address="127.0.0.1:6379"))
+    assert local.sweep.executor == "local" and on_ray.sweep.executor == "ray"
+    assert config_hash(local) == config_hash(on_ray)  # where replays run never changes a result
+    with pytest.raises(Exception, match="executor"):
+        SmartSearchConfig.from_dict(tiny_config(executor="dask"))
+
+    args = build_parser().parse_args(["sweep", "--config", "x.yaml", "--executor", "ray", "--ray-address", "h:1"])
+    overridden = _with_overrides(local, args)
+    assert (overridden.sweep.executor, overridden.sweep.ray_address) == ("ray", "h:1")
+
+    with EvaluationBackendResource().open(FakeEvaluator(), local.sweep) as pool:
+        assert type(pool) is EvaluationPool and pool.workers == 2 and pool.max_eval_seconds == 3
+    with EvaluationBackendResource().open(FakeEvaluator(), on_ray.sweep) as pool:  # lazy: nothing starts
+        assert type(pool) is RayEvaluationPool and pool.address == "127.0.0.1:6379"
+    with EvaluationBackendResource(executor="ray", ray_address="ray://head:10001").open(
+            FakeEvaluator(), local.sweep) as pool:
+        assert type(pool) is RayEvaluationPool and pool.address == "ray://head:10001"
+
+
 # ---- no address: a Ray of our own on 127.0.0.1, shut down on close ----------------------
 
 LOCAL = """

@@ -7,10 +7,12 @@ sweep config (`sweep.executor`, `sweep.ray_address`), so a deployment can move e
 code location onto a Ray cluster without touching the sweep YAMLs.
 """
 
-from typing import Any, Literal
+from typing import Any
 
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, field_validator
+
+EXECUTORS = ("local", "ray")
 
 
 class EvaluationBackendResource(dg.ConfigurableResource):
@@ -18,10 +20,17 @@ class EvaluationBackendResource(dg.ConfigurableResource):
     ray_address: a Ray cluster for `ray`; None follows `sweep.ray_address`, then `RAY_ADDRESS`, and
         with neither a local Ray is started in the run's process."""
 
-    executor: Literal["local", "ray"] | None = Field(
+    executor: str | None = Field(
         default=None, description="local | ray; None = the sweep config's sweep.executor")
     ray_address: str | None = Field(
         default=None, description="Ray cluster address; None = sweep.ray_address, then $RAY_ADDRESS")
+
+    @field_validator("executor")
+    @classmethod
+    def _known(cls, value: str | None) -> str | None:
+        if value is not None and value not in EXECUTORS:
+            raise ValueError(f"evaluation_backend.executor must be one of {list(EXECUTORS)}, got {value!r}")
+        return value
 
     def open(self, evaluator: Any, sweep: Any):
         """The backend for one run of `sweep` (a SweepConfig); use it as a context manager."""
