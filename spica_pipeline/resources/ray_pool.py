@@ -151,13 +151,12 @@ class RayEvaluationPool(EvaluationBackend):
             loopback_only()
         ray = _ray()
         if not ray.is_initialized():
-            common = dict(include_dashboard=False, log_to_driver=False, configure_logging=True,
-                          logging_level=logging.WARNING)
+            quiet = dict(log_to_driver=False, logging_level=logging.WARNING)  # also valid for ray:// clients
             if self.address:
-                ray.init(address=self.address, **common)
+                ray.init(address=self.address, **quiet)
             else:
                 ray.init(address="local", num_cpus=self.num_cpus, object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-                         _node_ip_address="127.0.0.1", **common)
+                         include_dashboard=False, **quiet)
             self._owns_connection = True
         self._ray = ray
         self._evaluator_ref = ray.put(self.evaluator)
