@@ -155,8 +155,7 @@ class RayEvaluationPool(EvaluationBackend):
             if self.address:
                 ray.init(address=self.address, **quiet)
             else:
-                ray.init(address="local", num_cpus=self.num_cpus, object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-                         include_dashboard=False, **quiet)
+                self._start_local(ray, quiet)
             self._owns_connection = True
         self._ray = ray
         self._evaluator_ref = ray.put(self.evaluator)
@@ -167,6 +166,20 @@ class RayEvaluationPool(EvaluationBackend):
             log.warning("Ray cluster has %d CPUs for %d workers: %d wait for a CPU", total, self.workers,
                         self.workers - total)
         self._fill()
+
+    def _start_local(self, ray: Any, quiet: dict[str, Any]) -> None:
+        """Start a Ray of our own; a raylet has a fixed 30 s to register, which a busy host can miss
+        once, so one more try before giving up."""
+        for attempt in (1, 2):
+            try:
+                ray.init(address="local", num_cpus=self.num_cpus, object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                         include_dashboard=False, **quiet)
+                return
+            except Exception as err:
+                ray.shutdown()
+                if attempt == 2:
+                    raise RuntimeError(f"could not start a local Ray: {_short(err)}") from err
+                log.warning("local Ray did not start (%s); trying once more", _short(err))
 
     def _close(self) -> None:
         ray = self._ray
