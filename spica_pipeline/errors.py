@@ -31,3 +31,25 @@ class PolicyFilterError(SpicaError):
 
 class ModelHardwareError(SpicaError):
     """Unknown hardware_sku or model without a shipped AI Configurator config."""
+
+
+class CandidateBuildError(SpicaError):
+    """A candidate that cannot be turned into replay arguments (not a capacity problem).
+
+    `detail` is the one-line reason recorded in the ledger; an error wrapped from a library keeps
+    the library's own type name there (e.g. `PerfDataNotAvailableError: ...`).
+    """
+
+    def __init__(self, message: str, detail: str | None = None):
+        super().__init__(message)
+        self.detail = detail if detail is not None else f"{type(self).__name__}: {' '.join(message.split())}"
+
+
+class PerfModelError(CandidateBuildError):
+    """aiconfigurator-core cannot model this candidate (no perf data, unsupported shape or model)."""
+
+    @classmethod
+    def wrap(cls, exc: BaseException) -> "PerfModelError":
+        text = " ".join(str(exc).split())
+        detail = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        return cls(detail, detail=detail)
