@@ -91,6 +91,8 @@ def check_resource_limits(config: Any, trace: Any = None, memory_bytes: int | No
     if not total:
         return
     workers = max(1, min(sweep.parallel_evals, sweep.per_round))
+    if sweep.executor == "ray":  # the replays spread over the Ray cluster's nodes: one must fit here
+        workers = 1
     allowed = sweep.max_replay_memory_share * total
     if workers * memory > allowed:
         raise ResourceLimitError(
