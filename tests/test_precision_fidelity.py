@@ -184,10 +184,11 @@ def no_aic_tables(monkeypatch):
 
     def fake_build(identity, top):
         calls.append(identity)
-        return {"prefill_isl": timing.np.array([1.0])}, ("substitute data" if identity.attention_dtype is None
-                                                         and identity.model == "m" else None)
+        return {"prefill_isl": timing.np.array([1.0])}
 
-    monkeypatch.setattr(timing, "_build_timing", fake_build)
+    monkeypatch.setattr(timing, "build_timing_arrays", fake_build)
+    monkeypatch.setattr(timing, "fidelity_note_of", lambda identity: "substitute data"
+                        if identity.attention_dtype is None else None)
     monkeypatch.setattr(timing, "_timing_memo", {})
     return calls
 

@@ -160,10 +160,6 @@ def prefill_grid(max_num_batched_tokens: int) -> np.ndarray:
 
 def build_timing_arrays(identity: EngineIdentity, max_num_batched_tokens: int) -> dict[str, np.ndarray]:
     """The NPZ arrays (already x TIME_SCALE) for one identity."""
-    return _build_timing(identity, max_num_batched_tokens)[0]
-
-
-def _build_timing(identity: EngineIdentity, max_num_batched_tokens: int) -> tuple[dict[str, np.ndarray], str | None]:
     step = _AicStep(identity)
     p_x = prefill_grid(max_num_batched_tokens).astype(float)
     p_y = np.array([step.prefill(int(t)) for t in p_x])
@@ -176,7 +172,13 @@ def _build_timing(identity: EngineIdentity, max_num_batched_tokens: int) -> tupl
     return {
         "prefill_isl": p_x, "prefill_ttft_ms": p_y * TIME_SCALE,
         "decode_active_kv_tokens": kv, "decode_context_length": ctx, "decode_itl": itl * TIME_SCALE,
-    }, step.fidelity_note
+    }
+
+
+def fidelity_note_of(identity: EngineIdentity) -> str | None:
+    """The substitution `_AicStep` made for this identity in this process (None: exact data or not built)."""
+    built = _models.get(json.dumps(asdict(identity), sort_keys=True))
+    return built[1] if built is not None else None
 
 
 def timing_table(identity: EngineIdentity, *, max_num_batched_tokens: int = 8192,
@@ -196,7 +198,8 @@ def timing_table(identity: EngineIdentity, *, max_num_batched_tokens: int = 8192
     if not path.exists():
         with _build_lock(path):  # concurrent workers wanting the same identity build it once
             if not path.exists():
-                arrays, note = _build_timing(identity, top)
+                arrays = build_timing_arrays(identity, top)
+                note = fidelity_note_of(identity)
                 buf = io.BytesIO()
                 np.savez(buf, **arrays)
                 # the note first: a table on disk always has its note beside it
