@@ -2,7 +2,13 @@
 
 
 class SpicaError(Exception):
-    """Base class: the message is meant to be printed as is, on one line."""
+    """Base class: the message is meant to be printed as is, on one line.
+
+    `exit_code` is what the CLI exits with (README "Exit codes"); bad input unless a subclass says
+    otherwise, so the one table of codes lives next to the errors that produce them.
+    """
+
+    exit_code = 2
 
 
 class ConfigError(SpicaError):
@@ -31,6 +37,25 @@ class PolicyFilterError(SpicaError):
 
 class ModelHardwareError(SpicaError):
     """Unknown hardware_sku or model without a shipped AI Configurator config."""
+
+
+class JournalError(SpicaError):
+    """A sweep journal has a damaged record before its last line; the message names file:line."""
+
+
+class OutputDirError(SpicaError):
+    """The output directory cannot be created or written; refused before any replay."""
+
+
+class ResourceLimitError(ConfigError):
+    """An input asks for more than this machine or the replay can do (names the field and the limit)."""
+
+
+class EnvironmentFailure(SpicaError):
+    """The machine failed mid-sweep (disk full, read-only filesystem, I/O error, out of memory):
+    what could be flushed was flushed; the message says what to fix before rerunning."""
+
+    exit_code = 4
 
 
 class CandidateBuildError(SpicaError):
