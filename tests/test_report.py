@@ -403,6 +403,7 @@ def test_fidelity_note_and_precision_reach_report_csv_and_deploy(tmp_path):
     assert "## Fidelity notes" in report and note in report
     assert "precision weights=fp8 kv_cache=fp8" in report and "MTP nextn 1" in report
     assert "not 1/TPOT" in report and "5-15%" not in report
+    assert "Latency: p90 TTFT" in report  # the SLA question, answered even without an SLA
     csv = pd.read_csv(tmp_path / "candidates.csv")
     assert (csv["cfg.fidelity_note"] == note).all() and (csv["cfg.precision_weights"] == "fp8").all()
     record = yaml.safe_load((tmp_path / "deploy" / "1" / "simulation_record.yaml").read_text())
@@ -410,3 +411,18 @@ def test_fidelity_note_and_precision_reach_report_csv_and_deploy(tmp_path):
     assert record["speculative_decoding"] == {"method": "mtp", "nextn": 1}
     dgd = (tmp_path / "deploy" / "1" / "dgd.yaml").read_text()
     assert f"# fidelity note: {note}" in dgd and "--quantization" in dgd
+
+
+def test_best_configuration_answers_the_sla_question(tmp_path):
+    ledger = make_ledger(seed=5, n=45)
+    reports = [json.loads(r) if isinstance(r, str) else r for r in ledger["report"]]
+    for r in reports:
+        if isinstance(r, dict):
+            r.update(completed_requests=200.0, goodput_completed_requests=180.0, p90_ttft_ms=420.0, p90_itl_ms=25.0)
+    ledger["report"] = [json.dumps(r) if isinstance(r, dict) else None for r in reports]
+    m = merge_candidates(ledger, "throughput_per_gpu", gpu_budget=16)
+    write_outputs(tmp_path, ledger, m, goal_summary={**GOAL, "sla": {"ttft_ms": 500.0, "itl_ms": 30.0}},
+                  workload_summary=WORKLOAD, timings={}, top_n=1)
+    report = (tmp_path / "report.md").read_text()
+    assert ("SLA (ttft <= 500 ms, itl <= 30 ms): 90.0% of completed requests met it; p90 TTFT 420 ms, "
+            "p90 ITL 25 ms.") in report

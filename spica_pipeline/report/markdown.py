@@ -70,6 +70,16 @@ def _fidelity_lines(ranked: list[tuple[Any, Any]]) -> list[str]:
     return ["## Fidelity notes", "", *[f"- ranks {', '.join(r)}: {n}" for n, r in notes.items()], ""]
 
 
+def _sla_answer(c: Any, goal_summary: Mapping[str, Any]) -> str:
+    """The SLA question for one candidate: share of requests within it, p90 TTFT and ITL (replayed)."""
+    sla = {k: v for k, v in dict(goal_summary.get("sla") or {}).items() if v is not None}
+    tails = f"p90 TTFT {_num(c.metrics.get('p90_ttft_ms'))} ms, p90 ITL {_num(c.metrics.get('p90_itl_ms'))} ms"
+    if not sla:
+        return f"Latency: {tails} (no goal.sla set, so no share of requests within an SLA)."
+    limits = ", ".join(f"{k.removesuffix('_ms')} <= {v:g} ms" for k, v in sla.items())
+    return f"SLA ({limits}): {_pct(sla_attainment(c))} of completed requests met it; {tails}."
+
+
 def _seconds(ledger: pd.DataFrame, col: str) -> dict[str, float]:
     if col not in ledger.columns or ledger.empty:
         return {}
@@ -115,7 +125,7 @@ def render_report(
     if best is None:
         lines += ["No feasible candidate (check backends, SLA, gpu_budget and the failure reasons above).", ""]
     else:
-        lines += [describe_candidate(best, merge.target, merge.objectives), ""]
+        lines += [describe_candidate(best, merge.target, merge.objectives), "", _sla_answer(best, goal_summary), ""]
         if merge.is_pareto and rec is not None:
             lines += [f"Picked by the rule **{rec[1]}**; it is rank 1 (`deploy/1/`). A front has no single "
                       "best point: every point below trades one objective for another.", ""]
