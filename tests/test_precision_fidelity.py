@@ -259,6 +259,7 @@ def test_backend_without_perf_data_dropped_with_one_warning(monkeypatch):
         return None
 
     monkeypatch.setattr(branches_mod, "timing_check", check)
+    monkeypatch.setattr(branches_mod, "_timing_may_lack_data", lambda space: True)
     cfg = SmartSearchConfig.from_dict({
         "search_space": {"model_name": "Qwen/Qwen3-32B", "hardware_sku": "h200_sxm", "gpu_budget": 4,
                          "backend": ["sglang", "vllm"], "deployment_mode": ["agg", "disagg"],
@@ -279,6 +280,7 @@ def test_a_shape_refusal_does_not_drop_the_backend(monkeypatch):
         raise PerfModelError.wrap(ValueError("Parallelism width mismatch"))
 
     monkeypatch.setattr(branches_mod, "timing_check", check)
+    monkeypatch.setattr(branches_mod, "_timing_may_lack_data", lambda space: True)
     cfg = SmartSearchConfig.from_dict({
         "search_space": {"model_name": "Qwen/Qwen3-32B", "hardware_sku": "h200_sxm", "gpu_budget": 4,
                          "backend": ["vllm"], "deployment_mode": ["agg"], "router_mode": ["round_robin"],
@@ -286,3 +288,15 @@ def test_a_shape_refusal_does_not_drop_the_backend(monkeypatch):
         "workload": {"isl": 100, "osl": 10, "request_rate": 1.0, "num_request_ratio": 2.0}})
     result = branches_mod.enumerate_branches(cfg)
     assert result.branches[0].knob_choices["backend"] == ["vllm"] and not any("vllm" in w for w in result.warnings)
+
+
+@pytest.mark.integration
+def test_probe_only_where_attention_data_has_gaps():
+    def space(model, precision=None):
+        data = {"model_name": model, "hardware_sku": "h200_sxm", **({"precision": precision} if precision else {})}
+        return SmartSearchConfig.from_dict({"search_space": data, "workload": {
+            "isl": 100, "osl": 10, "request_rate": 1.0, "num_request_ratio": 2.0}}).search_space
+
+    assert branches_mod._timing_may_lack_data(space("deepseek-ai/DeepSeek-V3"))  # MLA
+    assert not branches_mod._timing_may_lack_data(space("Qwen/Qwen3-32B"))  # dense GQA: default path
+    assert branches_mod._timing_may_lack_data(space("Qwen/Qwen3-32B", {"kv_cache": "fp8"}))

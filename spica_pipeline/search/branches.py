@@ -166,6 +166,17 @@ def timing_check(space: Any, backend: str, config: ParallelConfig) -> str | None
     return check_timing(identity)
 
 
+def _timing_may_lack_data(space: Any) -> bool:
+    """Where AIC's attention data has per-dtype gaps: MLA models (e.g. SGLang's H200 data has only
+    bf16 MLA) and pinned precisions. Other models use the well-covered default path, so they skip
+    the probe (an AIC model build, seconds per backend); a gap there still fails its trials, with
+    the reason, instead of silently."""
+    from spica_pipeline.search.model_hw import model_facts
+
+    p = space.precision
+    return model_facts(space.model_name).is_mla or (p is not None and any(p.model_dump().values()))
+
+
 def _timing_verdict(space: Any, backend: str, config: ParallelConfig, warnings: list[str]) -> PerfModelError | None:
     """The reason AIC cannot time `backend` at all (None: it can), warning once either way."""
     try:
@@ -217,7 +228,7 @@ def enumerate_branches(config: Any) -> BranchEnumeration:
                 mode_diag[backend] = {"error": str(exc)}
                 why_not.append(f"{mode}/{backend}: {getattr(exc, 'pruning', None) or exc}")
                 continue
-            if backend not in timing_verdicts and result.configs:
+            if backend not in timing_verdicts and result.configs and _timing_may_lack_data(space):
                 timing_verdicts[backend] = _timing_verdict(space, backend, result.configs[0], warnings)
             if timing_verdicts.get(backend) is not None:
                 mode_diag[backend] = {"error": f"no perf data: {timing_verdicts[backend].detail}"}
