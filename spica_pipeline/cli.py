@@ -293,11 +293,12 @@ def _resolve_algorithm(config: Any) -> str:
 
 
 def _with_overrides(config: Any, args: argparse.Namespace) -> Any:
-    """Apply --seed/--policy/--algorithm and validate again (e.g. thorough + a float range)."""
+    """Apply --seed/--policy/--algorithm/--executor/--ray-address and validate again (e.g. thorough + a float range)."""
     from spica_pipeline.config import SmartSearchConfig, render_validation_error
 
     overrides = {k: v for k, v in (("seed", args.seed), ("policy", args.policy),
-                                   ("algorithm", args.algorithm)) if v is not None}
+                                   ("algorithm", args.algorithm), ("executor", args.executor),
+                                   ("ray_address", args.ray_address)) if v is not None}
     if not overrides:
         return config
     data = config.model_dump(mode="json", exclude_unset=True)
@@ -461,6 +462,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--policy", choices=["rapid", "thorough"], help="override sweep.policy")
     sweep.add_argument("--algorithm", help="override sweep.algorithm (DEFAULT, GAUSSIAN_PROCESS_BANDIT, "
                                            "RANDOM_SEARCH, QUASI_RANDOM_SEARCH, NSGA2)")
+    sweep.add_argument("--executor", choices=["local", "ray"],
+                       help="override sweep.executor: where replays run (ray: see docs/ray.md)")
+    sweep.add_argument("--ray-address", help="override sweep.ray_address (default $RAY_ADDRESS, else a local Ray)")
     sweep.add_argument("--show", type=int, default=10, help="candidates to print (default 10)")
     sweep.add_argument("--repair", action="store_true",
                        help="move damaged journal records to journal.jsonl.quarantine and continue "
