@@ -121,6 +121,7 @@ def summarize(config: Any) -> list[str]:
     lines.append(g)
     lines.append(
         f"sweep: policy {sweep.policy}, algorithm {sweep.algorithm}, max_rounds {sweep.max_rounds}, "
+        f"time_budget {'-' if sweep.time_budget is None else f'{sweep.time_budget:g}s'}, "
         f"per_round {sweep.per_round}, parallel_evals {sweep.parallel_evals}, seed {sweep.seed}"
     )
     return lines
@@ -163,11 +164,12 @@ EXIT_INTERRUPTED = 130
 
 
 def _with_overrides(config: Any, args: argparse.Namespace) -> Any:
-    """Apply --seed/--policy/--algorithm and validate again (e.g. thorough + a float range)."""
+    """Apply --seed/--policy/--algorithm/--time-budget and validate again (e.g. thorough + a float range)."""
     from spica_pipeline.config import SmartSearchConfig, render_validation_error
 
     overrides = {k: v for k, v in (("seed", args.seed), ("policy", args.policy),
-                                   ("algorithm", args.algorithm)) if v is not None}
+                                   ("algorithm", args.algorithm),
+                                   ("time_budget", getattr(args, "time_budget", None))) if v is not None}
     if not overrides:
         return config
     data = config.model_dump(mode="json", exclude_unset=True)
@@ -308,6 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--policy", choices=["rapid", "thorough"], help="override sweep.policy")
     sweep.add_argument("--algorithm", help="override sweep.algorithm (DEFAULT, GAUSSIAN_PROCESS_BANDIT, "
                                            "RANDOM_SEARCH, QUASI_RANDOM_SEARCH, NSGA2)")
+    sweep.add_argument("--time-budget", help="override sweep.time_budget, e.g. 10m, 90s, 1h: evaluate until it "
+                       "is spent (max_rounds, when also set, still caps the trials)")
     sweep.add_argument("--show", type=int, default=10, help="candidates to print (default 10)")
     sweep.set_defaults(func=cmd_sweep)
     export = sub.add_parser(

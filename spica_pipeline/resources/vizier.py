@@ -123,6 +123,8 @@ class VizierClient(dg.ConfigurableResource):
     # per process (and once ever with the persistent cache) instead of once per suggestion.
     trial_padding: bool = True
     min_padded_trials: int = 32
+    # Pad multi-objective GP-UCB-PE as well (else every trial count compiles its own programs).
+    pad_multi_objective: bool = False
     # Drop compiled programs after each GP suggest (bounds RSS; the disk cache still serves).
     clear_jax_cache: bool = True  # flat memory: GP-UCB-PE otherwise grows ~300 MB per call
     # Persistent JAX compilation cache; empty string turns it off.
@@ -131,6 +133,9 @@ class VizierClient(dg.ConfigurableResource):
     # the rest of the batch (Vizier's `optimize_set_acquisition_for_exploration`), instead of one
     # sequential optimisation (and one re-trace of the acquisition program) per suggestion.
     set_exploration: bool = False
+    # ARD fit as ONE compiled program (pure-JAX L-BFGS-B over all restarts, compiled once per shape
+    # bucket) instead of scipy's L-BFGS-B driving ~450 separately dispatched loss evaluations.
+    jit_ard: bool = True
     # Batches come from a quasi-random designer until this many feasible trials exist.
     min_feasible_for_model: int = 1
 
@@ -299,29 +304,31 @@ class Study:
         multi = len(self.metrics) > 1
         from vizier._src.jax.optimizers import jaxopt_wrappers
 
-        kw: dict[str, Any] = {
-            "rng": rng,
-            "ard_random_restarts": c.ard_random_restarts,
-            "ard_optimizer": jaxopt_wrappers.JaxoptScipyLbfgsB(
-                jaxopt_wrappers.LbfgsBOptions(maxiter=c.ard_max_iterations, best_n=None)
-            ),
-        }
-        # GP-UCB-PE refuses trial padding for multi-objective problems.
-        if c.trial_padding and not (multi and algo == "DEFAULT"):
+        if c.jit_ard:
+            ard = stable_ard_optimizer(c.ard_max_iterations)
+        else:
+            ard = jaxopt_wrappers.JaxoptScipyLbfgsB(
+                jaxopt_wrappers.LbfgsBOptions(maxiter=c.ard_max_iterations, best_n=None))
+        kw: dict[str, Any] = {"rng": rng, "ard_random_restarts": c.ard_random_restarts, "ard_optimizer": ard}
+        # Stock GP-UCB-PE refuses trial padding for multi-objective problems; the floor schedule
+        # keeps an empty history unpadded (what its check tests) and padded rows are masked.
+        if c.trial_padding and not (multi and algo == "DEFAULT" and not c.pad_multi_objective):
             kw["padding_schedule"] = _floor_padding(c.min_padded_trials)
         if algo == "DEFAULT":
             eagle = gp_ucb_pe.VizierGPUCBPEBandit.default_eagle_config
         else:
             eagle = es.EagleStrategyConfig()
         kw["acquisition_optimizer_factory"] = vb.VectorizedOptimizerFactory(
-            strategy_factory=es.VectorizedEagleStrategyFactory(eagle_config=eagle),
+            strategy_factory=es.VectorizedEagleStrategyFactory(
+                eagle_config=eagle, random_sampler_factory=stable_random_sampler,
+                projection_factory=stable_projection),
             max_evaluations=c.acquisition_evaluations,
             suggestion_batch_size=25,
         )
         if algo == "DEFAULT":
             if c.set_exploration and not multi:
                 kw["config"] = gp_ucb_pe.UCBPEConfig(optimize_set_acquisition_for_exploration=True)
-            return gp_ucb_pe.VizierGPUCBPEBandit(problem, clear_jax_cache=c.clear_jax_cache, **kw)
+            return _ucb_pe_class()(problem, clear_jax_cache=c.clear_jax_cache, **kw)
         if c.clear_jax_cache:
             import jax
 
@@ -377,6 +384,175 @@ class Study:
         return out
 
 
+# ----- compile once ---------------------------------------------------------------------------
+# Vizier's Eagle strategy keeps its random sampler and projection as static (hashed) parts of the
+# jitted acquisition optimiser. The stock ones are fresh objects hashed by identity, so every
+# acquisition optimisation (8 per suggest(8)) re-traced and re-compiled the whole optimiser (~20 s
+# of CPU each). These replacements compare by their shape bucket, and one instance is kept per
+# bucket, so the program compiled for a bucket is reused across suggestions, rounds and branches.
+_STABLE: dict[tuple, Any] = {}
+
+
+def _feature_bucket(converter) -> tuple:
+    from vizier._src.algorithms.optimizers import eagle_strategy as es
+
+    dims = es.compute_feature_dimensions_from_converter(converter)
+    return (dims.max_categorical_size, tuple(int(c) for c in dims.categorical_sizes),
+            int(dims.n_feature_dimensions_with_padding.continuous),
+            int(dims.n_feature_dimensions_with_padding.categorical))
+
+
+def _stable_classes():
+    if "classes" not in _STABLE:
+        from vizier._src.algorithms.optimizers import eagle_strategy as es
+
+        class StableRandomSampler(es.DefaultRandomSampler):
+            """DefaultRandomSampler that compares equal for equal feature shapes."""
+
+            def __init__(self, converter, bucket: tuple):
+                super().__init__(converter)
+                self.bucket = bucket
+
+            def __eq__(self, other):
+                return type(other) is type(self) and other.bucket == self.bucket
+
+            def __hash__(self):
+                return hash(("StableRandomSampler", self.bucket))
+
+        class StableProjection(es.DefaultProjection):
+            """DefaultProjection (a clip to [0, 1]); all instances are interchangeable."""
+
+            def __eq__(self, other):
+                return type(other) is type(self)
+
+            def __hash__(self):
+                return hash("StableProjection")
+
+        _STABLE["classes"] = (StableRandomSampler, StableProjection)
+    return _STABLE["classes"]
+
+
+def _ard_fit_impl(init_params, loss_fn, bounds, maxiter: int, maxls: int, tol: float):
+    import jax
+    import jaxopt
+
+    solver = jaxopt.LBFGSB(fun=loss_fn, maxls=maxls, tol=tol, maxiter=maxiter, has_aux=True)
+    params, state = jax.lax.map(lambda p: solver.run(init_params=p, bounds=bounds), init_params)
+    return state.value, params
+
+
+def stable_ard_optimizer(maxiter: int):
+    """An ARD optimiser (Vizier's `core.Optimizer` interface) that runs every random restart of
+    the L-BFGS-B fit inside one jitted program. The program's cache key is the loss function's
+    static structure and the array shapes, so with trial padding it compiles once per bucket."""
+    with _setup_lock:
+        key = ("ard", int(maxiter))
+        if key in _STABLE:
+            return _STABLE[key]
+    import attrs
+    import equinox as eqx
+    import jax.numpy as jnp
+    from vizier._src.jax.optimizers import core, jaxopt_wrappers
+
+    if "ard_fn" not in _STABLE:
+        _STABLE["ard_fn"] = eqx.filter_jit(_ard_fit_impl)
+    fit = _STABLE["ard_fn"]
+
+    @attrs.define(frozen=True)
+    class StableJaxLbfgsB(core.Optimizer):
+        maxiter: int = 50
+        maxls: int = 20
+        tol: float = 1e-8
+
+        def __call__(self, init_params, loss_fn, rng, *, constraints=None, best_n=None):
+            del rng  # L-BFGS-B is deterministic given the initial parameters
+            bounds = jaxopt_wrappers._get_bounds(jaxopt_wrappers._unbatch_params(init_params)[0], constraints)
+            losses, all_params = fit(init_params, loss_fn, bounds, self.maxiter, self.maxls, self.tol)
+            losses = jnp.where(jnp.isfinite(losses), losses, jnp.inf)
+            return core.get_best_params(losses, all_params, best_n=best_n), {"loss": losses[jnp.newaxis, :]}
+
+        @property
+        def best_n(self) -> int:
+            return 1
+
+    opt = StableJaxLbfgsB(maxiter=int(maxiter))
+    with _setup_lock:
+        return _STABLE.setdefault(key, opt)
+
+
+def _ucb_pe_class():
+    """GP-UCB-PE whose pending-trial conditioning joins the arrays in numpy. Vizier joins the
+    unpadded arrays with jnp ops, compiling a small program per distinct (trials, pending) count."""
+    if "ucb_pe" not in _STABLE:
+        import copy
+
+        import numpy as np
+        from vizier._src.algorithms.designers import gp_ucb_pe
+        from vizier._src.jax import stochastic_process_model as sp
+        from vizier._src.jax import types
+
+        def unpad(x):
+            return np.asarray(x.padded_array)[tuple(slice(0, int(d)) for d in np.asarray(x._original_shape))]
+
+        class StableUCBPE(gp_ucb_pe.VizierGPUCBPEBandit):
+            def __attrs_post_init__(self):
+                # The stock check refuses any trial padding with several metrics (its probe is a
+                # one-row label array). Padded rows are masked (labels filled with -inf for the
+                # hypervolume scalarisation), so run the checks unpadded and pad afterwards.
+                from vizier.pyvizier import converters
+                from vizier.pyvizier.converters import padding
+
+                schedule = self._padding_schedule
+                self._padding_schedule = padding.PaddingSchedule()
+                super().__attrs_post_init__()
+                self._padding_schedule = schedule
+                self._converter = converters.TrialToModelInputConverter.from_problem(
+                    self._problem, scale=True, max_discrete_indices=0,
+                    flip_sign_for_minimization_metrics=True, padding_schedule=schedule)
+
+            def _get_predictive_all_features(self, pending_features, data, model, noise_is_high):
+                import equinox as eqx
+
+                pad = self._padding_schedule
+                all_features = types.ModelInput(
+                    continuous=pad.pad_features(np.concatenate(
+                        [unpad(data.features.continuous), unpad(pending_features.continuous)], axis=0)),
+                    categorical=pad.pad_features(np.concatenate(
+                        [unpad(data.features.categorical), unpad(pending_features.categorical)], axis=0)),
+                )
+                labels = unpad(data.labels)
+                dummy = np.zeros((unpad(pending_features.continuous).shape[0], labels.shape[-1]), labels.dtype)
+                all_data = types.ModelData(features=all_features,
+                                           labels=pad.pad_labels(np.concatenate([labels, dummy], axis=0)))
+                if noise_is_high:
+                    pe_params = dict(copy.deepcopy(model.params))
+                    pe_params["observation_noise_variance"] = np.array([1e-10])
+                    pe_model = sp.StochasticProcessWithCoroutine(model.coroutine, pe_params)
+                else:
+                    pe_model = model
+                return sp.UniformEnsemblePredictive(
+                    predictives=eqx.filter_jit(pe_model.precompute_predictive)(all_data))
+
+        _STABLE["ucb_pe"] = StableUCBPE
+    return _STABLE["ucb_pe"]
+
+
+def stable_random_sampler(converter):
+    bucket = _feature_bucket(converter)
+    with _setup_lock:
+        key = ("sampler", bucket)
+        if key not in _STABLE:
+            _STABLE[key] = _stable_classes()[0](converter, bucket)
+        return _STABLE[key]
+
+
+def stable_projection(converter):
+    with _setup_lock:
+        if "projection" not in _STABLE:
+            _STABLE["projection"] = _stable_classes()[1](converter)
+        return _STABLE["projection"]
+
+
 def _acquisition_value(suggestion) -> float:
     """The acquisition value GP-UCB-PE records in the suggestion metadata (NaN elsewhere)."""
     try:
@@ -390,6 +566,7 @@ def _floor_padding(min_trials: int):
     """A PaddingSchedule whose trial axis is padded to max(min_trials, next power of two).
     Padded rows are masked out by Vizier's GP (PaddedArray), so results do not change."""
     import attrs
+    import numpy as np
     from vizier.pyvizier.converters import padding
 
     global _FloorPadding
@@ -400,20 +577,37 @@ def _floor_padding(min_trials: int):
             _min_trials: int = 32
 
             def _pad_trailing_dims(self, array, padding_types):
-                out = super()._pad_trailing_dims(array, padding_types)
-                n_axis = len(array.shape) - len(padding_types)  # the trial axis
-                n = out.padded_array.shape[n_axis]
-                if n == 0 or n >= self._min_trials:
-                    return out
-                shape = list(out.padded_array.shape)
-                shape[n_axis] = self._min_trials
-                return type(out).from_array(array, tuple(shape), fill_value=out.fill_value)
+                # Same shapes as the stock schedule, but padded in numpy: jnp.pad would compile a
+                # small XLA program for every distinct trial count (dozens per suggest).
+                array = np.asarray(array)
+                k = len(padding_types)
+                shape = list(array.shape[:-k] + padding._padded_dimensions(array.shape[-k:], padding_types))
+                n_axis = len(array.shape) - k  # the trial axis
+                if 0 < shape[n_axis] < self._min_trials:
+                    shape[n_axis] = self._min_trials
+                fill = self._int_default if np.issubdtype(array.dtype, np.integer) else np.nan
+                return _numpy_padded(array, tuple(shape), fill)
 
         _FloorPadding = FloorPadding
     return _FloorPadding(num_trials=padding.PaddingType.POWERS_OF_2, min_trials=min_trials)
 
 
 _FloorPadding = None
+
+
+def _numpy_padded(array, shape: tuple, fill):
+    """`PaddedArray.from_array` computed in numpy (no per-shape XLA program)."""
+    import numpy as np
+    from vizier._src.jax import types
+
+    spec = [(0, new - old) for old, new in zip(array.shape, shape)]
+    return types.PaddedArray(
+        padded_array=np.pad(array, spec, constant_values=fill),
+        fill_value=fill,
+        _original_shape=array.shape,
+        _mask=np.pad(np.ones_like(array, dtype=bool), spec, constant_values=False),
+        _nopadding_done=tuple(array.shape) == tuple(shape),
+    )
 
 
 def _to_problem(encoding: SearchEncoding, metrics: Sequence[tuple[str, str]]):

@@ -11,6 +11,7 @@ No Dagster and no I/O here: the caller supplies the sampler, the candidate build
 evaluator, the scorer and the journal.
 """
 
+import itertools
 import time
 from collections import Counter
 from collections.abc import Collection
@@ -113,9 +114,20 @@ class Scored:
 
 @dataclass
 class StudySettings:
+    """`per_round` x `max_rounds` is the branch's evaluation budget. It counts every trial whatever
+    its outcome (feasible, infeasible, failed, timed out, unsupported); only a trial that reuses an
+    earlier trial's outcome (a cache hit or a duplicate in the batch) is free. `failure_breaker`:
+    stop the branch when its first N counted trials all failed for the same reason (0: off)."""
+
     per_round: int
-    max_rounds: int
+    max_rounds: int | None  # None: until `deadline` (or a stall)
     workers: int = 1
+    failure_breaker: int = 5
+    deadline: float | None = None  # in `clock` seconds: no new trial starts after it
+    clock: Callable[[], float] = time.monotonic
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and self.clock() >= self.deadline
 
 
 @dataclass
@@ -130,6 +142,9 @@ class BranchOutcome:
     optimizer_seconds: float = 0.0
     replay_seconds: float = 0.0
     counts: Counter = field(default_factory=Counter)
+    evaluated: int = 0  # trials counted against the budget
+    out_of_time: bool = False  # the time budget ended the branch
+    stopped: str | None = None  # why the branch stopped early (circuit breaker), else None
 
 
 class TrialCounter:
@@ -186,16 +201,21 @@ class _BranchLoop:
         # spec_hash -> the record that first produced it in this run (the dedup cache)
         self.seen: dict[str, TrialRecord] = {}
         self.taken: set[tuple[str, ParallelConfig]] = set()  # point keys already proposed in this branch
+        self._first_failures: list[str] = []
+        self._breaker_done = False
 
     # -- the two drivers ---------------------------------------------------------------------
 
     def run_rounds(self, on_round) -> None:
         per_round = self.settings.per_round
         cap = ATTEMPT_FACTOR * per_round
-        for round_no in range(1, self.settings.max_rounds + 1):
+        rounds = itertools.count(1) if self.settings.max_rounds is None else range(1, self.settings.max_rounds + 1)
+        for round_no in rounds:
+            if self.result.stopped or self._out_of_time():
+                break
             unique = attempts = 0
             asks = 0
-            while unique < per_round and attempts < cap:
+            while unique < per_round and attempts < cap and not self._out_of_time():
                 count = min(per_round - unique, cap - attempts)
                 parameters, seconds = self._suggest(round_no, asks, count)
                 asks += 1
@@ -212,6 +232,8 @@ class _BranchLoop:
             self.result.rounds = round_no
             if on_round:
                 on_round(self.result)
+            if self.result.stopped or self.result.out_of_time:
+                break
             if unique < per_round:
                 self.result.stalled = True
                 break
@@ -219,7 +241,7 @@ class _BranchLoop:
     def run_exhaustive(self, points, on_round) -> None:
         per_round = max(1, self.settings.per_round)
         round_no = 0
-        while True:
+        while not self._out_of_time():
             batch = [p for _, p in zip(range(per_round), points)]
             if not batch:
                 break
@@ -228,6 +250,11 @@ class _BranchLoop:
             self.result.rounds = round_no
             if on_round:
                 on_round(self.result)
+
+    def _out_of_time(self) -> bool:
+        if self.settings.out_of_time():
+            self.result.out_of_time = True
+        return self.result.out_of_time
 
     # -- one ask batch -----------------------------------------------------------------------
 
@@ -248,7 +275,8 @@ class _BranchLoop:
         return suggestions, seconds
 
     def _run_batch(self, round_no: int, source: str, proposals: list[Proposal], opt_share: float) -> int:
-        """Triage, evaluate and record one batch; returns the number of new feasible replays."""
+        """Triage, evaluate and record one batch; returns the number of trials it counted against
+        the budget (every trial except cache hits and in-batch duplicates)."""
         records: list[TrialRecord] = []
         primaries: dict[str, int] = {}  # spec_hash -> index of its first record in this batch
         todo: list[tuple[int, EvalRequest]] = []
@@ -283,15 +311,34 @@ class _BranchLoop:
                 primaries[rec.spec_hash] = len(records) - 1
                 todo.append((len(records) - 1, request))
 
-        unique = self._evaluate(records, todo)
+        self._evaluate(records, todo)
         for index, primary in duplicates:
             self._copy_cached(records[index], records[primary])
+        counted = 0
         for rec in records:
+            if rec.status != "cached":
+                counted += 1
+                self._breaker(rec)
             self._emit(rec)
-        return unique
+        self.result.evaluated += counted
+        return counted
 
-    def _evaluate(self, records: list[TrialRecord], todo: list[tuple[int, EvalRequest]]) -> int:
-        unique = 0
+    def _breaker(self, rec: TrialRecord) -> None:
+        """Circuit breaker: the first N counted trials of the branch all failed the same way."""
+        n = self.settings.failure_breaker
+        if n <= 0 or self.result.stopped or self._breaker_done:
+            return
+        if rec.status not in ("failed", "timed_out"):
+            self._breaker_done = True  # something worked (or was merely infeasible): never trip
+            return
+        self._first_failures.append(_reason_class(rec.reason or rec.status))
+        if len(self._first_failures) >= n:
+            self._breaker_done = True
+            if len(set(self._first_failures)) == 1:
+                self.result.stopped = (f"circuit breaker: the first {n} candidates all failed for the same "
+                                       f"reason: {rec.reason or rec.status}")
+
+    def _evaluate(self, records: list[TrialRecord], todo: list[tuple[int, EvalRequest]]) -> None:
         pending: list[tuple[int, EvalRequest]] = []
         for index, request in todo:
             rec = records[index]
@@ -299,7 +346,7 @@ class _BranchLoop:
             if journalled is not None:
                 trial, outcome = journalled
                 if trial == rec.trial:  # resume: the very same trial finished before the interruption
-                    unique += self._apply(rec, outcome)
+                    self._apply(rec, outcome)
                 else:  # an earlier sweep in this directory already replayed this exact spec
                     self._apply(rec, outcome)
                     rec.status, rec.reason = "cached", _cached_reason(outcome.status, trial)
@@ -313,12 +360,11 @@ class _BranchLoop:
             outcomes = self.evaluate_wave([request for _, request in wave])
             for (index, _), outcome in zip(wave, outcomes):
                 rec = records[index]
-                if outcome.status != "timed_out":  # a timeout may pass on a quieter machine
-                    self.journal.put_outcome(rec.trial, rec.spec_hash, outcome)
+                # every outcome, time-outs and failures included: a resume never pays for it again
+                self.journal.put_outcome(rec.trial, rec.spec_hash, outcome)
                 self.result.replay_seconds += outcome.replay_seconds
-                unique += self._apply(rec, outcome)
+                self._apply(rec, outcome)
                 self.seen[rec.spec_hash] = rec
-        return unique
 
     def _apply(self, rec: TrialRecord, outcome: EvalOutcome) -> int:
         rec.replay_seconds = outcome.replay_seconds
@@ -366,6 +412,14 @@ def _cached_reason(status: str, trial: int, reason: str | None = None) -> str:
     if status == "cached" and reason:
         return reason
     return base if status == "feasible" or not reason else f"{base}: {reason}"
+
+
+def _reason_class(reason: str) -> str:
+    """A failure reason with its numbers blanked, so 'died (exit code -9)' on two candidates with
+    different shapes counts as the same reason."""
+    import re
+
+    return re.sub(r"\d+(\.\d+)?", "#", " ".join(reason.split()))[:200]
 
 
 def _one_line(exc: BaseException) -> str:
