@@ -15,5 +15,12 @@ from spica_pipeline.assets.sources import watched_files_of
 
 # observable source assets go through a beta constructor argument; the warning would print at every load
 warnings.filterwarnings("ignore", message="Parameter `execution_type`", category=dg.BetaWarning)
-_sweeps = dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
-defs = dg.Definitions.merge(_sweeps, code_location(watched_files_of(_sweeps)))
+
+
+def _load() -> dg.Definitions:
+    """One Definitions at module scope: `dg` refuses a module holding two."""
+    sweeps = dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
+    return dg.Definitions.merge(sweeps, code_location(watched_files_of(sweeps)))
+
+
+defs = _load()

@@ -117,6 +117,19 @@ def test_definitions_load_with_the_bundled_sweeps():
     assert defs.resolve_sensor_def("spica_watch_files").default_status == dg.DefaultSensorStatus.RUNNING
 
 
+@pytest.mark.slow
+def test_dg_loads_the_project():
+    """`dg dev` (the README's dev server) loads the project the same way: one Definitions at module scope."""
+    import subprocess
+    import sys
+
+    dg_cli = Path(sys.executable).with_name("dg")
+    out = subprocess.run([str(dg_cli), "check", "defs"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, DYN_LOG="warn"))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "All definitions loaded successfully" in out.stdout + out.stderr
+
+
 def test_launch_overrides_apply_to_the_sweep_file(tmp_path, monkeypatch):
     config = read_sweep_config("examples/configs/quickstart.yaml")
     assert config.search_space.gpu_budget == 8

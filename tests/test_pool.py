@@ -85,3 +85,61 @@ def test_validation_and_closed():
     p.close()
     with pytest.raises(RuntimeError, match="closed"):
         p.evaluate_wave([req()])
+
+
+# ---- the backend interface: submit one, stream completions, cancel, close ------------------
+
+def test_completions_stream_as_they_finish_without_a_barrier(pool):
+    slow = pool.submit(req("slow", seconds=1.0, value=1))
+    fast = pool.submit(req(value=2))
+    first = pool.wait()
+    assert [c.ticket for c in first] == [fast]  # the quick one comes back while the slow one runs
+    assert first[0].request.sample["value"] == 2 and first[0].outcome.report["value"] == 2
+    later = pool.submit(req(value=3))  # submitted while iterating: streamed too
+    rest = {c.ticket: c.outcome.status for c in pool.completions()}
+    assert rest == {slow: "feasible", later: "feasible"}
+    assert pool.pending == 0 and pool.wait() == []
+
+
+def test_wait_timeout_returns_empty_then_the_result(pool):
+    ticket = pool.submit(req("slow", seconds=0.8))
+    assert pool.wait(timeout=0.05) == []
+    assert pool.pending == 1
+    assert [c.ticket for c in pool.completions()] == [ticket]
+
+
+def test_per_candidate_deadline_overrides_the_pool_default(pool):
+    short = pool.submit(req("slow", seconds=2.0), max_seconds=0.5)
+    normal = pool.submit(req("slow", seconds=0.2))
+    out = {c.ticket: c.outcome for c in pool.completions()}
+    assert out[short].status == "timed_out" and out[short].reason == "exceed runtime: replay > 0.5s"
+    assert out[normal].status == "feasible"
+    with pytest.raises(ValueError):
+        pool.submit(req(), max_seconds=0)
+
+
+def test_cancel_queued_and_running(pool):
+    before = pool.replaced
+    running = [pool.submit(req("hang")) for _ in range(2)]
+    queued = pool.submit(req(value=9))
+    assert pool.wait(timeout=1.5) == []  # both workers busy (or one still starting): nothing finishes
+    assert pool.cancel(queued) and not pool.cancel(queued)
+    assert all(pool.cancel(t) for t in running)  # running: the workers are stopped and replaced
+    assert pool.pending == 0 and list(pool.completions()) == []
+    assert pool.replaced >= before + 1
+    assert [o.status for o in pool.evaluate_wave([req(value=1), req(value=2)])] == ["feasible"] * 2
+
+
+def test_wave_helper_keeps_other_completions_for_wait(pool):
+    streamed = pool.submit(req(value=7))
+    outs = pool.evaluate_wave([req("slow", seconds=0.3, value=i) for i in range(2)])
+    assert [o.report["value"] for o in outs] == [0, 1]
+    (completion,) = pool.wait()
+    assert completion.ticket == streamed and completion.outcome.report["value"] == 7
+
+
+def test_closed_backend_refuses_work():
+    p = EvaluationPool(FakeEvaluator(), workers=1)
+    p.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        p.submit(req())

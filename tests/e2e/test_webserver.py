@@ -192,6 +192,8 @@ def test_trace_change_rematerializes_only_that_sweep(dev_server, tmp_path):
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} not found: screenshots need the Debian package `chromium`")
     _screenshot(f"http://127.0.0.1:{port}/asset-groups", tmp_path / "dagster-asset-graph.png", tmp_path)
-    # tall: the metadata below the columns (inline plots, the ranked table) is in the picture too
     _screenshot(f"http://127.0.0.1:{port}/assets/e2e_a/sweep_result", tmp_path / "dagster-sweep-result.png",
                 tmp_path, height=3200)
+    # the events view: the latest materialization's metadata (inline plots, the ranked table)
+    _screenshot(f"http://127.0.0.1:{port}/assets/e2e_a/sweep_result?view=events",
+                tmp_path / "dagster-sweep-result-events.png", tmp_path, height=2400)
