@@ -198,6 +198,18 @@ class VizierSampler:
         items = [(h.parameters, h.metrics, h.infeasible_reason) for h in history]
         return [dict(p) for p in self.study.suggest(count, items)]
 
+    def suggest_pending(self, count: int, history: list[HistoryItem], pending: list[dict[str, Any]],
+                        cheap: bool) -> tuple[list[dict[str, Any]], str]:
+        """The asynchronous loop's ask: in-flight trials as pending; `cheap` fills from the
+        quasi-random designer (the cost-aware policy). Returns the designer that answered."""
+        items = [(h.parameters, h.metrics, h.infeasible_reason) for h in history]
+        out = self.study.suggest(count, items, pending, algorithm="QUASI_RANDOM_SEARCH" if cheap else None)
+        return [dict(p) for p in out], self.study.last_designer
+
+    @property
+    def designer(self) -> str:
+        return getattr(self.study, "last_designer", "") or "vizier"
+
     def propose(self, parameters: dict[str, Any], taken: Collection[tuple[str, ParallelConfig]] = ()) -> Proposal:
         return propose(self.encoding, parameters, taken)
 
@@ -290,8 +302,11 @@ def run_branch(
     on_record: Callable[[TrialRecord], None] | None = None,
     on_round: Callable[[BranchOutcome], None] | None = None,
     deadline: float | None = None,
+    backend: Any = None,
 ) -> BranchOutcome:
-    settings = StudySettings(deadline=deadline, per_round=config.sweep.per_round, max_rounds=config.sweep.max_rounds,
+    """One branch study. With `backend` (an EvaluationBackend) dispatch is asynchronous; with only
+    `evaluate_wave`, in rounds of waves."""
+    settings = StudySettings(deadline=deadline, optimizer_share=config.sweep.optimizer_share, per_round=config.sweep.per_round, max_rounds=config.sweep.max_rounds,
                              workers=max(1, min(config.sweep.parallel_evals, config.sweep.per_round)),
                              failure_breaker=config.sweep.failure_breaker)
     mode = plan.branch.deployment_mode
@@ -305,7 +320,7 @@ def run_branch(
     return run_branch_study(
         mode, sampler, candidate_builder(config, load_predictor), evaluate_wave, scorer(config), settings,
         journal=journal, counter=counter, warm_history=warm_history, exhaustive_points=points,
-        on_record=on_record, on_round=on_round,
+        on_record=on_record, on_round=on_round, backend=backend,
     )
 
 
@@ -381,7 +396,7 @@ def run_sweep(
                                 time.monotonic() + (budget_end - time.monotonic()) / (len(plans) - index))
                     emit({"event": "branch", "branch": mode, "exhaustive": plan.exhaustive})
                     outcome = run_branch(
-                        plan, config, prepared.load_predictor, evaluate_wave=pool.evaluate_wave,
+                        plan, config, prepared.load_predictor, evaluate_wave=pool.evaluate_wave, backend=pool,
                         vizier=vizier, journal=journal, counter=counter,
                         warm_history=warm_history_for(warm_start_ledger, plan),
                         on_record=on_record, deadline=deadline,

@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import field_validator, model_validator
 
-from spica_pipeline.config.types import NonNegInt, PosFloat, PosInt, StrictModel
+from spica_pipeline.config.types import Fraction, NonNegInt, PosFloat, PosInt, StrictModel
 
 DEFAULT_MAX_ROUNDS = 20
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*$")
@@ -40,6 +40,10 @@ class SweepConfig(StrictModel):
     time_budget: float | None = None
     # Stop a branch when its first N trials all failed for the same reason (0: never).
     failure_breaker: NonNegInt = 5
+    # Cost-aware asks: while model-based suggestions took more than this share of a branch's wall
+    # time, fill asks from the quasi-random designer (recorded per trial). The mix then depends on
+    # measured seconds; null keeps the configured algorithm for every ask (bit-identical reruns).
+    optimizer_share: Fraction | None = 0.25
     parallel_evals: PosInt = 16
     candidates_per_round: PosInt | None = None
     max_eval_seconds: PosFloat | None = 600.0

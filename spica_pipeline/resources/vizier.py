@@ -13,6 +13,16 @@ starts, ~3000 jitted loss evaluations), the rest in 4 sequential acquisition opt
   * trial padding to a floor of 32 rows, so shapes repeat between rounds (fewer recompiles) and
     the persistent JAX compilation cache can serve later calls and later runs;
   * a quasi-random first batch for every algorithm (a GP has nothing to model yet; it costs ms).
+Compile once (`compile_once`): Vizier re-traced and re-compiled its acquisition optimiser for
+every suggestion, because the Eagle strategy's random sampler and projection are fresh objects
+hashed by identity in the jitted program's static part; the scipy ARD fit dispatched ~450 small
+programs; and padding / pending-trial joins compiled a small program per distinct trial count.
+Here the sampler and projection compare by shape bucket (one instance per bucket), the ARD fit is
+one jitted pure-JAX L-BFGS-B over all restarts, and padding and joins run in numpy. A process
+compiles each program once per shape bucket and reuses it across suggestions, rounds, branches
+and batches; history is still replayed statelessly, so determinism and resume are unchanged.
+Two objectives: GP-UCB-PE stays unpadded (padding changed its multi-metric acquisition values
+here), so each trial count still compiles its own programs.
 `Study.suggest_async` runs the next ask on a background thread while the current batch replays.
 
 vizier and jax are imported lazily: importing this module must not start JAX or set JAX_PLATFORMS.
@@ -125,14 +135,18 @@ class VizierClient(dg.ConfigurableResource):
     min_padded_trials: int = 32
     # Pad multi-objective GP-UCB-PE as well (else every trial count compiles its own programs).
     pad_multi_objective: bool = False
-    # Drop compiled programs after each GP suggest (bounds RSS; the disk cache still serves).
-    clear_jax_cache: bool = True  # flat memory: GP-UCB-PE otherwise grows ~300 MB per call
+    # Drop every compiled program before each GP suggest. Off: with `compile_once` the programs
+    # are reused, not re-made per call, so memory stays flat (bench_vizier --after-first --rss-suggests).
+    clear_jax_cache: bool = False
     # Persistent JAX compilation cache; empty string turns it off.
     jax_cache_dir: str = "~/.cache/spica-pipeline/jax"
     # GP-UCB-PE, single objective: one UCB point plus ONE joint pure-exploration optimisation for
     # the rest of the batch (Vizier's `optimize_set_acquisition_for_exploration`), instead of one
     # sequential optimisation (and one re-trace of the acquisition program) per suggestion.
     set_exploration: bool = False
+    # Compile once: stable acquisition-optimiser parts, numpy padding and pending joins (off: stock
+    # Vizier classes, e.g. to benchmark against them).
+    compile_once: bool = True
     # ARD fit as ONE compiled program (pure-JAX L-BFGS-B over all restarts, compiled once per shape
     # bucket) instead of scipy's L-BFGS-B driving ~450 separately dispatched loss evaluations.
     jit_ard: bool = True
@@ -204,15 +218,17 @@ class Study:
         count: int,
         history: Sequence[HistoryRow] = (),
         pending: Sequence[Mapping[str, Any]] = (),
+        algorithm: str | None = None,
     ) -> list[dict[str, Any]]:
         """`count` parameter dicts (decode them with `encoding.decode`). `pending` are parameters
         being evaluated right now (asked for but not yet in history): GP-UCB-PE explores away from
-        them, the others skip past them."""
+        them, the others skip past them. `algorithm` overrides the study's for this one call
+        (the cost-aware loop fills asks from QUASI_RANDOM_SEARCH); `last_designer` says who answered."""
         if count <= 0:
             return []
         t0 = time.perf_counter()
         try:
-            return self._suggest(count, list(history), list(pending))
+            return self._suggest(count, list(history), list(pending), algorithm)
         finally:
             self.last_suggest_seconds = time.perf_counter() - t0
 
@@ -230,7 +246,8 @@ class Study:
                 _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spica-vizier")
         return _executor.submit(self.suggest, count, list(history), [dict(p) for p in pending])
 
-    def _suggest(self, count: int, history: list[HistoryRow], pending: list[Mapping[str, Any]]) -> list[dict]:
+    def _suggest(self, count: int, history: list[HistoryRow], pending: list[Mapping[str, Any]],
+                 override: str | None = None) -> list[dict]:
         import jax
         from vizier import algorithms as vza
         from vizier import pyvizier as vz
@@ -245,7 +262,7 @@ class Study:
         n_seen = len(history) + len(pending)
         call_seed = derive_seed(self.seed, self.name, n_seen)
 
-        algo = self.algorithm
+        algo = override.upper() if override and override.upper() in ALGORITHMS else self.algorithm
         # Seed batch: no history at all (every algorithm), or too few feasible trials for a model.
         if n_seen == 0 or (algo != "RANDOM_SEARCH" and n_feasible < max(1, self.client.min_feasible_for_model)):
             algo = SEED_BATCH
@@ -304,7 +321,7 @@ class Study:
         multi = len(self.metrics) > 1
         from vizier._src.jax.optimizers import jaxopt_wrappers
 
-        if c.jit_ard:
+        if c.jit_ard and c.compile_once:
             ard = stable_ard_optimizer(c.ard_max_iterations)
         else:
             ard = jaxopt_wrappers.JaxoptScipyLbfgsB(
@@ -313,7 +330,7 @@ class Study:
         # Stock GP-UCB-PE refuses trial padding for multi-objective problems; the floor schedule
         # keeps an empty history unpadded (what its check tests) and padded rows are masked.
         if c.trial_padding and not (multi and algo == "DEFAULT" and not c.pad_multi_objective):
-            kw["padding_schedule"] = _floor_padding(c.min_padded_trials)
+            kw["padding_schedule"] = _floor_padding(c.min_padded_trials, numpy=c.compile_once)
         if algo == "DEFAULT":
             eagle = gp_ucb_pe.VizierGPUCBPEBandit.default_eagle_config
         else:
@@ -321,14 +338,16 @@ class Study:
         kw["acquisition_optimizer_factory"] = vb.VectorizedOptimizerFactory(
             strategy_factory=es.VectorizedEagleStrategyFactory(
                 eagle_config=eagle, random_sampler_factory=stable_random_sampler,
-                projection_factory=stable_projection),
+                projection_factory=stable_projection) if c.compile_once
+            else es.VectorizedEagleStrategyFactory(eagle_config=eagle),
             max_evaluations=c.acquisition_evaluations,
             suggestion_batch_size=25,
         )
         if algo == "DEFAULT":
             if c.set_exploration and not multi:
                 kw["config"] = gp_ucb_pe.UCBPEConfig(optimize_set_acquisition_for_exploration=True)
-            return _ucb_pe_class()(problem, clear_jax_cache=c.clear_jax_cache, **kw)
+            cls = _ucb_pe_class() if c.compile_once else gp_ucb_pe.VizierGPUCBPEBandit
+            return cls(problem, clear_jax_cache=c.clear_jax_cache, **kw)
         if c.clear_jax_cache:
             import jax
 
@@ -562,7 +581,7 @@ def _acquisition_value(suggestion) -> float:
         return float("nan")
 
 
-def _floor_padding(min_trials: int):
+def _floor_padding(min_trials: int, numpy: bool = True):
     """A PaddingSchedule whose trial axis is padded to max(min_trials, next power of two).
     Padded rows are masked out by Vizier's GP (PaddedArray), so results do not change."""
     import attrs
@@ -575,8 +594,18 @@ def _floor_padding(min_trials: int):
         @attrs.define(frozen=True, kw_only=True, hash=True, eq=True)
         class FloorPadding(padding.PaddingSchedule):
             _min_trials: int = 32
+            _numpy: bool = True
 
             def _pad_trailing_dims(self, array, padding_types):
+                if not self._numpy:
+                    out = super()._pad_trailing_dims(array, padding_types)
+                    n_axis = len(array.shape) - len(padding_types)
+                    n = out.padded_array.shape[n_axis]
+                    if n == 0 or n >= self._min_trials:
+                        return out
+                    shape = list(out.padded_array.shape)
+                    shape[n_axis] = self._min_trials
+                    return type(out).from_array(array, tuple(shape), fill_value=out.fill_value)
                 # Same shapes as the stock schedule, but padded in numpy: jnp.pad would compile a
                 # small XLA program for every distinct trial count (dozens per suggest).
                 array = np.asarray(array)
@@ -589,7 +618,7 @@ def _floor_padding(min_trials: int):
                 return _numpy_padded(array, tuple(shape), fill)
 
         _FloorPadding = FloorPadding
-    return _FloorPadding(num_trials=padding.PaddingType.POWERS_OF_2, min_trials=min_trials)
+    return _FloorPadding(num_trials=padding.PaddingType.POWERS_OF_2, min_trials=min_trials, numpy=numpy)
 
 
 _FloorPadding = None
