@@ -37,6 +37,7 @@ BENCHES: dict[str, tuple[str, list[str], list[str], bool, int]] = {
     "load_predictor": ("bench_load_predictor.py", [], [], False, 1800),
     "vizier": ("bench_vizier.py", [], ["--algos", "QUASI_RANDOM_SEARCH,DEFAULT", "--ns", "0,8"], False, 1800),
     "dagster": ("bench_dagster.py", [], [], False, 1800),
+    "time_to_quality": ("bench_time_to_quality.py", [], ["--quick"], True, 4 * 3600),
 }
 
 
