@@ -61,10 +61,13 @@ class PreparedSweep:
     diagnostics: Any = None
 
 
-def check_workload(config: SmartSearchConfig) -> None:
+def check_workload(config: SmartSearchConfig) -> list[str]:
     """Stage 1 workload checks: a trace is read whole once, so a malformed line or a request whose
     input + output is longer than the model's context is one error naming file and line; a synthetic
-    isl + osl over the context is one error naming the fields. Never a failure per candidate."""
+    isl + osl over the context is one error naming the fields; the resource sanity limits
+    (config/limits.py) refuse what no replay can serve. Never a failure per candidate.
+    Returns the trace's warnings (one line each, with a count)."""
+    from spica_pipeline.config.limits import check_resource_limits
     from spica_pipeline.errors import ConfigError, SpicaError
     from spica_pipeline.search.parallel import resolve_max_seq_len
     from spica_pipeline.traces import read_mooncake_trace
@@ -72,19 +75,22 @@ def check_workload(config: SmartSearchConfig) -> None:
     space = config.search_space
     workload = config.workload
     if not workload.trace_path:
+        check_resource_limits(config)
         if workload.isl is not None and workload.osl is not None:
             try:
                 context = resolve_max_seq_len(space.model_name, space.context_length)
             except SpicaError:
-                return  # an unknown model or context: stage 3 reports it with its own message
+                return []  # an unknown model or context: stage 3 reports it with its own message
             if workload.isl + workload.osl > context:
                 raise ConfigError(f"workload.isl {workload.isl} + workload.osl {workload.osl} = "
                                   f"{workload.isl + workload.osl} tokens exceeds the context length {context} "
                                   "of the model (search_space.context_length or the model's own): input and "
                                   "output must both fit")
-        return
-    read_mooncake_trace(config.workload.trace_path,
-                        max_input_length=resolve_max_seq_len(space.model_name, space.context_length))
+        return []
+    trace = read_mooncake_trace(config.workload.trace_path,
+                                max_input_length=resolve_max_seq_len(space.model_name, space.context_length))
+    check_resource_limits(config, trace)
+    return list(trace.warnings)
 
 
 def filter_policies(config: SmartSearchConfig):
@@ -106,14 +112,14 @@ def enumerate_branch_spaces(config: SmartSearchConfig):
 
 
 def prepare(config: SmartSearchConfig) -> PreparedSweep:
-    check_workload(config)
+    trace_warnings = check_workload(config)
     filtered = filter_policies(config)
     enumeration = enumerate_branch_spaces(filtered.config)
     load_predictor = predict_load(filtered.config)
     return PreparedSweep(
         config=filtered.config, dropped_policies=list(filtered.dropped), load_predictor=load_predictor,
         branches=list(enumeration.branches),
-        warnings=([filtered.summary()] if filtered.dropped else []) + list(enumeration.warnings),
+        warnings=trace_warnings + ([filtered.summary()] if filtered.dropped else []) + list(enumeration.warnings),
         diagnostics=enumeration.diagnostics,
     )
 
@@ -356,8 +362,10 @@ def run_sweep(
     vizier: Any = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
     warm_start_ledger: pd.DataFrame | None = None,
+    repair: bool = False,
 ) -> SweepResult:
-    """Run all stages, journalling to `output_dir` so a rerun resumes, and write the outputs."""
+    """Run all stages, journalling to `output_dir` so a rerun resumes, and write the outputs.
+    `repair` quarantines damaged journal records instead of refusing the journal (`--repair`)."""
     output_dir = Path(output_dir)
     emit = progress or (lambda event: None)
     started = time.perf_counter()
@@ -370,7 +378,9 @@ def run_sweep(
         for plan in plans:
             emit({"event": "plan", "branch": plan.branch.deployment_mode, "why": plan.why,
                   "exhaustive": plan.exhaustive, "size": plan.finite_size})
-        journal = FileJournal(output_dir / "journal.jsonl")
+        journal = FileJournal(output_dir / "journal.jsonl", repair=repair)
+        for warning in journal.warnings:
+            emit({"event": "warning", "message": warning})
         resumed = journal.loaded_records
         if resumed:
             emit({"event": "resume", "records": resumed})

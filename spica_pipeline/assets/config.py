@@ -122,7 +122,8 @@ def build_validated_config(spec: SweepSpec) -> dg.AssetsDefinition:
     def validated_config(context: dg.AssetExecutionContext, config: SweepLaunchConfig) -> dg.Output[pd.DataFrame]:
         try:
             cfg = read_sweep_config(spec.config_path, config)
-            sweep_stages.check_workload(cfg)  # a malformed trace line -> one error naming file and line
+            for warning in sweep_stages.check_workload(cfg):  # a malformed trace line -> one error naming file:line
+                context.log.warning(warning)
         except SpicaError as err:
             raise fail(err) from None
         frame = config_frame(cfg, source=spec.config_path, sweep_name=spec.name)

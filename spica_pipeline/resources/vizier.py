@@ -42,11 +42,10 @@ from typing import Any
 
 import dagster as dg
 
-from spica_pipeline.errors import ConfigError
+# resolve_algorithm lives with the config so `spica validate` resolves the env override too
+from spica_pipeline.config.sweep import ALGO_ENV, ALGORITHMS, resolve_algorithm  # noqa: F401
 from spica_pipeline.search.encoding import ParamSpec, SearchEncoding
 
-ALGORITHMS = ("DEFAULT", "GAUSSIAN_PROCESS_BANDIT", "RANDOM_SEARCH", "QUASI_RANDOM_SEARCH", "NSGA2")
-ALGO_ENV = "SPICA_VIZIER_ALGO"
 GP_ALGORITHMS = ("DEFAULT", "GAUSSIAN_PROCESS_BANDIT")
 SEED_BATCH = "QUASI_RANDOM_SEARCH"
 
@@ -57,18 +56,6 @@ _log = logging.getLogger(__name__)
 _setup_lock = threading.Lock()
 _setup_done: dict[str, str] = {}
 _executor: ThreadPoolExecutor | None = None
-
-
-def resolve_algorithm(configured: str | None, explicit: str | None = None) -> str:
-    """SPICA_VIZIER_ALGO (operator escape hatch) > explicit argument > resource config."""
-    env = os.environ.get(ALGO_ENV, "").strip()
-    name, source = (env, ALGO_ENV) if env else ((explicit, "algorithm") if explicit else (configured, "algorithm"))
-    name = (name or "DEFAULT").strip().upper()
-    if name in ("GP_UCB_PE", "ALGORITHM_UNSPECIFIED"):
-        name = "DEFAULT"
-    if name not in ALGORITHMS:
-        raise ConfigError(f"{source}: unknown Vizier algorithm {name!r}; expected one of {list(ALGORITHMS)}")
-    return name
 
 
 def _runtime_setup(cache_dir: str | None) -> None:
