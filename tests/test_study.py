@@ -250,3 +250,15 @@ def test_time_budget_ends_the_branch_between_batches_with_no_round_cap():
     assert len(result.records) == 6 and now["t"] == 60.0  # 3 batches of 2: the third starts at t=40
     assert snapshots == [2, 4, 6]
     assert all(r.status == "feasible" for r in result.records)
+
+
+def test_a_journal_from_before_designers_were_recorded_still_resumes():
+    """Suggestions journalled as bare parameter dicts (older journals) are read back as such."""
+    journal = MemoryJournal()
+    first = run(ScriptedSampler(seed=3, menu=range(100)), CountingEvaluator(), max_rounds=2, journal=journal)
+    for key, (entries, seconds) in list(journal.suggestions.items()):
+        journal.suggestions[key] = ([e["parameters"] for e in entries], seconds)
+    again = CountingEvaluator()
+    resumed = run(ScriptedSampler(seed=99, menu=range(100)), again, max_rounds=2, journal=journal)
+    assert again.calls == []
+    assert [r.parameters for r in resumed.records] == [r.parameters for r in first.records]

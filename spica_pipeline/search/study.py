@@ -298,6 +298,8 @@ class _BranchLoop:
         very answer (and designer) the interrupted run got."""
         cached = self.journal.get_suggestions(key)
         if cached is not None:
+            if cached and not all(set(e) == {"designer", "parameters"} for e in cached):
+                return [dict(e) for e in cached], 0.0, ""  # a journal written before designers were recorded
             return [e["parameters"] for e in cached], 0.0, (cached[0]["designer"] if cached else "")
         start = time.perf_counter()
         ask = getattr(self.sampler, "suggest_pending", None)
