@@ -290,11 +290,12 @@ def _resolve_algorithm(config: Any) -> str:
 
 
 def _with_overrides(config: Any, args: argparse.Namespace) -> Any:
-    """Apply --seed/--policy/--algorithm/--time-budget and validate again (e.g. thorough + a float range)."""
+    """Apply --seed/--policy/--algorithm/--executor/--ray-address/--time-budget and validate again (e.g. thorough + a float range)."""
     from spica_pipeline.config import SmartSearchConfig, render_validation_error
 
     overrides = {k: v for k, v in (("seed", args.seed), ("policy", args.policy),
-                                   ("algorithm", args.algorithm),
+                                   ("algorithm", args.algorithm), ("executor", args.executor),
+                                   ("ray_address", args.ray_address),
                                    ("time_budget", getattr(args, "time_budget", None))) if v is not None}
     if not overrides:
         return config
@@ -459,6 +460,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--policy", choices=["rapid", "thorough"], help="override sweep.policy")
     sweep.add_argument("--algorithm", help="override sweep.algorithm (DEFAULT, GAUSSIAN_PROCESS_BANDIT, "
                                            "RANDOM_SEARCH, QUASI_RANDOM_SEARCH, NSGA2)")
+    sweep.add_argument("--executor", choices=["local", "ray"],
+                       help="override sweep.executor: where replays run (ray: see docs/ray.md)")
+    sweep.add_argument("--ray-address", help="override sweep.ray_address (default $RAY_ADDRESS, else a local Ray)")
     sweep.add_argument("--time-budget", help="override sweep.time_budget, e.g. 10m, 90s, 1h: evaluate until it "
                        "is spent (max_rounds, when also set, still caps the trials)")
     sweep.add_argument("--show", type=int, default=10, help="candidates to print (default 10)")

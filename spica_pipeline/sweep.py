@@ -396,7 +396,8 @@ def run_sweep(
             emit({"event": "trial", "record": rec})
 
         try:
-            with make_pool(evaluator, workers, config.sweep.max_eval_seconds) as pool:
+            with make_pool(evaluator, workers, config.sweep.max_eval_seconds, executor=config.sweep.executor,
+                           ray_address=config.sweep.ray_address) as pool:
                 budget_end = (None if config.sweep.time_budget is None
                               else time.monotonic() + config.sweep.time_budget)
                 for index, plan in enumerate(plans):
@@ -537,7 +538,13 @@ def default_vizier():
     return VizierClient()
 
 
-def make_pool(evaluator: Any, workers: int, max_eval_seconds: float | None):
+def make_pool(evaluator: Any, workers: int, max_eval_seconds: float | None, *, executor: str = "local",
+              ray_address: str | None = None):
+    """The evaluation backend `sweep.executor` names (the `EvaluationBackend` of resources/pool.py)."""
+    if executor == "ray":
+        from spica_pipeline.resources.ray_pool import RayEvaluationPool
+
+        return RayEvaluationPool(evaluator, workers, max_eval_seconds, address=ray_address)
     from spica_pipeline.resources.pool import EvaluationPool
 
     return EvaluationPool(evaluator, workers=workers, max_eval_seconds=max_eval_seconds)

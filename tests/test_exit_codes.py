@@ -260,3 +260,69 @@ def test_sigint_and_sigterm_flush_and_print_the_resume_hint_then_resume_equals(t
     assert content(pd.read_parquet(out / "ledger.parquet")) == content(reference)
     hashes = outcome_hashes(journal)
     assert len(hashes) == len(set(hashes))
+
+
+# ---------------------------------------------------------------------------------------------
+# a real full disk and a real read-only filesystem (a small tmpfs; skipped where mount is not allowed)
+# ---------------------------------------------------------------------------------------------
+
+def _mount_tmpfs(path: Path, options: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+                              capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return proc.returncode == 0
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    mounted: list[Path] = []
+
+    def mount(name: str, options: str) -> Path:
+        path = tmp_path / name
+        if not _mount_tmpfs(path, options):
+            pytest.skip("cannot mount a tmpfs here (needs root and mount permission)")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in reversed(mounted):
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
+
+
+def test_read_only_filesystem_output_dir_is_exit_2(tmp_path, tmpfs, capsys):
+    config = thorough_config(tmp_path)
+    ro = tmpfs("ro", "ro,size=1m")
+    calls = tmp_path / "calls"
+    code = cli.main(["sweep", "--config", str(config), "--output-dir", str(ro / "run")],
+                    evaluator=fake(calls_file=str(calls)))
+    lines = stderr_lines(capsys.readouterr().err)
+    assert code == 2 and len(lines) == 1, lines
+    assert "not writable" in lines[0] and "Read-only file system" in lines[0] and "resume" not in lines[0]
+    assert not calls.exists()
+
+
+def test_disk_full_mid_sweep_is_exit_4_and_a_rerun_after_freeing_space_resumes(tmp_path, tmpfs, reference):
+    config = thorough_config(tmp_path)
+    disk = tmpfs("disk", "size=24k")
+    out = disk / "run"
+    cmd = driver(tmp_path, {}, "sweep", "--config", str(config), "--output-dir", str(out))
+    common = dict(cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, **common)
+    lines = stderr_lines(proc.stderr)
+    assert proc.returncode == 4, proc.stderr
+    assert lines[-1].startswith("environment failure: no space left on device"), lines
+    assert f"free space on the filesystem holding {out}" in lines[-1] and "run the same command again" in lines[-1]
+    assert "Traceback" not in proc.stderr and "the journal resumes them" not in proc.stderr
+    journal = out / "journal.jsonl"
+    journalled = outcome_hashes(journal)
+    for raw in journal.read_bytes().splitlines():  # no half record left behind
+        json.loads(raw)
+
+    subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True, timeout=30)  # space freed
+    proc = subprocess.run(cmd, **common)
+    assert proc.returncode == 0, proc.stderr
+    assert content(pd.read_parquet(out / "ledger.parquet")) == content(reference)
+    assert outcome_hashes(journal)[:len(journalled)] == journalled

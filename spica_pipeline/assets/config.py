@@ -74,9 +74,13 @@ def read_sweep_config(config_path: str | Path, launch: SweepLaunchConfig | None 
     return _validate(_with_overrides(data, launch, str(path), path.parent), str(path))
 
 
+RESULT_NEUTRAL = {"sweep": {"executor", "ray_address"}}
+
+
 def config_hash(config: SmartSearchConfig) -> str:
     """Content hash of the validated config and, for a trace workload, of the trace bytes."""
-    payload: dict[str, Any] = {"config": config.model_dump(mode="json")}
+    # where replays run does not change a result: a sweep moved to Ray resumes the same journal
+    payload: dict[str, Any] = {"config": config.model_dump(mode="json", exclude=RESULT_NEUTRAL)}
     if config.workload.trace_path:
         from spica_pipeline.traces import trace_content_hash
 

@@ -4,8 +4,10 @@
 `sweep.check_workload`), so a config that would make every candidate fail or hang is exit 2 with
 one line naming the field and the limit, before any replay. Why each limit:
 
-* `search_space.gpu_budget` <= MAX_GPU_BUDGET: parallel-shape enumeration grows with the budget; a
-  budget of 10^12 GPUs sat silent for minutes. 4096 GPUs is above any single Dynamo deployment.
+* `search_space.gpu_budget` <= MAX_GPU_BUDGET: parallel-shape enumeration grows faster than the
+  budget (a budget of 10^12 GPUs sat silent for minutes). Measured with `enumerate_branches` on
+  Qwen3-32B/H200 on the shared 2-core machine under load, 2026-12-04: 18 s at 512 GPUs, 103 s at
+  1024, not done after 270 s at 4096. 1024 GPUs keeps the stage under a few minutes.
 * requests per replay <= MAX_REQUESTS_PER_REPLAY: the replay holds every request in memory and
   simulates each one (10,000 requests took 1.3 s of wall time, replay-notes §1.11); num_request_ratio
   1e9 aborted every worker with a 64 GB allocation failure.
@@ -22,7 +24,7 @@ from typing import Any
 
 from spica_pipeline.errors import ResourceLimitError
 
-MAX_GPU_BUDGET = 4096
+MAX_GPU_BUDGET = 1024
 MAX_REQUESTS_PER_REPLAY = 1_000_000
 MAX_REQUEST_RATE = 100_000.0
 REPLAY_BYTES_PER_REQUEST = 8_000
@@ -89,6 +91,8 @@ def check_resource_limits(config: Any, trace: Any = None, memory_bytes: int | No
     if not total:
         return
     workers = max(1, min(sweep.parallel_evals, sweep.per_round))
+    if sweep.executor == "ray":  # the replays spread over the Ray cluster's nodes: one must fit here
+        workers = 1
     allowed = sweep.max_replay_memory_share * total
     if workers * memory > allowed:
         raise ResourceLimitError(

@@ -72,6 +72,11 @@ class SweepConfig(StrictModel):
     )
     # kv_router candidates are replayed this many times (routing ties break randomly).
     router_repeats: PosInt = 3
+    # Where candidate replays run (resources/pool.py interface): spawned processes on this machine,
+    # or warm actors on a Ray cluster (docs/ray.md). Neither changes a result, only where it runs.
+    executor: Literal["local", "ray"] = "local"
+    # Ray cluster address; None reads RAY_ADDRESS, and with neither a local Ray is started.
+    ray_address: str | None = None
     # refuse a sweep whose parallel replays would need more than this share of the machine's
     # memory (estimated by config/limits.py): better exit 2 up front than every worker aborting
     max_replay_memory_share: PosFloat = 0.5
