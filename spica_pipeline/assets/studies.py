@@ -106,6 +106,8 @@ def study_partition(
         with RunLock(journal_dir):
             storage.pull(journal_dir)  # an object-store base_dir: resume what another pod journalled
             journal = FileJournal(journal_dir / "journal.jsonl")
+            for warning in journal.warnings:  # a torn last record cut back on open
+                context.log.warning(warning)
             try:
                 outcome = run_branch(plan, config, load_predictor, evaluate_wave=pool.evaluate_wave,
                                      vizier=vizier, journal=journal,
