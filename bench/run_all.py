@@ -38,6 +38,7 @@ BENCHES: dict[str, tuple[str, list[str], list[str], bool, int]] = {
     "vizier": ("bench_vizier.py", [], ["--algos", "QUASI_RANDOM_SEARCH,DEFAULT", "--ns", "0,8"], False, 1800),
     "dagster": ("bench_dagster.py", [], [], False, 1800),
     "executors": ("bench_executors.py", [], ["--quick"], True, 1800),
+    "time_to_quality": ("bench_time_to_quality.py", [], ["--quick"], True, 4 * 3600),
     "fidelity": ("bench_fidelity.py", ["--split", "all"], ["--quick"], True, 3 * 3600),
 }
 

@@ -24,7 +24,7 @@ from spica_pipeline.search.encoding import SearchEncoding, build_encoding, enume
 from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest
 from spica_pipeline.search.ledger import TrialRecord
 from spica_pipeline.search.model_hw import latest_backend_version
-from spica_pipeline.search.sample import unroll_sample
+from spica_pipeline.search.sample import router_repeats_for, unroll_sample
 from spica_pipeline.search.shapes import ParallelConfig
 from spica_pipeline.search.study import (
     BranchOutcome,
@@ -161,7 +161,7 @@ def candidate_builder(config: SmartSearchConfig, load_predictor: Any) -> Callabl
             sample["concurrency"] = config.workload.concurrency
         if "kv_load_ratio" in selection:  # searched (a range) or injected as a constant (a scalar)
             sample["kv_load_ratio"] = float(selection["kv_load_ratio"])
-        ctx = dict(context, router_repeats=repeats if sample.get("router_mode") == "kv_router" else 1)
+        ctx = dict(context, router_repeats=router_repeats_for(sample, repeats))
         return EvalRequest(sample=sample, workload=workload, goal=goal, context=ctx)
 
     return build
@@ -208,6 +208,18 @@ class VizierSampler:
     def suggest(self, count: int, history: list[HistoryItem]) -> list[dict[str, Any]]:
         items = [(h.parameters, h.metrics, h.infeasible_reason) for h in history]
         return [dict(p) for p in self.study.suggest(count, items)]
+
+    def suggest_pending(self, count: int, history: list[HistoryItem], pending: list[dict[str, Any]],
+                        cheap: bool) -> tuple[list[dict[str, Any]], str]:
+        """The asynchronous loop's ask: in-flight trials as pending; `cheap` fills from the
+        quasi-random designer (the cost-aware policy). Returns the designer that answered."""
+        items = [(h.parameters, h.metrics, h.infeasible_reason) for h in history]
+        out = self.study.suggest(count, items, pending, algorithm="QUASI_RANDOM_SEARCH" if cheap else None)
+        return [dict(p) for p in out], self.study.last_designer
+
+    @property
+    def designer(self) -> str:
+        return getattr(self.study, "last_designer", "") or "vizier"
 
     def propose(self, parameters: dict[str, Any], taken: Collection[tuple[str, ParallelConfig]] = ()) -> Proposal:
         return propose(self.encoding, parameters, taken)
@@ -273,7 +285,10 @@ def finite_points(encoding: SearchEncoding) -> int | None:
 
 def plan_branch(branch: Any, config: SmartSearchConfig) -> BranchPlan:
     encoding = build_encoding(branch)
-    budget = config.sweep.max_rounds * config.sweep.per_round
+    from spica_pipeline.config.sweep import DEFAULT_MAX_ROUNDS
+
+    # Only a time budget: a space a default trial budget would cover is still enumerated.
+    budget = config.sweep.evaluation_budget or DEFAULT_MAX_ROUNDS * config.sweep.per_round
     size = finite_points(encoding)
     if config.sweep.policy == "thorough":
         return BranchPlan(branch, encoding, size, budget, True, f"policy thorough: all {size} points")
@@ -297,9 +312,14 @@ def run_branch(
     warm_history: Iterable[HistoryItem] = (),
     on_record: Callable[[TrialRecord], None] | None = None,
     on_round: Callable[[BranchOutcome], None] | None = None,
+    deadline: float | None = None,
+    backend: Any = None,
 ) -> BranchOutcome:
-    settings = StudySettings(per_round=config.sweep.per_round, max_rounds=config.sweep.max_rounds,
-                             workers=max(1, min(config.sweep.parallel_evals, config.sweep.per_round)))
+    """One branch study. With `backend` (an EvaluationBackend) dispatch is asynchronous; with only
+    `evaluate_wave`, in rounds of waves."""
+    settings = StudySettings(deadline=deadline, optimizer_share=config.sweep.optimizer_share, per_round=config.sweep.per_round, max_rounds=config.sweep.max_rounds,
+                             workers=max(1, min(config.sweep.parallel_evals, config.sweep.per_round)),
+                             failure_breaker=config.sweep.failure_breaker)
     mode = plan.branch.deployment_mode
     if plan.exhaustive:
         sampler: Any = VizierSampler(None, plan.encoding)
@@ -311,7 +331,7 @@ def run_branch(
     return run_branch_study(
         mode, sampler, candidate_builder(config, load_predictor), evaluate_wave, scorer(config), settings,
         journal=journal, counter=counter, warm_history=warm_history, exhaustive_points=points,
-        on_record=on_record, on_round=on_round,
+        on_record=on_record, on_round=on_round, backend=backend,
     )
 
 
@@ -383,20 +403,29 @@ def run_sweep(
         try:
             with make_pool(evaluator, workers, config.sweep.max_eval_seconds, executor=config.sweep.executor,
                            ray_address=config.sweep.ray_address) as pool:
-                for plan in plans:
+                budget_end = (None if config.sweep.time_budget is None
+                              else time.monotonic() + config.sweep.time_budget)
+                for index, plan in enumerate(plans):
                     mode = plan.branch.deployment_mode
+                    # the time left is shared equally by the branches still to run
+                    deadline = (None if budget_end is None else
+                                time.monotonic() + (budget_end - time.monotonic()) / (len(plans) - index))
                     emit({"event": "branch", "branch": mode, "exhaustive": plan.exhaustive})
                     outcome = run_branch(
-                        plan, config, prepared.load_predictor, evaluate_wave=pool.evaluate_wave,
+                        plan, config, prepared.load_predictor, evaluate_wave=pool.evaluate_wave, backend=pool,
                         vizier=vizier, journal=journal, counter=counter,
                         warm_history=warm_history_for(warm_start_ledger, plan),
-                        on_record=on_record,
+                        on_record=on_record, deadline=deadline,
                         on_round=lambda result: (emit({"event": "round", "branch": result.branch,
                                                        "round": result.rounds}),
-                                                 _write_partial_ledger(output_dir, records)),
+                                                 write_anytime(output_dir, config, records)),
                     )
                     outcomes.append(outcome)
-                    if outcome.stalled:
+                    if outcome.out_of_time:
+                        emit({"event": "out_of_time", "branch": mode, "evaluated": outcome.evaluated})
+                    if outcome.stopped:
+                        emit({"event": "stopped", "branch": mode, "reason": outcome.stopped})
+                    elif outcome.stalled:
                         emit({"event": "stalled", "branch": mode, "rounds": outcome.rounds})
         finally:
             journal.close()
@@ -423,12 +452,28 @@ def write_results(output_dir: Path, config: SmartSearchConfig, plans: list[Branc
         goal_summary=goal_summary(config),
         workload_summary=workload_summary(config),
         timings=timings,
-        branch_notes={p.branch.deployment_mode: p.why for p in plans},
+        branch_notes=branch_notes(plans, ledger),
         top_n=config.deploy.top_n,
         deploy_options=deploy_options(config),
         config_json=config.model_dump(mode="json"),
     )
     return merge, paths
+
+
+def branch_notes(plans: list[BranchPlan], ledger: pd.DataFrame) -> dict[str, str]:
+    """Per branch: how it was searched, how many points its space has and how many were evaluated
+    (trials that reused an earlier trial's outcome are not counted)."""
+    notes = {}
+    for plan in plans:
+        mode = plan.branch.deployment_mode
+        rows = ledger[ledger["branch"] == mode] if not ledger.empty else ledger
+        evaluated = int((rows["status"] != "cached").sum()) if not rows.empty else 0
+        if plan.finite_size:
+            seen = f"evaluated {evaluated:,} of {plan.finite_size:,} points ({evaluated / plan.finite_size:.2%})"
+        else:
+            seen = f"evaluated {evaluated:,} points of a continuous space"
+        notes[mode] = f"{plan.why}; {seen}"
+    return notes
 
 
 def deploy_options(config: SmartSearchConfig):
@@ -508,6 +553,20 @@ def make_pool(evaluator: Any, workers: int, max_eval_seconds: float | None, *, e
     from spica_pipeline.resources.pool import EvaluationPool
 
     return EvaluationPool(evaluator, workers=workers, max_eval_seconds=max_eval_seconds)
+
+
+def write_anytime(output_dir: Path, config: SmartSearchConfig, records: list[TrialRecord]) -> None:
+    """The anytime result, after every batch: the ledger and the ranking (or front) so far, each
+    replaced atomically, so a deadline or Ctrl-C always leaves a valid, current result."""
+    from spica_pipeline.report import merge_for_config
+    from spica_pipeline.report.tables import candidates_frame
+    from spica_pipeline.storage import atomic_write_parquet, atomic_write_text
+
+    _write_partial_ledger(output_dir, records)
+    merge = merge_for_config(ledger_frame(records), config)
+    table = candidates_frame(merge.candidates, merge.objectives if merge.is_pareto else None)
+    atomic_write_parquet(output_dir / "candidates.parquet", table)
+    atomic_write_text(output_dir / "candidates.csv", table.to_csv(index=False))
 
 
 def _write_partial_ledger(output_dir: Path, records: list[TrialRecord]) -> None:
