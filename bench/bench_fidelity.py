@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from spica_pipeline.search import silicon  # noqa: E402
 from spica_pipeline.search.evaluation import EvalRequest  # noqa: E402
+from spica_pipeline.search.measurement import quantile  # noqa: E402
 from spica_pipeline.search.measurement import relative_change  # noqa: E402
 
 GOAL = {"target": "throughput", "sla": None, "pareto_objectives": None}
@@ -176,13 +177,7 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
 
 
 def _quantile(values: list[float], q: float) -> float:
-    s = sorted(values)
-    if not s:
-        return math.nan
-    pos = q * (len(s) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+    return quantile(values, q) if values else math.nan
 
 
 def error_stats(pairs: list[tuple[float, float]]) -> dict[str, Any]:

@@ -30,6 +30,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from spica_pipeline.search.measurement import quantile
+
 PROFILE_FORMAT = 1
 PHASES = ("ttft", "tpot")
 SHRINK_K = 3.0
@@ -81,14 +83,6 @@ def bands(metrics: Mapping[str, Any], goal_metric: str | None = None,
 
 class ProfileError(ValueError):
     """A calibration profile that is not a valid profile (the caller names the file)."""
-
-
-def _quantile(values: list[float], q: float) -> float:
-    s = sorted(values)
-    pos = q * (len(s) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def _model_median(members: list[dict[str, Any]]) -> float:
@@ -204,7 +198,7 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, lomo_
         if len(pool) < MIN_BAND_ROWS:
             pool, source_rows = phase_res[phase], "phase"
         widen = math.sqrt(1 + SHRINK_K / len(res))
-        entry["band"] = [round(_quantile(pool, 0.1) * widen, 6), round(_quantile(pool, 0.9) * widen, 6)]
+        entry["band"] = [round(quantile(pool, 0.1) * widen, 6), round(quantile(pool, 0.9) * widen, 6)]
         entry["band_from"] = source_rows
     parents = {
         "backend": {f"{b}/{p}": {"factor": round(math.exp(m), 6), "rows": len(by_backend[(b, p)]),
@@ -223,7 +217,7 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, lomo_
 def _band(res: list[float], widen: float) -> list[float]:
     if not res:
         return [-1.0, 1.0]
-    return [round(_quantile(res, 0.1) * widen, 6), round(_quantile(res, 0.9) * widen, 6)]
+    return [round(quantile(res, 0.1) * widen, 6), round(quantile(res, 0.9) * widen, 6)]
 
 
 def validate(profile: Any) -> dict[str, Any]:

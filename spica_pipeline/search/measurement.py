@@ -117,7 +117,8 @@ def open_loop_bounds(records: list[dict[str, Any]], trim: float = OPEN_LOOP_TRIM
     return lo, hi
 
 
-def _quantile(values: list[float], q: float) -> float:
+def quantile(values: list[float], q: float) -> float:
+    """Linear-interpolated quantile of a non-empty list (numpy's default rule, without numpy)."""
     s = sorted(values)
     pos = q * (len(s) - 1)
     lo = math.floor(pos)
@@ -128,8 +129,8 @@ def _quantile(values: list[float], q: float) -> float:
 def _stats(prefix: str, values: list[float]) -> dict[str, float]:
     if not values:
         return {}
-    return {f"mean_{prefix}": statistics.fmean(values), f"median_{prefix}": _quantile(values, 0.5),
-            f"p90_{prefix}": _quantile(values, 0.9), f"p99_{prefix}": _quantile(values, 0.99)}
+    return {f"mean_{prefix}": statistics.fmean(values), f"median_{prefix}": quantile(values, 0.5),
+            f"p90_{prefix}": quantile(values, 0.9), f"p99_{prefix}": quantile(values, 0.99)}
 
 
 def _first_token(r: dict[str, Any]) -> float:
