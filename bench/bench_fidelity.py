@@ -47,7 +47,16 @@ GOAL = {"target": "throughput", "sla": None, "pareto_objectives": None}
 MNBT = 8192
 QUICK_MAX_ROWS = 24
 QUICK_MAX_CONCURRENCY = 256
-GROUPS = ("model", "backend", "system", "mode")
+GROUPS = ("model", "backend", "system", "mode", "load")
+LOAD_BUCKETS = ((8, "c<=8"), (32, "c9-32"), (128, "c33-128"), (512, "c129-512"))
+
+
+def load_bucket(concurrency: int | None) -> str:
+    """The concurrency bucket a row is reported under (TTFT error depends strongly on load)."""
+    for top, name in LOAD_BUCKETS:
+        if (concurrency or 0) <= top:
+            return name
+    return "c>512"
 
 
 def silicon_csv_path() -> Path:
@@ -132,8 +141,48 @@ def aic_estimate(case: silicon.SiliconCase, version: str) -> tuple[float, float]
 # ---- one row -----------------------------------------------------------------------------------
 
 
+def build_case(evaluator, case: silicon.SiliconCase, version: str, request_ratio: float) -> dict[str, Any]:
+    """--build-only: build the row's replay arguments (timing tables, KV capacity) without replaying,
+    to count cheaply which rows can evaluate and why the others cannot."""
+    from spica_pipeline.errors import InfeasibleKVCapacity, SpicaError
+
+    r = case.row
+    rec: dict[str, Any] = {"id": r.id, "line": r.line, "split": case.split, "model": r.model,
+                           "aic_model": case.aic_model, "backend": r.backend, "system": r.system, "mode": r.mode,
+                           "concurrency": r.concurrency, "db_version": version}
+
+    def attempt(c: silicon.SiliconCase, fraction: float) -> tuple[str, str | None, dict[str, Any]]:
+        derived: dict[str, Any] = {}
+        try:
+            evaluator.prepare(EvalRequest(c.sample(version, max_num_batched_tokens=MNBT, memory_fraction=fraction),
+                                          c.workload(request_ratio), GOAL, {"closed_loop_client": "together"}),
+                              derived)
+            return "buildable", None, derived
+        except InfeasibleKVCapacity as exc:
+            return "infeasible", str(exc), derived
+        except SpicaError as exc:
+            return "failed", "candidate build failed: " + (getattr(exc, "detail", None) or str(exc)), derived
+
+    status, reason, derived = attempt(case, 0.9)
+    note = None
+    if status != "buildable":
+        for near, fraction, near_note in silicon.nearest_deployments(case, reason or ""):
+            s2, _, d2 = attempt(near, fraction)
+            if s2 == "buildable":
+                status, derived, note = s2, d2, near_note
+                break
+    rec["status"] = status
+    if status != "buildable":
+        rec["reason"] = reason
+    notes = [n for n in (derived.get("fidelity_note"), note) if n]
+    if notes:
+        rec["fidelity_note"] = "; ".join(notes)
+    return rec
+
+
 def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ratio: float,
-                  with_aic: bool, stability: bool = False) -> dict[str, Any]:
+                  with_aic: bool, stability: bool = False, client: str = "together",
+                  client_gap_cycles: float | None = None) -> dict[str, Any]:
     r = case.row
     rec: dict[str, Any] = {
         "id": r.id, "line": r.line, "split": case.split, "model": r.model, "aic_model": case.aic_model,
@@ -143,8 +192,25 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
         "silicon": {"ttft": r.ttft_ms, "tpot": r.tpot_ms},
     }
     started = time.perf_counter()
+    context: dict[str, Any] = {"closed_loop_client": client}
+    if client_gap_cycles is not None:
+        context["client_gap_cycles"] = client_gap_cycles
+    fraction = 0.9
     out = evaluator.evaluate(EvalRequest(case.sample(version, max_num_batched_tokens=MNBT),
-                                         case.workload(request_ratio), GOAL))
+                                         case.workload(request_ratio), GOAL, context))
+    if out.status != "feasible" and out.reason:  # the nearest deployment the engine could have run
+        for near, near_fraction, note in silicon.nearest_deployments(case, out.reason):
+            retry = evaluator.evaluate(EvalRequest(near.sample(version, max_num_batched_tokens=MNBT,
+                                                               memory_fraction=near_fraction),
+                                                   near.workload(request_ratio), GOAL, context))
+            if retry.status == "feasible":
+                case, fraction, out = near, near_fraction, retry
+                rec["nearest_deployment"] = {"note": note, "memory_fraction": near_fraction,
+                                             "shape": {k: vars(v) for k, v in near.roles.items()}}
+                break
+    notes = [n for n in (out.derived.get("fidelity_note"), (rec.get("nearest_deployment") or {}).get("note")) if n]
+    if notes:
+        rec["fidelity_note"] = "; ".join(notes)
     rec["replay_seconds"] = round(time.perf_counter() - started, 3)
     rec["status"] = out.status
     if out.status == "feasible" and out.report:
@@ -154,8 +220,9 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
         rec["window_rule"] = out.derived.get("window_rule")
         if stability:  # the same row with twice the requests actually replayed
             used = float(out.derived.get("request_count") or out.report.get("completed_requests") or 0)
-            twice = evaluator.evaluate(EvalRequest(case.sample(version, max_num_batched_tokens=MNBT),
-                                                   case.workload(2 * used / r.concurrency), GOAL))
+            twice = evaluator.evaluate(EvalRequest(case.sample(version, max_num_batched_tokens=MNBT,
+                                                               memory_fraction=fraction),
+                                                   case.workload(2 * used / r.concurrency), GOAL, context))
             if twice.status == "feasible" and twice.report:
                 rec["stability"] = {
                     "requests": [used, float(twice.derived.get("request_count") or 0)],
@@ -254,12 +321,15 @@ def split_report(name: str, rows: list[silicon.SiliconRow], mapped: list, select
     reasons = Counter(silicon.reason_kind(m.reason) for m in in_split if isinstance(m, silicon.Inexpressible))
     recs = [r for r in records if name == "all" or r["split"] == name]
     evaluated = [r for r in recs if r.get("ours")]
-    failures = Counter((r.get("reason") or r["status"])[:160] for r in recs if not r.get("ours"))
+    failures = Counter(_failure_kind(r.get("reason") or r["status"]) for r in recs
+                       if not r.get("ours") and r["status"] != "buildable")
     report: dict[str, Any] = {
         "rows": len(in_split),
         "expressible": sum(isinstance(m, silicon.SiliconCase) for m in in_split),
         "selected": len(recs),
         "evaluated": len(evaluated),
+        "buildable": sum(1 for r in recs if r["status"] == "buildable") or None,
+        "fidelity_notes": sum(1 for r in recs if r.get("fidelity_note")),
         **summarise(evaluated),
         "stability": stability_summary(evaluated),
         "band_coverage": band_coverage(evaluated),
@@ -270,9 +340,15 @@ def split_report(name: str, rows: list[silicon.SiliconRow], mapped: list, select
     for g in GROUPS:
         buckets: dict[str, list] = defaultdict(list)
         for r in evaluated:
-            buckets[str(r[g])].append(r)
+            buckets[load_bucket(r.get("concurrency")) if g == "load" else str(r[g])].append(r)
         report["by"][g] = {k: {"evaluated": len(v), **summarise(v)} for k, v in sorted(buckets.items())}
     return report
+
+
+def _failure_kind(reason: str) -> str:
+    """A failure reason without paths and row-specific numbers (for counting)."""
+    reason = reason.split(" at /")[0]
+    return silicon.reason_kind(reason)[:160]
 
 
 def _fmt(stats: dict[str, Any]) -> str:
@@ -283,7 +359,8 @@ def _fmt(stats: dict[str, Any]) -> str:
 
 def print_report(name: str, rep: dict[str, Any]) -> None:
     print(f"== split {name}: rows {rep['rows']}, expressible {rep['expressible']}, selected {rep['selected']}, "
-          f"evaluated {rep['evaluated']}")
+          f"evaluated {rep['evaluated']}" + (f", buildable {rep['buildable']}" if rep.get("buildable") else "")
+          + f", with a fidelity_note {rep['fidelity_notes']}")
     for metric in ("ttft", "tpot"):
         print(f"   {metric.upper():4s} ours {_fmt(rep['ours'][metric])} | calibrated {_fmt(rep['calibrated'][metric])}"
               f" | aic {_fmt(rep['aic'][metric])}")
@@ -350,6 +427,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             "aiconfigurator_core": _version("aiconfigurator-core"),
             "ai_dynamo_runtime": _version("ai-dynamo-runtime"),
             "request_ratio": args.request_ratio,
+            "client": args.client,
+            "client_gap_cycles": args.client_gap_cycles,
             "replays_from": args.from_json,
             "quick": bool(args.quick),
             "partial": partial,
@@ -365,7 +444,13 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         cases = []
     for i, case in enumerate(cases, 1):
         version = latest_backend_version(case.row.system, case.row.backend)
-        rec = evaluate_case(evaluator, case, version, args.request_ratio, not args.no_aic, args.stability)
+        if args.build_only:
+            rec = build_case(evaluator, case, version, args.request_ratio)
+            records.append(rec)
+            print(f"[{i}/{len(cases)}] {case.row.id} {rec['status']} {rec.get('reason', '')[:120]}", flush=True)
+            continue
+        rec = evaluate_case(evaluator, case, version, args.request_ratio, not args.no_aic, args.stability,
+                            client=args.client, client_gap_cycles=args.client_gap_cycles)
         records.append(rec)
         ours = rec.get("ours") or {}
         print(f"[{i}/{len(cases)}] {case.row.id} c={case.row.concurrency} {rec['status']} "
@@ -388,7 +473,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         from spica_pipeline.resources.calibration import load_profile
 
         profile, _ = load_profile(args.calibration)
-    if profile is not None:
+    if profile is not None and not args.build_only:
         apply_profile(records, profile)
     final = result(partial=False)
     final["calibration"] = ({"fitted": profile["fitted"], "rows_used": len(profile["rows_used"]),
@@ -434,6 +519,10 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
+CLIENT_REQUEST_RATIO = 10.0  # AIC eval runners: genai-perf --request-count 10c, bench_serving --num-prompts 10c
+RAMP_REQUEST_RATIO = 6.0
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--split", choices=("calibration", "heldout", "all"), default="all")
@@ -443,10 +532,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ids", help="comma-separated silicon row ids (reproduce single rows)")
     ap.add_argument("--quick", action="store_true", help="stratified subset, a few minutes on 2 cores")
     ap.add_argument("--json", "--out", dest="json", help="write the result JSON here (--out: run_all.py's name)")
-    ap.add_argument("--request-ratio", type=float, default=6.0, help="requests per unit of concurrency")
+    ap.add_argument("--client", choices=("together", "ramp"), default="together",
+                    help="together (default): every client starts at t=0 and every request counts, as the "
+                         "benchmark clients of the silicon rows did; ramp: the sweeps' ramped clients and "
+                         "steady-state window")
+    ap.add_argument("--client-gap-cycles", type=float, default=None,
+                    help="--client together: each client's random gap before its next request, uniform in "
+                         "[0, this x the estimated request cycle] (default search/measurement.py CLIENT_GAP_CYCLES)")
+    ap.add_argument("--request-ratio", type=float, default=None,
+                    help=f"requests per unit of concurrency (default {CLIENT_REQUEST_RATIO:g} for --client together, "
+                         f"as AIC's genai-perf/bench_serving runners; {RAMP_REQUEST_RATIO:g} for ramp)")
     ap.add_argument("--no-aic", action="store_true", help="skip AIC's own estimate")
     ap.add_argument("--stability", action="store_true",
                     help="also replay each row with twice the requests and report the change in mean TTFT/TPOT")
+    ap.add_argument("--build-only", action="store_true",
+                    help="coverage only: build every selected row's replay arguments, count failures, no replay")
     ap.add_argument("--cache-dir", default=None, help="timing/KV cache (default $SPICA_CACHE_DIR)")
     ap.add_argument("--calibration", default="auto",
                     help="profile to report calibrated errors with: auto (the packaged one), none, or a path")
@@ -454,7 +554,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="reuse the replays of an earlier result file (re-fit/re-apply calibration only)")
     ap.add_argument("--fit-calibration", metavar="PATH",
                     help="fit a profile on this run's calibration-split rows, write it to PATH and apply it")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.request_ratio is None:
+        args.request_ratio = CLIENT_REQUEST_RATIO if args.client == "together" else RAMP_REQUEST_RATIO
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
