@@ -5,19 +5,30 @@ evaluator can express (`spica_pipeline.search.silicon`; the rest are counted wit
 replays each through `ReplayEvaluator` pinned to the row (1 model = the AIC checkpoint of the
 row's precision, the row's system/backend/parallel shape/worker counts, round robin, closed loop at
 the row's concurrency with its ISL/OSL, max_num_batched_tokens 8192) and compares mean TTFT and
-mean TPOT with the measured ones. AIC's own estimate on the same rows and the same perf database:
-agg = `backend.run_agg(batch = concurrency per attention-DP rank, ctx_tokens = 8192)`; disagg =
-prefill `run_static(static_ctx, batch 1)` for TTFT and decode `run_static(static_gen, batch =
-concurrency per decode rank)` for TPOT.
+mean TPOT with the measured ones. Each row is replayed twice:
+
+* "ours": as the benchmark client that measured it (`--client together`, default): every client
+  starts at t=0, 10 x concurrency requests, every request counted - AIC's eval runners
+  (genai-perf `--concurrency c --request-count 10c`, SGLang bench_serving `--max-concurrency c
+  --num-prompts 10c`);
+* "sweep": as sweeps measure (ramped clients, steady-state window, search/measurement.py); the
+  calibration profile is fitted on and applied to this one ("calibrated"), because that is what
+  it corrects in a sweep.
+
+A row whose recorded shape AIC refuses is replayed on the nearest deployment the engine could have
+run (`silicon.nearest_deployments`), with a fidelity_note. AIC's own estimate on the same rows and
+the same perf database: agg = `backend.run_agg(batch = concurrency per attention-DP rank,
+ctx_tokens = 8192)`; disagg = prefill `run_static(static_ctx, batch 1)` for TTFT and decode
+`run_static(static_gen, batch = concurrency per decode rank)` for TPOT.
 
 Errors are fractions: APE = |pred - silicon| / silicon; MdAPE = median APE, p90 = P90 of APE,
 bias = median of (pred - silicon) / silicon (signed). Reported per split (calibration / heldout,
-the binding rule in search/silicon.py), overall and by model, backend, system and mode.
+the binding rule in search/silicon.py), overall and by model, backend, system, mode and load.
 
 usage:
   DYN_LOG=warn .venv/bin/python bench/bench_fidelity.py [--split calibration|heldout|all]
       [--models M1,M2] [--systems S1,S2] [--max-rows N] [--ids ID1,ID2] [--quick] [--json PATH]
-      [--request-ratio 6] [--no-aic] [--stability]
+      [--client together|ramp] [--request-ratio R] [--no-aic] [--no-sweep] [--stability] [--build-only]
 --quick: a stratified subset (one row per (model, backend, system, mode) stratum, lowest and
 highest concurrency alternating, at most 24 rows, concurrency <= 256), a few minutes on 2 cores.
 """
@@ -182,7 +193,7 @@ def build_case(evaluator, case: silicon.SiliconCase, version: str, request_ratio
 
 def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ratio: float,
                   with_aic: bool, stability: bool = False, client: str = "together",
-                  client_gap_cycles: float | None = None) -> dict[str, Any]:
+                  client_gap_cycles: float | None = None, with_sweep: bool = True) -> dict[str, Any]:
     r = case.row
     rec: dict[str, Any] = {
         "id": r.id, "line": r.line, "split": case.split, "model": r.model, "aic_model": case.aic_model,
@@ -218,16 +229,26 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
         rec["requests"] = out.report.get("completed_requests")
         rec["window_counted"] = out.report.get("window_counted_requests")
         rec["window_rule"] = out.derived.get("window_rule")
-        if stability:  # the same row with twice the requests actually replayed
-            used = float(out.derived.get("request_count") or out.report.get("completed_requests") or 0)
+        sweep_ctx, sweep_ratio, sweep = context, request_ratio, out
+        if client != "ramp" and with_sweep:  # the sweeps' measurement of the same row: what calibration maps
+            sweep_ctx, sweep_ratio = {"closed_loop_client": "ramp"}, RAMP_REQUEST_RATIO
+            sweep = evaluator.evaluate(EvalRequest(case.sample(version, max_num_batched_tokens=MNBT,
+                                                               memory_fraction=fraction),
+                                                   case.workload(sweep_ratio), GOAL, sweep_ctx))
+        if sweep.status == "feasible" and sweep.report:
+            rec["sweep"] = {"ttft": sweep.report.get("mean_ttft_ms"), "tpot": sweep.report.get("mean_tpot_ms"),
+                            "window_rule": sweep.derived.get("window_rule"),
+                            "requests": sweep.derived.get("request_count")}
+        if stability and rec.get("sweep"):  # the sweep measurement with twice the requests actually replayed
+            used = float(sweep.derived.get("request_count") or sweep.report.get("completed_requests") or 0)
             twice = evaluator.evaluate(EvalRequest(case.sample(version, max_num_batched_tokens=MNBT,
                                                                memory_fraction=fraction),
-                                                   case.workload(2 * used / r.concurrency), GOAL, context))
+                                                   case.workload(2 * used / r.concurrency), GOAL, sweep_ctx))
             if twice.status == "feasible" and twice.report:
                 rec["stability"] = {
                     "requests": [used, float(twice.derived.get("request_count") or 0)],
-                    "ttft": relative_change(rec["ours"]["ttft"], twice.report.get("mean_ttft_ms")),
-                    "tpot": relative_change(rec["ours"]["tpot"], twice.report.get("mean_tpot_ms")),
+                    "ttft": relative_change(rec["sweep"]["ttft"], twice.report.get("mean_ttft_ms")),
+                    "tpot": relative_change(rec["sweep"]["tpot"], twice.report.get("mean_tpot_ms")),
                 }
     else:
         rec["reason"] = out.reason
@@ -261,7 +282,7 @@ def error_stats(pairs: list[tuple[float, float]]) -> dict[str, Any]:
 def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     """ours / aic error stats for TTFT and TPOT over records where both sides have numbers."""
     out: dict[str, Any] = {}
-    for side in ("ours", "calibrated", "aic"):
+    for side in ("ours", "sweep", "calibrated", "aic"):
         out[side] = {}
         for metric in ("ttft", "tpot"):
             pairs = [(r[side][metric], r["silicon"][metric]) for r in records
@@ -288,9 +309,10 @@ def apply_profile(records: list[dict[str, Any]], profile: dict[str, Any]) -> Non
     from spica_pipeline.search import calibration
 
     for rec in records:
-        if not rec.get("ours"):
+        raw = rec.get("sweep") or {}
+        if not raw.get("ttft") or not raw.get("tpot"):
             continue
-        cal = calibration.calibrate({"mean_ttft_ms": rec["ours"]["ttft"], "mean_tpot_ms": rec["ours"]["tpot"]},
+        cal = calibration.calibrate({"mean_ttft_ms": raw["ttft"], "mean_tpot_ms": raw["tpot"]},
                                     profile, system=rec["system"], backend=rec["backend"],
                                     concurrency={p: calibration.engine_concurrency(rec, p) for p in ("ttft", "tpot")})
         rec["calibrated"] = {"ttft": cal.get("calibrated_mean_ttft_ms"), "tpot": cal.get("calibrated_mean_tpot_ms")}
@@ -362,8 +384,8 @@ def print_report(name: str, rep: dict[str, Any]) -> None:
           f"evaluated {rep['evaluated']}" + (f", buildable {rep['buildable']}" if rep.get("buildable") else "")
           + f", with a fidelity_note {rep['fidelity_notes']}")
     for metric in ("ttft", "tpot"):
-        print(f"   {metric.upper():4s} ours {_fmt(rep['ours'][metric])} | calibrated {_fmt(rep['calibrated'][metric])}"
-              f" | aic {_fmt(rep['aic'][metric])}")
+        print(f"   {metric.upper():4s} ours {_fmt(rep['ours'][metric])} | sweep {_fmt(rep['sweep'][metric])}"
+              f" | calibrated {_fmt(rep['calibrated'][metric])} | aic {_fmt(rep['aic'][metric])}")
     if rep.get("band_coverage"):
         print(f"   P10-P90 band coverage (nominal 80 %): " + ", ".join(
             f"{m.upper()} {100 * v['inside']:.0f}% of {v['rows']}" for m, v in rep["band_coverage"].items()))
@@ -450,7 +472,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             print(f"[{i}/{len(cases)}] {case.row.id} {rec['status']} {rec.get('reason', '')[:120]}", flush=True)
             continue
         rec = evaluate_case(evaluator, case, version, args.request_ratio, not args.no_aic, args.stability,
-                            client=args.client, client_gap_cycles=args.client_gap_cycles)
+                            client=args.client, client_gap_cycles=args.client_gap_cycles,
+                            with_sweep=not args.no_sweep)
         records.append(rec)
         ours = rec.get("ours") or {}
         print(f"[{i}/{len(cases)}] {case.row.id} c={case.row.concurrency} {rec['status']} "
@@ -463,7 +486,9 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
     if args.fit_calibration:
         from spica_pipeline.search import calibration
 
-        cal_records = [r for r in records if r["split"] == "calibration" and r.get("ours")]
+        # the profile maps what sweeps measure (the "sweep" replay) to silicon
+        cal_records = [{**r, "ours": r["sweep"]} for r in records
+                       if r["split"] == "calibration" and (r.get("sweep") or {}).get("ttft")]
         profile = calibration.fit(cal_records, fitted=time.strftime("%Y-%m-%d", time.gmtime()),
                                   source="bench/bench_fidelity.py " + " ".join(sys.argv[1:] if argv is None else argv))
         write_json(args.fit_calibration, profile)
@@ -543,6 +568,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help=f"requests per unit of concurrency (default {CLIENT_REQUEST_RATIO:g} for --client together, "
                          f"as AIC's genai-perf/bench_serving runners; {RAMP_REQUEST_RATIO:g} for ramp)")
     ap.add_argument("--no-aic", action="store_true", help="skip AIC's own estimate")
+    ap.add_argument("--no-sweep", action="store_true",
+                    help="skip the second replay of each row as sweeps measure it (ramp + steady-state window), "
+                         "which the calibration profile is fitted on and applied to")
     ap.add_argument("--stability", action="store_true",
                     help="also replay each row with twice the requests and report the change in mean TTFT/TPOT")
     ap.add_argument("--build-only", action="store_true",
