@@ -153,3 +153,16 @@ def test_unknown_client_start_is_a_candidate_error():
     req = EvalRequest(agg_sample(), SYNTH, THROUGHPUT, {"closed_loop_client": "burst"})
     with pytest.raises(CandidateBuildError, match="closed_loop_client"):
         build_replay_call(req, ReplaySettings(), FakeFacts(), {})
+
+
+def test_mtp_and_attention_dp_are_modelled_and_recorded():
+    """Issue 14 item 3: MTP nextn times the table and drives the replay's draft acceptance; attention-DP
+    ranks are independent replay schedulers (dp_size) with the identity of one rank; both recorded."""
+    facts = FakeFacts()
+    sample = agg_sample(model_name="deepseek-ai/DeepSeek-V3", tp=1, attention_dp=4, moe_tp=1, moe_ep=4,
+                        aic_nextn=2, replicas=1, used_gpus=4)
+    call, derived = build(sample, facts=facts)
+    eng = call.kwargs["extra_engine_args"]
+    assert eng["engine"]["aic_nextn"] == 2 and eng["dp_size"] == 4 and eng["tensor_parallel_size"] == 1
+    assert {(i.nextn, i.attention_dp, i.moe_ep) for i in facts.identities} == {(2, 4, 4)}
+    assert derived["agg_mtp_nextn"] == 2 and derived["agg_attention_dp_ranks"] == 4

@@ -353,8 +353,11 @@ def engine_config(sample: dict[str, Any], role: str, args: dict[str, Any], conte
     }
     if context:
         engine["max_model_len"] = int(context)
-    if args.get("aic_nextn"):
-        engine["aic_nextn"] = int(args["aic_nextn"])
+    if args.get("aic_nextn"):  # MTP: the table is timed with nextn draft layers; the replay accepts drafts
+        engine["aic_nextn"] = int(args["aic_nextn"])  # at ai-dynamo-runtime's default acceptance rates
+        derived[f"{role}_mtp_nextn"] = int(args["aic_nextn"])
+    if dp > 1:  # attention-DP ranks: independent schedulers with per-rank KV (replay dp_size)
+        derived[f"{role}_attention_dp_ranks"] = dp
     if backend == "sglang":
         engine["sglang"] = {"chunked_prefill_size": max(block_size, mnbt // block_size * block_size),
                             "max_prefill_tokens": mnbt}
