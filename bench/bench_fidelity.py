@@ -491,6 +491,14 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
                        if r["split"] == "calibration" and (r.get("sweep") or {}).get("ttft")]
         profile = calibration.fit(cal_records, fitted=time.strftime("%Y-%m-%d", time.gmtime()),
                                   source="bench/bench_fidelity.py " + " ".join(sys.argv[1:] if argv is None else argv))
+        profile["provenance"] = {
+            "split": "calibration", "models": sorted({r["model"] for r in cal_records}),
+            "replay": "the sweep measurement of each row (ramped closed-loop clients, steady-state window, "
+                      "search/measurement.py), i.e. what the profile corrects in a sweep",
+            "silicon_csv": "aiconfigurator_core/systems/silicon_sample.csv",
+            "aiconfigurator_core": _version("aiconfigurator-core"), "ai_dynamo_runtime": _version("ai-dynamo-runtime"),
+            "results": args.json,
+        }
         write_json(args.fit_calibration, profile)
         print(f"wrote calibration profile {args.fit_calibration} ({len(profile['rows_used'])} calibration rows)")
         lomo = leave_one_model_out(cal_records)
