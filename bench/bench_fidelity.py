@@ -353,6 +353,9 @@ def split_report(name: str, rows: list[silicon.SiliconRow], mapped: list, select
         "buildable": sum(1 for r in recs if r["status"] == "buildable") or None,
         "fidelity_notes": sum(1 for r in recs if r.get("fidelity_note")),
         **summarise(evaluated),
+        # the comparison: ours and AIC's own estimate on exactly the same rows
+        "same_rows_as_aic": {k: v for k, v in summarise([r for r in evaluated if r.get("aic")]).items()
+                             if k in ("ours", "calibrated", "aic")},
         "stability": stability_summary(evaluated),
         "band_coverage": band_coverage(evaluated),
         "inexpressible_reasons": dict(reasons.most_common()),
@@ -386,6 +389,11 @@ def print_report(name: str, rep: dict[str, Any]) -> None:
     for metric in ("ttft", "tpot"):
         print(f"   {metric.upper():4s} ours {_fmt(rep['ours'][metric])} | sweep {_fmt(rep['sweep'][metric])}"
               f" | calibrated {_fmt(rep['calibrated'][metric])} | aic {_fmt(rep['aic'][metric])}")
+    same = rep.get("same_rows_as_aic") or {}
+    if same and same["aic"]["ttft"].get("n"):
+        print(f"   on the {same['aic']['ttft']['n']} rows AIC also estimates: " + " | ".join(
+            f"{m.upper()} ours {_fmt(same['ours'][m])} calibrated {_fmt(same['calibrated'][m])} aic {_fmt(same['aic'][m])}"
+            for m in ("ttft", "tpot")))
     if rep.get("band_coverage"):
         print(f"   P10-P90 band coverage (nominal 80 %): " + ", ".join(
             f"{m.upper()} {100 * v['inside']:.0f}% of {v['rows']}" for m, v in rep["band_coverage"].items()))
