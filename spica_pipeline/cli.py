@@ -212,8 +212,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for line in merge.failure_summary():
         print(f"  {line}")
     t = result.timings
-    print(f"optimizer {t['optimizer_seconds']:.1f}s, replay {t['replay_seconds']:.1f}s, "
-          f"wall {t['wall_seconds']:.1f}s; outputs in {output_dir}/ (report.md, candidates.csv, ledger.parquet)")
+    print(f"optimizer {t.optimizer_seconds:.1f}s, replay {t.replay_seconds:.1f}s, "
+          f"wall {t.wall_seconds:.1f}s; outputs in {output_dir}/ (report.md, candidates.csv, ledger.parquet)")
     if not merge.candidates:
         print("no feasible candidate found (check backends / SLA / gpu_budget / replay errors)", file=sys.stderr)
         for line in merge.failure_summary():

@@ -27,3 +27,8 @@ class SweepConfig(StrictModel):
     def per_round(self) -> int:
         """Unique successful replays wanted per round."""
         return self.candidates_per_round if self.candidates_per_round is not None else self.parallel_evals
+
+    @property
+    def eval_workers(self) -> int:
+        """Candidates evaluated at once: parallel_evals, never more than a round asks for."""
+        return max(1, min(self.parallel_evals, self.per_round))

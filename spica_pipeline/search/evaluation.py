@@ -90,8 +90,9 @@ class Evaluator(Protocol):
     def evaluate(self, request: EvalRequest) -> EvalOutcome: ...
 
 
-def finite_or_none(x: float | None) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)
+def is_finite_number(x: Any) -> bool:
+    """A real number that is neither NaN nor infinite (None, strings and bools are not)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def json_safe(value: Any) -> Any:
