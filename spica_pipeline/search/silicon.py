@@ -1,0 +1,307 @@
+"""Silicon measurements (aiconfigurator-core's `systems/silicon_sample.csv`) as evaluator cases.
+
+Each CSV row is one real benchmark: a model at a precision on a system and backend, agg or disagg,
+a parallel shape, fixed ISL/OSL, a closed loop at a fixed concurrency, and the measured mean TTFT
+and TPOT. This module turns a row into what our evaluator can express (an AIC model id, a flat
+sample pinned to the row, a synthetic closed-loop workload) or says, in one short reason, why it
+cannot. Pure: the caller reads the file and passes what AIC ships (models, perf databases).
+
+The split rule is binding (issue 14): anything fitted or tuned may use only rows of
+`CALIBRATION_MODELS` (by the row's own model name); every other row is held out, reported only.
+"""
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+CALIBRATION_MODELS = frozenset({
+    "Qwen/Qwen3-32B",
+    "meta-llama/Llama-3.1-70B",
+    "meta-llama/Llama-3.1-8B-Instruct",
+    "nvidia/Llama-3.1-8B-Instruct-FP8",
+    "MiniMaxAI/MiniMax-M2.5",
+    "Qwen/Qwen3-235B-A22B-FP8",
+    "deepseek-ai/DeepSeek-R1",
+    "deepseek-ai/DeepSeek-V3",
+})
+SPLITS = ("calibration", "heldout")
+BENCH_BACKENDS = ("vllm", "sglang")  # issue 14 item 1 scope; trtllm rows are counted, not replayed
+
+# (silicon model name, precision family) -> the AIC checkpoint whose native quantization is that
+# family. AIC picks GEMM/MoE/KV quantization from the checkpoint, so the checkpoint *is* the
+# precision choice until the evaluator takes an explicit precision (issue 14 item 3).
+CHECKPOINTS: dict[tuple[str, str], str] = {
+    ("Qwen/Qwen3-32B", "bf16"): "Qwen/Qwen3-32B",
+    ("Qwen/Qwen3-32B", "fp8"): "Qwen/Qwen3-32B-FP8",
+    ("meta-llama/Llama-3.1-70B", "bf16"): "meta-llama/Meta-Llama-3.1-70B",
+    ("meta-llama/Llama-3.1-70B", "fp8"): "nvidia/Llama-3.1-70B-Instruct-FP8",
+    ("meta-llama/Llama-3.1-8B-Instruct", "bf16"): "meta-llama/Meta-Llama-3.1-8B",
+    ("MiniMaxAI/MiniMax-M2.5", "fp8"): "MiniMaxAI/MiniMax-M2.5",
+    ("MiniMaxAI/MiniMax-M2.5", "fp4"): "nvidia/MiniMax-M2.5-NVFP4",
+    ("Qwen/Qwen3-235B-A22B-FP8", "fp8"): "Qwen/Qwen3-235B-A22B-FP8",
+    ("deepseek-ai/DeepSeek-R1", "fp8"): "deepseek-ai/DeepSeek-R1",
+    ("deepseek-ai/DeepSeek-V3", "fp8"): "deepseek-ai/DeepSeek-V3",
+    ("openai/gpt-oss-120b", "fp4"): "openai/gpt-oss-120b",  # published only as MXFP4 MoE weights
+    ("Qwen/Qwen3.5-397B-A17B", "bf16"): "Qwen/Qwen3.5-397B-A17B",
+    ("Qwen/Qwen3.5-397B-A17B", "fp4"): "nvidia/Qwen3.5-397B-A17B-NVFP4",
+    ("moonshotai/Kimi-K2.5", "int4"): "moonshotai/Kimi-K2.5",  # native INT4 weight-only MoE
+    ("moonshotai/Kimi-K2.5", "fp4"): "nvidia/Kimi-K2.5-NVFP4",
+    ("zhipuai/GLM-5", "bf16"): "zai-org/GLM-5",
+    ("zhipuai/GLM-5", "fp8"): "zai-org/GLM-5-FP8",
+    ("zhipuai/GLM-5", "fp4"): "nvidia/GLM-5-NVFP4",
+    ("nvidia/DeepSeek-V3.1-NVFP4", "fp4"): "nvidia/DeepSeek-V3.1-NVFP4",
+}
+
+_SHAPE = ("tp", "pp", "attention_dp", "moe_tp", "moe_ep")
+_CSV_SHAPE = {"tp": "tp_size", "pp": "pp_size", "attention_dp": "attention_dp_size",
+              "moe_tp": "moe_tp_size", "moe_ep": "moe_ep_size"}
+
+
+def precision_family(precision: str, gemm_quant_mode: str = "") -> str:
+    """The row's precision column as a family: '' (unquantized) is bf16."""
+    p = (precision or "").strip().lower()
+    if p in ("", "bf16", "fp16", "half"):
+        return "bf16"
+    return p
+
+
+def split_of(model: str) -> str:
+    return "calibration" if model in CALIBRATION_MODELS else "heldout"
+
+
+@dataclass(frozen=True)
+class Role:
+    """One role's engine shape and pool size as the row states it (None = not stated)."""
+
+    tp: int | None
+    pp: int | None
+    attention_dp: int | None
+    moe_tp: int | None
+    moe_ep: int | None
+    workers: int | None
+    batch_size: int | None
+
+
+@dataclass(frozen=True)
+class SiliconRow:
+    """One measured row, parsed; measurements in ms."""
+
+    id: str
+    line: int
+    source: str
+    backend: str
+    backend_version: str
+    model: str
+    system: str
+    precision: str
+    mode: str
+    isl: int | None
+    osl: int | None
+    concurrency: int | None
+    agg: Role
+    prefill: Role
+    decode: Role
+    ttft_ms: float | None
+    tpot_ms: float | None
+
+    @property
+    def split(self) -> str:
+        return split_of(self.model)
+
+    def role(self, name: str) -> Role:
+        return getattr(self, name)
+
+
+def _int(value: Any) -> int | None:
+    text = str(value if value is not None else "").strip()
+    if not text or text.lower() in ("none", "nan"):
+        return None
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    if not math.isfinite(number) or number != int(number):
+        return None
+    return int(number)
+
+
+def _float(value: Any) -> float | None:
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _concurrency(row: Mapping[str, str]) -> int | None:
+    """`silicon_concurrency=N` in the source column, else `_c<N>_` in the id."""
+    found = re.search(r"silicon_concurrency=(\d+)", row.get("silicon_data_source") or "")
+    if found is None:
+        found = re.search(r"_c(\d+)(?:_|$)", row.get("id") or "")
+    return int(found.group(1)) if found else None
+
+
+def _role(row: Mapping[str, str], prefix: str) -> Role:
+    values = {k: _int(row.get(f"{prefix}{col}")) for k, col in _CSV_SHAPE.items()}
+    return Role(**values, workers=_int(row.get(f"{prefix}num_workers")),
+                batch_size=_int(row.get(f"{prefix}batch_size")))
+
+
+def parse_rows(rows: Iterable[Mapping[str, str]]) -> list[SiliconRow]:
+    """csv.DictReader rows -> SiliconRow (line = the file line, header is line 1)."""
+    out = []
+    for i, row in enumerate(rows):
+        out.append(SiliconRow(
+            id=row.get("id") or f"line{i + 2}", line=i + 2, source=row.get("silicon_data_source") or "",
+            backend=(row.get("backend") or "").strip(), backend_version=(row.get("backend_version") or "").strip(),
+            model=(row.get("model_path") or "").strip(), system=(row.get("system") or "").strip(),
+            precision=precision_family(row.get("precision") or "", row.get("gemm_quant_mode") or ""),
+            mode=(row.get("mode") or "").strip(), isl=_int(row.get("isl")), osl=_int(row.get("osl")),
+            concurrency=_concurrency(row), agg=_role(row, ""), prefill=_role(row, "prefill_"),
+            decode=_role(row, "decode_"), ttft_ms=_float(row.get("silicon_ttft_ms")),
+            tpot_ms=_float(row.get("silicon_tpot_ms")),
+        ))
+    return out
+
+
+@dataclass(frozen=True)
+class Shape:
+    tp: int
+    pp: int
+    attention_dp: int
+    moe_tp: int
+    moe_ep: int
+    workers: int
+    max_num_seqs: int
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.attention_dp * self.workers
+
+
+@dataclass(frozen=True)
+class SiliconCase:
+    """A row the evaluator can express, with everything pinned to it."""
+
+    row: SiliconRow
+    aic_model: str
+    roles: dict[str, Shape]
+
+    @property
+    def split(self) -> str:
+        return self.row.split
+
+    @property
+    def used_gpus(self) -> int:
+        return sum(s.gpus for s in self.roles.values())
+
+    def sample(self, backend_version: str, *, max_num_batched_tokens: int = 8192, block_size: int = 64,
+               memory_fraction: float = 0.9) -> dict[str, Any]:
+        """The flat candidate sample (spec §5) for this row: round robin, static pools, no planner."""
+        r = self.row
+        s: dict[str, Any] = {
+            "deployment_mode": r.mode, "backend": r.backend, "backend_version": backend_version,
+            "model_name": self.aic_model, "hardware_sku": r.system, "gpu_budget": self.used_gpus,
+            "used_gpus": self.used_gpus, "min_gpu_budget": None, "min_endpoint": None, "context_length": None,
+            "startup_time": None, "aic_nextn": None, "num_g2_blocks": 0, "kv_bytes_per_token": None,
+            "bandwidth_g1_to_g2_gbps": None, "bandwidth_g2_to_g1_gbps": None, "offload_batch_size": None,
+            "router_mode": "round_robin", "planner_scaling_policy": "disabled",
+            "enable_throughput_scaling": False, "enable_load_scaling": False,
+        }
+        for role, shape in self.roles.items():
+            p = "" if role == "agg" else f"{role}_"
+            for k in _SHAPE:
+                s[f"{p}{k}"] = getattr(shape, k)
+            s["replicas" if role == "agg" else f"{role}_replicas"] = shape.workers
+            # a prefill pass must hold one whole prompt: never chunk below the row's ISL
+            mnbt = max_num_batched_tokens if role != "prefill" else max(max_num_batched_tokens, r.isl or 0)
+            s[f"{role}_max_num_batched_tokens"] = mnbt
+            s[f"{role}_max_num_seqs"] = shape.max_num_seqs
+            s[f"{role}_block_size"] = block_size
+            s[f"{role}_gpu_memory_utilization"] = memory_fraction
+            s[f"{role}_enable_prefix_caching"] = role != "decode"
+        return s
+
+    def workload(self, num_request_ratio: float) -> dict[str, Any]:
+        """A synthetic closed loop at the row's concurrency and ISL/OSL."""
+        return {"isl": self.row.isl, "osl": self.row.osl, "concurrency": self.row.concurrency,
+                "num_request_ratio": num_request_ratio}
+
+
+@dataclass(frozen=True)
+class Inexpressible:
+    row: SiliconRow
+    reason: str
+
+
+def _resolve_shape(role: Role, *, moe: bool, default_workers: int | None, concurrency: int,
+                   name: str) -> Shape | str:
+    """A complete shape, or the reason it is not one. MoE widths are inferred as AIC does."""
+    tp, pp, dp = role.tp or None, role.pp or 1, role.attention_dp or 1
+    if tp is None:
+        return f"{name} tp_size missing"
+    workers = role.workers if role.workers else default_workers
+    if not workers:
+        return f"{name} worker count missing"
+    moe_tp, moe_ep = 1, 1
+    if moe:
+        width = tp * dp
+        mt, me = role.moe_tp or None, role.moe_ep or None
+        if mt is None and me is None:
+            return f"{name} MoE shape missing (moe_tp_size and moe_ep_size)"
+        if mt is None:
+            mt = width // me if width % me == 0 else None
+        if me is None and mt is not None:
+            me = width // mt if width % mt == 0 else None
+        if mt is None or me is None or mt * me != width:
+            return f"{name} MoE shape moe_tp={role.moe_tp} x moe_ep={role.moe_ep} does not match tp x dp = {width}"
+        moe_tp, moe_ep = mt, me
+    # engines cap running requests per attention-DP rank, and the row's batch size is per rank
+    # (agg: batch x attention_dp == concurrency on every row that states both); a prefill
+    # worker's batch is AIC's prefill-pass batch, not a cap on queued prompts
+    per_rank_load = max(1, math.ceil(concurrency / (workers * dp)))
+    seqs = role.batch_size if (role.batch_size and name != "prefill") else per_rank_load
+    return Shape(tp, pp, dp, moe_tp, moe_ep, workers, seqs)
+
+
+def map_row(row: SiliconRow, *, models: Iterable[str], databases: Mapping[str, Mapping[str, Any]],
+            is_moe: Callable[[str], bool], backends: Iterable[str] = BENCH_BACKENDS) -> SiliconCase | Inexpressible:
+    """Map one row to a case, or explain (one line) why the evaluator cannot express it.
+
+    models: AIC's shipped model ids; databases: {system: {backend: [versions]}} with perf data;
+    is_moe: whether an AIC model id is MoE (its MoE shape then has to be complete).
+    """
+    if row.backend not in tuple(backends):
+        return Inexpressible(row, f"backend {row.backend or '?'} is outside the bench scope ({', '.join(backends)})")
+    if row.mode not in ("agg", "disagg"):
+        return Inexpressible(row, f"mode {row.mode!r} is neither agg nor disagg")
+    if not databases.get(row.system, {}).get(row.backend):
+        return Inexpressible(row, f"no AIC perf database for {row.backend} on {row.system}")
+    aic_model = CHECKPOINTS.get((row.model, row.precision))
+    if aic_model is None:  # never a checkpoint at another precision: that would measure something else
+        return Inexpressible(row, f"no AIC checkpoint for {row.model} at {row.precision}")
+    if aic_model not in set(models):
+        return Inexpressible(row, f"AIC does not ship {aic_model}")
+    if not row.isl or not row.osl:
+        return Inexpressible(row, "ISL/OSL missing")
+    if not row.concurrency:
+        return Inexpressible(row, "concurrency missing")
+    if row.ttft_ms is None or row.tpot_ms is None or row.ttft_ms <= 0 or row.tpot_ms <= 0:
+        return Inexpressible(row, "silicon TTFT/TPOT missing")
+    moe = is_moe(aic_model)
+    roles: dict[str, Shape] = {}
+    names = ("agg",) if row.mode == "agg" else ("prefill", "decode")
+    for name in names:
+        shape = _resolve_shape(row.role(name), moe=moe, default_workers=1 if name == "agg" else None,
+                               concurrency=row.concurrency, name=name)
+        if isinstance(shape, str):
+            return Inexpressible(row, shape)
+        roles[name] = shape
+    return SiliconCase(row, aic_model, roles)
+
+
+def reason_kind(reason: str) -> str:
+    """The reason without row-specific numbers, for counting."""
+    return re.sub(r"\d+", "N", reason)

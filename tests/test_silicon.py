@@ -1,0 +1,136 @@
+"""Silicon rows -> evaluator cases: names, precisions, the binding split, shapes, reasons."""
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from spica_pipeline.search import silicon
+
+MODELS = {"Qwen/Qwen3-32B", "Qwen/Qwen3-32B-FP8", "nvidia/Llama-3.1-70B-Instruct-FP8",
+          "meta-llama/Meta-Llama-3.1-70B", "zai-org/GLM-5-FP8", "nvidia/GLM-5-NVFP4", "deepseek-ai/DeepSeek-R1",
+          "Qwen/Qwen3.5-397B-A17B"}
+DBS = {"h200_sxm": {"vllm": ["0.24.0"], "sglang": ["0.5.16"]}, "b200_sxm": {"vllm": ["0.24.0"]}}
+MOE = {"zai-org/GLM-5-FP8", "nvidia/GLM-5-NVFP4", "deepseek-ai/DeepSeek-R1", "Qwen/Qwen3.5-397B-A17B"}
+
+
+def raw(**over):
+    row = {"id": "r1", "silicon_data_source": "x; silicon_concurrency=16; y", "backend": "vllm",
+           "backend_version": "0.19.0", "model_path": "meta-llama/Llama-3.1-70B", "system": "h200_sxm",
+           "precision": "fp8", "mode": "agg", "isl": "1024", "osl": "1024", "gemm_quant_mode": "fp8",
+           "moe_quant_mode": "fp8", "batch_size": "16", "tp_size": "4", "pp_size": "1", "attention_dp_size": "1",
+           "moe_tp_size": "4", "moe_ep_size": "1", "silicon_ttft_ms": "120.5", "silicon_tpot_ms": "12.25"}
+    row.update(over)
+    return row
+
+
+def mapped(**over):
+    (row,) = silicon.parse_rows([raw(**over)])
+    return silicon.map_row(row, models=MODELS, databases=DBS, is_moe=lambda m: m in MOE)
+
+
+def test_llama_70b_fp8_maps_to_the_fp8_checkpoint_dense_shape():
+    case = mapped()
+    assert isinstance(case, silicon.SiliconCase)
+    assert case.aic_model == "nvidia/Llama-3.1-70B-Instruct-FP8"
+    agg = case.roles["agg"]
+    # a dense model ignores the row's moe_tp (= tp) and runs one TP4 engine
+    assert (agg.tp, agg.pp, agg.attention_dp, agg.moe_tp, agg.moe_ep, agg.workers) == (4, 1, 1, 1, 1, 1)
+    assert case.row.concurrency == 16 and case.used_gpus == 4
+    s = case.sample("0.24.0")
+    assert s["model_name"] == "nvidia/Llama-3.1-70B-Instruct-FP8" and s["replicas"] == 1
+    assert s["router_mode"] == "round_robin" and s["agg_max_num_batched_tokens"] == 8192
+    assert case.workload(6) == {"isl": 1024, "osl": 1024, "concurrency": 16, "num_request_ratio": 6}
+
+
+@pytest.mark.parametrize("model,precision,expected", [
+    ("Qwen/Qwen3-32B", "", "Qwen/Qwen3-32B"),
+    ("Qwen/Qwen3-32B", "bf16", "Qwen/Qwen3-32B"),
+    ("Qwen/Qwen3-32B", "fp8", "Qwen/Qwen3-32B-FP8"),
+    ("meta-llama/Llama-3.1-70B", "", "meta-llama/Meta-Llama-3.1-70B"),
+    ("zhipuai/GLM-5", "fp8", "zai-org/GLM-5-FP8"),
+    ("zhipuai/GLM-5", "fp4", "nvidia/GLM-5-NVFP4"),
+])
+def test_names_and_precisions(model, precision, expected):
+    over = {"model_path": model, "precision": precision}
+    if expected in MOE:
+        over.update(tp_size="8", moe_tp_size="1", moe_ep_size="8")
+    case = mapped(**over)
+    assert isinstance(case, silicon.SiliconCase), case
+    assert case.aic_model == expected
+
+
+def test_a_precision_without_a_checkpoint_is_never_substituted():
+    out = mapped(precision="fp4", gemm_quant_mode="nvfp4")
+    assert isinstance(out, silicon.Inexpressible)
+    assert out.reason == "no AIC checkpoint for meta-llama/Llama-3.1-70B at fp4"
+    # Qwen3.5 ships at bf16 in AIC: an fp8 row must not silently use it
+    out = mapped(model_path="Qwen/Qwen3.5-397B-A17B", precision="fp8")
+    assert isinstance(out, silicon.Inexpressible) and "at fp8" in out.reason
+
+
+def test_split_is_by_the_rows_own_model_name():
+    assert silicon.split_of("meta-llama/Llama-3.1-70B") == "calibration"
+    assert silicon.split_of("nvidia/Llama-3.1-8B-Instruct-FP8") == "calibration"
+    assert silicon.split_of("deepseek-ai/DeepSeek-V3") == "calibration"
+    assert silicon.split_of("zhipuai/GLM-5") == "heldout"
+    assert silicon.split_of("Qwen/Qwen3.5-397B-A17B") == "heldout"
+    assert silicon.split_of("openai/gpt-oss-120b") == "heldout"
+    assert mapped(model_path="zhipuai/GLM-5", tp_size="8", moe_tp_size="1", moe_ep_size="8").split == "heldout"
+
+
+@pytest.mark.parametrize("over,reason", [
+    ({"backend": "trtllm"}, "backend trtllm is outside the bench scope (vllm, sglang)"),
+    ({"system": "gb300"}, "no AIC perf database for vllm on gb300"),
+    ({"backend": "sglang", "system": "b200_sxm"}, "no AIC perf database for sglang on b200_sxm"),
+    ({"silicon_data_source": "x", "id": "no_conc"}, "concurrency missing"),
+    ({"silicon_ttft_ms": ""}, "silicon TTFT/TPOT missing"),
+])
+def test_inexpressible_reasons(over, reason):
+    out = mapped(**over)
+    assert isinstance(out, silicon.Inexpressible) and out.reason == reason
+
+
+def test_concurrency_from_the_id_when_the_source_lacks_it():
+    (row,) = silicon.parse_rows([raw(silicon_data_source="x", id="m_agg_1024x1024_c64_tp4")])
+    assert row.concurrency == 64
+
+
+def test_moe_shape_is_inferred_or_rejected_like_aic():
+    glm = {"model_path": "zhipuai/GLM-5", "precision": "fp8", "tp_size": "8"}
+    case = mapped(**glm, moe_tp_size="", moe_ep_size="8")
+    assert (case.roles["agg"].moe_tp, case.roles["agg"].moe_ep) == (1, 8)
+    out = mapped(**glm, moe_tp_size="2", moe_ep_size="8")
+    assert isinstance(out, silicon.Inexpressible) and "does not match tp x dp = 8" in out.reason
+
+
+def test_disagg_roles_and_worker_counts():
+    over = {"mode": "disagg", "model_path": "Qwen/Qwen3-32B", "precision": "", "tp_size": "", "moe_tp_size": "",
+            "batch_size": "", "silicon_data_source": "silicon_concurrency=64", "backend": "sglang",
+            "prefill_num_workers": "2", "prefill_tp_size": "2", "prefill_pp_size": "1", "prefill_batch_size": "1",
+            "decode_num_workers": "1", "decode_tp_size": "4", "decode_pp_size": "1", "decode_batch_size": "64"}
+    case = mapped(**over)
+    assert isinstance(case, silicon.SiliconCase), case
+    assert case.roles["prefill"].workers == 2 and case.roles["decode"].tp == 4
+    assert case.used_gpus == 8
+    s = case.sample("0.5.16")
+    assert s["prefill_replicas"] == 2 and s["decode_replicas"] == 1 and s["decode_max_num_seqs"] == 64
+    out = mapped(**{**over, "prefill_num_workers": ""})
+    assert isinstance(out, silicon.Inexpressible) and out.reason == "prefill worker count missing"
+
+
+def test_every_shipped_row_is_classified():
+    """The real CSV from the installed aiconfigurator-core: each row is a case or has a reason."""
+    import aiconfigurator_core
+
+    path = Path(aiconfigurator_core.__file__).resolve().parent / "systems" / "silicon_sample.csv"
+    with open(path, newline="") as fh:
+        rows = silicon.parse_rows(csv.DictReader(fh))
+    assert len(rows) > 5000
+    models = set(silicon.CHECKPOINTS.values())
+    dbs = {r.system: {"vllm": ["x"], "sglang": ["x"]} for r in rows}
+    out = [silicon.map_row(r, models=models, databases=dbs, is_moe=lambda m: False) for r in rows]
+    cases = [o for o in out if isinstance(o, silicon.SiliconCase)]
+    assert cases and all(o.reason for o in out if isinstance(o, silicon.Inexpressible))
+    assert {c.split for c in cases} == {"calibration", "heldout"}
+    assert {r.model for r in rows} >= silicon.CALIBRATION_MODELS
