@@ -24,7 +24,6 @@ from spica_pipeline.search.branch_plan import (
     branch_seed,
     candidate_builder,
     exhaustive_points,
-    objective_names,
     plan_branch,
     scorer,
     study_metrics,
@@ -375,7 +374,7 @@ def goal_summary(config: SmartSearchConfig) -> dict[str, Any]:
     goal = config.goal
     return {
         "target": goal.target.value,
-        "objectives": objective_names(goal),
+        "objectives": goal.objective_names(),
         "sla": goal.sla.model_dump(exclude_none=True) if goal.sla else None,
         "gpu_budget": config.search_space.gpu_budget,
         "model": config.search_space.model_name,

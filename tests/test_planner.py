@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from spica_pipeline.search.planner import EngineModel, build_scaling_policy, planner_target
+from spica_pipeline.search.planner import EngineModel, build_scaling_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 SLA_GOAL = {"target": "goodput", "sla": {"ttft_ms": 500.0, "itl_ms": 50.0}}
@@ -54,10 +54,15 @@ def test_static_candidates_get_no_policy():
     assert build_scaling_policy(agg_sample(), SLA_GOAL, {}) is not None
 
 
-def test_planner_target_mapping():
-    assert planner_target({"target": "goodput_per_gpu"}) == "sla"
-    assert planner_target({"target": "e2e_latency"}) == "latency"
-    assert planner_target({"target": "pareto"}) == "throughput"
+def test_the_policy_takes_its_target_and_sla_from_the_goal():
+    sla = build_scaling_policy(agg_sample(), SLA_GOAL, {})
+    assert (sla.target, sla.sla_ttft_ms, sla.sla_itl_ms) == ("sla", 500.0, 50.0)
+    tput = build_scaling_policy(agg_sample(), TPUT_GOAL, {})
+    assert (tput.target, tput.sla_ttft_ms, tput.sla_itl_ms) == ("throughput", None, None)
+    min_gpus = {"target": "min_gpus", "sla": {"ttft_ms": 400.0, "itl_ms": 40.0}, "load": {"request_rate": 10}}
+    assert build_scaling_policy(agg_sample(), min_gpus, {}).target == "sla"  # as its deployed planner runs
+    latency = build_scaling_policy(agg_sample(), {"target": "e2e_latency", "sla": {"ttft_ms": 400.0}}, {})
+    assert (latency.target, latency.sla_ttft_ms) == ("latency", None)  # the SLA steers only an sla planner
 
 
 def test_load_scaling_up_on_sla_violation_then_down_after_calm_observations():

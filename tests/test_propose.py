@@ -78,3 +78,9 @@ def test_a_searched_kv_load_ratio_reaches_the_sample_and_the_spec_hash():
     high = build({**selection, "kv_load_ratio": 0.75}, RoleShape(tp=2))
     assert low.sample["kv_load_ratio"] == 0.25 and high.sample["kv_load_ratio"] == 0.75
     assert low.spec_hash != high.spec_hash
+    # the request carries the goal typed (the config's own), hashed as its JSON dump
+    assert low.goal is config.goal and low.to_dict()["goal"] == config.goal.model_dump(mode="json")
+    from spica_pipeline.search.evaluation import EvalRequest
+
+    as_dict = EvalRequest(low.sample, low.workload, config.goal.model_dump(mode="json"), low.context)
+    assert as_dict.goal == config.goal and as_dict.spec_hash == low.spec_hash

@@ -6,6 +6,7 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
+from spica_pipeline.config.goal import Target
 from spica_pipeline.search import scoring
 from spica_pipeline.search.scoring import Candidate
 
@@ -138,7 +139,7 @@ def describe_candidate(
             parts.append(f"{k} {cfg[k]:g}" if isinstance(cfg[k], float) else f"{k} {cfg[k]}")
     if not with_value:
         return ", ".join(parts)
-    names = list(objectives or c.objectives or []) if target == scoring.PARETO else [target]
+    names = list(objectives or c.objectives or []) if target == Target.PARETO else [target]
     values = ", ".join(fmt_value(goal_value(c, n), n) + ("" if len(names) == 1 else f" ({n})") for n in names)
     return f"{', '.join(parts)}: {values}"
 

@@ -18,12 +18,13 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from spica_pipeline.config.goal import OptimizationGoal
 from spica_pipeline.errors import InfeasibleKVCapacity
+from spica_pipeline.search import scoring
 from spica_pipeline.search.deploy import (
     DeploymentPlan,
     active_roles,
     build_deployment_plan,
-    planner_target_for,
     role_replicas,
     role_shape,
 )
@@ -32,8 +33,6 @@ from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest
 os.environ.setdefault("DYN_LOG", "warn")  # the KV router logs one INFO line per routing decision
 
 DEFAULT_ROUTER_REPEATS = 3
-_GOODPUT_TARGETS = ("goodput", "goodput_per_gpu")
-_GOODPUT_KEY = "goodput_output_throughput_tok_s"
 
 
 class CandidateBuildError(Exception):
@@ -76,14 +75,6 @@ def _workload_model(workload: dict[str, Any]):
     from spica_pipeline.config.workload import Workload
 
     return Workload.model_validate(workload)
-
-
-def _goal_objectives(goal: dict[str, Any]) -> list[str]:
-    target = str(goal.get("target") or "throughput")
-    if target == "pareto":
-        objectives = goal.get("pareto_objectives") or ["throughput_per_gpu", "throughput_per_user"]
-        return [str(o) for o in objectives]
-    return [target]
 
 
 def _numeric(value: Any) -> float | None:
@@ -175,13 +166,10 @@ class ReplayEvaluator(dg.ConfigurableResource):
         outcome = EvalOutcome("feasible", report=report, spread=spread, derived=derived,
                               replay_seconds=replay_seconds, repeats=len(summaries))
 
-        active_goodput = sorted(o for o in _goal_objectives(request.goal) if o in _GOODPUT_TARGETS)
-        if active_goodput and _numeric(report.get(_GOODPUT_KEY)) is None:
-            outcome.status = "failed"
-            outcome.reason = (
-                f"goal {active_goodput} needs '{_GOODPUT_KEY}' but the replay report lacks it; "
-                "install a replay version with per-request SLA accounting"
-            )
+        try:
+            scoring.require_goodput(OptimizationGoal.model_validate(request.goal or {}).objectives(), report)
+        except RuntimeError as exc:
+            outcome.status, outcome.reason = "failed", str(exc)
             return outcome
 
         sample = request.sample
@@ -204,7 +192,7 @@ class ReplayEvaluator(dg.ConfigurableResource):
 
         derived = {} if derived is None else derived
         sample = dict(request.sample)
-        goal = request.goal or {}
+        goal = OptimizationGoal.model_validate(request.goal or {})
         workload = _workload_model(request.workload)
         if not sample.get("backend_version"):
             from spica_pipeline.search.model_hw import latest_backend_version
@@ -225,9 +213,8 @@ class ReplayEvaluator(dg.ConfigurableResource):
             derived["concurrency"] = workload.concurrency
 
         # 2. plan (spec §7.2-7.3)
-        sla = goal.get("sla")
-        plan = build_deployment_plan(sample, planner_target=planner_target_for(goal.get("target") or "throughput"),
-                                     sla=sla)
+        sla = goal.sla.model_dump(mode="json") if goal.sla is not None else None
+        plan = build_deployment_plan(sample, planner_target=goal.planner_target, sla=sla)
 
         # 3. model context and trace checks, before any replay
         context = sample.get("context_length") or timing.model_context_length(sample["model_name"])

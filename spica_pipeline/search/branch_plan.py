@@ -150,7 +150,7 @@ def candidate_builder(config: SmartSearchConfig, load_predictor: "LoadPredictorR
     """Main-process candidate build: unroll, resolve the perf-DB version, attach `context` (what,
     besides the sample, changes a replay's result: `sweep.evaluation_context`)."""
     workload = config.workload.model_dump(mode="json")
-    goal = config.goal.model_dump(mode="json")
+    goal = config.goal
     repeats = config.sweep.router_repeats
 
     def build(selection: dict[str, Any], parallel_config: ParallelConfig) -> EvalRequest:
@@ -166,20 +166,16 @@ def candidate_builder(config: SmartSearchConfig, load_predictor: "LoadPredictorR
     return build
 
 
-def objective_names(goal: OptimizationGoal) -> list[str]:
-    return [t.value for t in goal.objectives()]
-
-
 def study_metrics(goal: OptimizationGoal) -> list[tuple[str, str]]:
     """What the optimizer study maximises or minimises: the Pareto objectives, or the signed score."""
     if goal.is_pareto:
-        return [(name, target_direction(name)) for name in objective_names(goal)]
+        return [(name, target_direction(name)) for name in goal.objective_names()]
     return [("objective", "max")]  # the scorer pre-signs the score
 
 
 def scorer(goal: OptimizationGoal) -> Callable[[EvalOutcome], Scored]:
     """Turn a feasible report into the score, objectives and what the optimizer is told."""
-    names = objective_names(goal)
+    names = goal.objective_names()
     sla = goal.sla.model_dump(exclude_none=True) if goal.sla else None
 
     def score(outcome: EvalOutcome) -> Scored:
@@ -202,5 +198,5 @@ def scorer(goal: OptimizationGoal) -> Callable[[EvalOutcome], Scored]:
 
 __all__ = [
     "BranchPlan", "StudySampler", "SuggestingStudy", "branch_seed", "candidate_builder", "exhaustive_points",
-    "finite_points", "objective_names", "plan_branch", "propose", "scorer", "study_metrics", "study_settings",
+    "finite_points", "plan_branch", "propose", "scorer", "study_metrics", "study_settings",
 ]

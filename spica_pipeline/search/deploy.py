@@ -24,22 +24,6 @@ ROUTER_FIELDS = (
     "router_temperature",
 )
 
-_PLANNER_TARGET = {
-    "goodput": "sla", "goodput_per_gpu": "sla", "min_gpus": "sla",
-    "throughput": "throughput", "throughput_per_gpu": "throughput", "throughput_per_user": "throughput",
-    "pareto": "throughput",
-    "e2e_latency": "latency",
-}
-
-
-def planner_target_for(goal_target: str) -> str:
-    """The planner optimisation target a goal target implies (spec §1 stage 2 table)."""
-    try:
-        return _PLANNER_TARGET[str(goal_target)]
-    except KeyError:
-        raise ValueError(f"unknown optimization target {goal_target!r}") from None
-
-
 @dataclass(frozen=True)
 class DeploymentPlan:
     deployment_mode: str

@@ -8,7 +8,9 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Mapping, Protocol
+
+from spica_pipeline.config.goal import OptimizationGoal
 
 Status = Literal["feasible", "infeasible", "failed", "timed_out"]
 
@@ -37,18 +39,26 @@ class EvalRequest:
     """One candidate to evaluate.
 
     sample: the flat unrolled sample (spec §5) plus `backend_version`; JSON-able.
-    workload / goal: `model_dump(mode="json")` of the validated config sections.
+    workload: `model_dump(mode="json")` of the validated workload section.
+    goal: the validated `OptimizationGoal`, the one source of the goal rules downstream (a plain
+        dict, as tests and old callers pass it, is validated once here); hashed as its JSON dump.
     context: anything else that changes the result (load-predictor result, evaluator fidelity
         version, router repeats); part of the hash.
     """
 
     sample: dict[str, Any]
     workload: dict[str, Any]
-    goal: dict[str, Any]
+    goal: OptimizationGoal
     context: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.goal, OptimizationGoal):
+            goal: Mapping[str, Any] | None = self.goal
+            object.__setattr__(self, "goal", OptimizationGoal.model_validate(goal or {}))
+
     def to_dict(self) -> dict[str, Any]:
-        return {"sample": self.sample, "workload": self.workload, "goal": self.goal, "context": self.context}
+        return {"sample": self.sample, "workload": self.workload, "goal": self.goal.model_dump(mode="json"),
+                "context": self.context}
 
     @property
     def spec_hash(self) -> str:
