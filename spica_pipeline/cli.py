@@ -288,6 +288,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from spica_pipeline.config.sweep import ALGORITHMS
+
     parser = argparse.ArgumentParser(prog="spica", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -306,8 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--output-dir", help="where results and the journal go (default runs/<config name>)")
     sweep.add_argument("--seed", type=int, help="override sweep.seed")
     sweep.add_argument("--policy", choices=["rapid", "thorough"], help="override sweep.policy")
-    sweep.add_argument("--algorithm", help="override sweep.algorithm (DEFAULT, GAUSSIAN_PROCESS_BANDIT, "
-                                           "RANDOM_SEARCH, QUASI_RANDOM_SEARCH, NSGA2)")
+    sweep.add_argument("--algorithm", help=f"override sweep.algorithm ({', '.join(ALGORITHMS)})")
     sweep.add_argument("--show", type=int, default=10, help="candidates to print (default 10)")
     sweep.set_defaults(func=cmd_sweep)
     export = sub.add_parser(

@@ -15,6 +15,7 @@ from typing import Any
 
 from spica_pipeline.errors import SpicaError
 from spica_pipeline.search.evaluation import EvalOutcome, canonical_json, json_safe
+from spica_pipeline.search.study import Journal
 
 JOURNAL_NAME = "journal.jsonl"
 LOCK_NAME = ".spica.lock"
@@ -24,7 +25,7 @@ class OutputDirBusy(SpicaError):
     """Another sweep holds the output directory."""
 
 
-class FileJournal:
+class FileJournal(Journal):
     """Journal protocol of `search.study`, persisted as JSON Lines."""
 
     def __init__(self, path: str | os.PathLike) -> None:

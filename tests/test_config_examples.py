@@ -6,13 +6,13 @@ import math
 from pathlib import Path
 
 import pytest
+from shared_data import REAL_TRACE, require
 
 from spica_pipeline import cli
 from spica_pipeline.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO / "examples" / "traces" / "small_mooncake.jsonl"
-REAL_TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
 
 
 def _gen_trace_module():
@@ -57,8 +57,7 @@ def test_trace_example_reads_the_committed_trace(monkeypatch, capsys):
 
 
 def test_real_mooncake_trace_config_validates(tmp_path, capsys):
-    if not REAL_TRACE.is_file():
-        pytest.skip(f"real Mooncake trace not present at {REAL_TRACE}")
+    require(REAL_TRACE)
     cfg = tmp_path / "real.yaml"
     # the trace's inputs reach 191,378 tokens: a 256k-context model takes them all
     cfg.write_text("search_space: {model_name: Qwen/Qwen3-VL-32B-Instruct, hardware_sku: h200_sxm}\n"
@@ -68,8 +67,7 @@ def test_real_mooncake_trace_config_validates(tmp_path, capsys):
 
 
 def test_real_mooncake_trace_longer_than_the_context_is_one_line(tmp_path, capsys):
-    if not REAL_TRACE.is_file():
-        pytest.skip(f"real Mooncake trace not present at {REAL_TRACE}")
+    require(REAL_TRACE)
     cfg = tmp_path / "real.yaml"
     cfg.write_text("search_space: {model_name: Qwen/Qwen3-32B, hardware_sku: h200_sxm}\n"
                    f"workload: {{trace_path: {REAL_TRACE}, replay_concurrency: 64}}\n")

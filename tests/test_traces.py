@@ -4,12 +4,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_data import REAL_TRACE, require
 
 from spica_pipeline.errors import TraceError
 from spica_pipeline.traces import read_mooncake_trace, trace_content_hash
-
-REAL_TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
-
 
 def _row(ts=0, isl=1000, osl=10, hash_ids="auto"):
     row = {"timestamp": ts, "input_length": isl, "output_length": osl}
@@ -130,9 +128,7 @@ def test_4k_lines_fast(tmp_path):
 
 
 def test_real_trace():
-    if not REAL_TRACE.exists():
-        pytest.skip(f"real trace not present at {REAL_TRACE}")
-    t = read_mooncake_trace(REAL_TRACE)
+    t = read_mooncake_trace(require(REAL_TRACE))
     assert t.n_requests > 1000
     assert (t.input_length > 0).all()
     assert t.timestamp_ms.min() >= 0

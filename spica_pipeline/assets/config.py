@@ -15,7 +15,7 @@ import pandas as pd
 import yaml
 from pydantic import Field, ValidationError
 
-from spica_pipeline.config import SmartSearchConfig, load_config, parse_yaml_text, render_validation_error
+from spica_pipeline.config import ALGORITHMS, SmartSearchConfig, load_config, parse_yaml_text, render_validation_error
 from spica_pipeline import sweep as sweep_stages
 from spica_pipeline.errors import ConfigError, SpicaError
 from spica_pipeline.search.evaluation import canonical_json
@@ -30,8 +30,7 @@ class SweepLaunchConfig(dg.Config):
     policy: str | None = Field(default=None, description="Override sweep.policy: rapid | thorough")
     algorithm: str | None = Field(
         default=None,
-        description="Override sweep.algorithm: DEFAULT | GAUSSIAN_PROCESS_BANDIT | RANDOM_SEARCH | "
-        "QUASI_RANDOM_SEARCH | NSGA2",
+        description=f"Override sweep.algorithm: {' | '.join(ALGORITHMS)}",
     )
     max_rounds: int | None = Field(default=None, description="Override sweep.max_rounds (the trial budget)")
     gpu_budget: int | None = Field(default=None, description="Override search_space.gpu_budget")

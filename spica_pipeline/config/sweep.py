@@ -1,10 +1,12 @@
 """`sweep:`: run control (spec §2.8) plus our seeding, policy and algorithm choices."""
 
-from typing import Literal
+from typing import Literal, get_args
 
 from spica_pipeline.config.types import NonNegInt, PosFloat, PosInt, StrictModel
 
-ALGORITHMS = ("DEFAULT", "GAUSSIAN_PROCESS_BANDIT", "RANDOM_SEARCH", "QUASI_RANDOM_SEARCH", "NSGA2")
+# The Vizier designers a sweep may name: the one list (CLI help, Dagster launch config, the Vizier resource).
+Algorithm = Literal["DEFAULT", "GAUSSIAN_PROCESS_BANDIT", "RANDOM_SEARCH", "QUASI_RANDOM_SEARCH", "NSGA2"]
+ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
 
 
 class SweepConfig(StrictModel):
@@ -17,9 +19,7 @@ class SweepConfig(StrictModel):
     seed: NonNegInt = 0
     # rapid: Vizier study per branch; thorough: exhaustive enumeration of a finite space.
     policy: Literal["rapid", "thorough"] = "rapid"
-    algorithm: Literal["DEFAULT", "GAUSSIAN_PROCESS_BANDIT", "RANDOM_SEARCH", "QUASI_RANDOM_SEARCH", "NSGA2"] = (
-        "DEFAULT"
-    )
+    algorithm: Algorithm = "DEFAULT"
     # kv_router candidates are replayed this many times (routing ties break randomly).
     router_repeats: PosInt = 3
 

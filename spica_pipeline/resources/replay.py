@@ -28,7 +28,7 @@ from spica_pipeline.search.deploy import (
     role_replicas,
     role_shape,
 )
-from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest
+from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, Evaluator
 
 os.environ.setdefault("DYN_LOG", "warn")  # the KV router logs one INFO line per routing decision
 
@@ -104,7 +104,7 @@ def summarise_repeats(summaries: list[dict[str, Any]]) -> tuple[dict[str, float]
     return report, spread
 
 
-class ReplayEvaluator(dg.ConfigurableResource):
+class ReplayEvaluator(dg.ConfigurableResource, Evaluator):
     """Evaluates candidates in Dynamo Replay (ai-dynamo-runtime) with AIC timing and capacity.
 
     cache_dir: where timing tables and KV estimates are cached (default `$SPICA_CACHE_DIR` or

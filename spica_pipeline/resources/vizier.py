@@ -32,12 +32,11 @@ from typing import Any
 
 import dagster as dg
 
+from spica_pipeline.config.sweep import ALGORITHMS
 from spica_pipeline.errors import ConfigError
 from spica_pipeline.search.encoding import ParamSpec, SearchEncoding
 
-ALGORITHMS = ("DEFAULT", "GAUSSIAN_PROCESS_BANDIT", "RANDOM_SEARCH", "QUASI_RANDOM_SEARCH", "NSGA2")
 ALGO_ENV = "SPICA_VIZIER_ALGO"
-GP_ALGORITHMS = ("DEFAULT", "GAUSSIAN_PROCESS_BANDIT")
 SEED_BATCH = "QUASI_RANDOM_SEARCH"
 
 # One history row: (parameters, metrics or None, infeasible reason or None).

@@ -14,7 +14,8 @@ from spica_pipeline.config import OptimizationGoal, SmartSearchConfig, target_di
 from spica_pipeline.search import scoring
 from spica_pipeline.search.branches import BranchSpace
 from spica_pipeline.search.encoding import SearchEncoding, build_encoding, enumerate_space
-from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, is_finite_number
+from spica_pipeline.config.types import is_finite_number
+from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest
 from spica_pipeline.search.model_hw import latest_backend_version
 from spica_pipeline.search.sample import unroll_sample
 from spica_pipeline.search.shapes import ParallelConfig

@@ -4,11 +4,12 @@ An `EvalRequest` is the full evaluation spec: everything that can change a repla
 canonical JSON hash is the dedup/cache key, so an identical spec is never replayed twice.
 """
 
+import abc
 import hashlib
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Protocol
+from typing import Any, Literal, Mapping
 
 from spica_pipeline.config.goal import OptimizationGoal
 
@@ -94,15 +95,13 @@ class EvalOutcome:
         return cls(**d)
 
 
-class Evaluator(Protocol):
-    """Anything that turns a request into an outcome; must never raise for a bad candidate."""
+class Evaluator(abc.ABC):
+    """Turns a request into an outcome; must never raise for a bad candidate. The real replay
+    (`resources.replay.ReplayEvaluator`) and every test fake subclass it, and one contract suite
+    (tests/test_contracts.py) runs over all of them."""
 
+    @abc.abstractmethod
     def evaluate(self, request: EvalRequest) -> EvalOutcome: ...
-
-
-def is_finite_number(x: Any) -> bool:
-    """A real number that is neither NaN nor infinite (None, strings and bools are not)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def json_safe(value: Any) -> Any:

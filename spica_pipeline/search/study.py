@@ -80,7 +80,7 @@ class Journal(Protocol):
     def put_outcome(self, trial: int, spec_hash: str, outcome: EvalOutcome) -> None: ...
 
 
-class MemoryJournal:
+class MemoryJournal(Journal):
     """In-memory journal: enough for tests and for a single uninterrupted run."""
 
     def __init__(self) -> None:
