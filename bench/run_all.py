@@ -37,6 +37,7 @@ BENCHES: dict[str, tuple[str, list[str], list[str], bool, int]] = {
     "load_predictor": ("bench_load_predictor.py", [], [], False, 1800),
     "vizier": ("bench_vizier.py", [], ["--algos", "QUASI_RANDOM_SEARCH,DEFAULT", "--ns", "0,8"], False, 1800),
     "dagster": ("bench_dagster.py", [], [], False, 1800),
+    "executors": ("bench_executors.py", [], ["--quick"], True, 1800),
 }
 
 
@@ -186,6 +187,22 @@ def summary_peer(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def summary_executors(data: dict[str, Any]) -> list[str]:
+    lines = [f"`{data['command']}`; {data['machine']['nproc']} cores, load average "
+             f"{' '.join(data['machine'].get('loadavg_at_start', []))} at start.", "",
+             "| backend | workers | overhead ms/candidate | candidates/s (CPU-bound) |", "|---|---|---|---|"]
+    for name in ("local", "ray"):
+        for row in data[name]:
+            lines.append(f"| {name} | {row['workers']} | {_fmt(row['overhead_ms_per_candidate'])} | "
+                         f"{_fmt(row['candidates_per_s'])} |")
+    lines += ["", f"Simulated cluster ({data['cluster']['nodes']} nodes x 1 CPU on 127.0.0.1):", "",
+              "| workers | nodes used | candidates/s | scaling efficiency |", "|---|---|---|---|"]
+    for row in data["cluster"]["rows"]:
+        lines.append(f"| {row['workers']} | {row['nodes_used']} | {_fmt(row['candidates_per_s'])} | "
+                     f"{_fmt(row['scaling_efficiency'])} |")
+    return lines
+
+
 def summary_captured(data: dict[str, Any]) -> list[str]:
     lines = [f"`{data['command']}`: exit {data['returncode']} in {data['seconds']} s."]
     tail = [l for l in data.get("stdout_tail", []) if l.strip()][-12:]
@@ -203,9 +220,10 @@ def write_summary(host: dict[str, Any] | None = None) -> Path:
              "compare the ratios within one benchmark, not absolute seconds across runs).", ""]
     sections = [("sample_efficiency", "Sample efficiency against the exhaustive truth", summary_sample_efficiency),
                 ("sweep", "Quickstart sweep: DEFAULT vs QUASI_RANDOM_SEARCH", summary_sweep),
-                ("peer_aic", "Peer comparison: AI Configurator default search, replayed", summary_peer)]
+                ("peer_aic", "Peer comparison: AI Configurator default search, replayed", summary_peer),
+                ("executors", "Executors: local pool vs Ray", summary_executors)]
     sections += [(n, f"{n} (captured output)", summary_captured) for n in BENCHES if n not in
-                 ("sample_efficiency", "sweep", "peer_aic")]
+                 ("sample_efficiency", "sweep", "peer_aic", "executors")]
     for name, title, render in sections:
         data, file = _load(name)
         lines += [f"## {title}", ""]

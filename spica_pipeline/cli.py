@@ -1,19 +1,36 @@
 """`spica` command line: `spica validate|sweep --config F`, `spica export` / `spica import` (SweepResult).
 
-Bad input ends with exit code 2 and exactly one line on stderr, never a traceback.
+Every failure ends with one line on stderr, never a traceback, and an exit code that tells the
+truth (the README's table lists them):
+
+    0 results; 1 nothing feasible; 2 bad input (config, trace, journal, output dir), checked before
+    any replay; 3 internal error (a bug: the traceback goes to a log file, or to stderr with
+    --debug); 4 environment failure mid-sweep (disk full, read-only filesystem, out of memory),
+    after flushing what can be flushed; 130 interrupted (SIGINT); 143 terminated (SIGTERM).
 """
 
 import argparse
+import contextlib
+import errno
 import re
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from spica_pipeline.errors import ConfigError, SpicaError
+from spica_pipeline.errors import ConfigError, SpicaError, TraceError
 
 EXIT_OK = 0
+EXIT_NOTHING_FEASIBLE = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 3
+EXIT_ENVIRONMENT = 4
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+ERROR_LOG_NAME = "spica-error.log"
 
 DESCRIPTION = (
     "[EXPERIMENTAL] spica: a replay-backed smart sweeper for NVIDIA Dynamo deployments. "
@@ -25,9 +42,99 @@ def _one_line(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> int:
     print(_one_line(message), file=sys.stderr)
-    return EXIT_BAD_INPUT
+    return code
+
+
+class SweepTerminated(KeyboardInterrupt):
+    """SIGTERM (Kubernetes, Dagster, systemd) turned into the same unwinding as Ctrl-C: the sweep
+    stops dispatching, the journal and partial ledger are flushed, the resume hint is printed."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Raise `SweepTerminated` in the main thread on the first SIGTERM; a second SIGTERM during
+    the flush is ignored so the flush completes (SIGKILL still stops everything)."""
+    fired = False
+
+    def handler(signum: int, frame: Any) -> None:
+        nonlocal fired
+        if not fired:
+            fired = True
+            raise SweepTerminated()
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals to whoever owns it
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# errno -> (what happened, what to do); the advice must be true for that case
+_ENVIRONMENT_ERRNOS = {
+    errno.ENOSPC: ("no space left on device", "free space on the filesystem holding {dir}"),
+    errno.EDQUOT: ("disk quota exceeded", "free space or raise the quota on the filesystem holding {dir}"),
+    errno.EROFS: ("the filesystem is read-only", "make {dir} writable again (remount, or copy it to a "
+                                                 "writable place and pass that as --output-dir)"),
+    errno.EFBIG: ("file too large for this process's file-size limit", "raise the limit (ulimit -f)"),
+    errno.EIO: ("I/O error", "check the disk holding {dir} (dmesg)"),
+    errno.EMFILE: ("too many open files", "raise the open-file limit (ulimit -n) or lower sweep.parallel_evals"),
+    errno.ENFILE: ("too many open files on this machine", "close other programs or lower sweep.parallel_evals"),
+    errno.ENOMEM: ("out of memory", "free memory or lower sweep.parallel_evals"),
+}
+
+
+def environment_failure(err: BaseException, output_dir: Path | None) -> str | None:
+    """The one-line message for a machine failure mid-sweep (exit 4), or None when `err` is not one."""
+    place = str(output_dir) if output_dir is not None else "the output directory"
+    if isinstance(err, MemoryError):
+        what, todo = _ENVIRONMENT_ERRNOS[errno.ENOMEM]
+    elif isinstance(err, OSError) and err.errno in _ENVIRONMENT_ERRNOS:
+        what, todo = _ENVIRONMENT_ERRNOS[err.errno]
+    elif (isinstance(err, PermissionError) and output_dir is not None and err.filename
+          and _inside(Path(str(err.filename)), output_dir)):
+        what, todo = "permission denied", "restore write permission on {dir}"
+    else:
+        return None
+    name = getattr(err, "filename", None)
+    where = f" writing {name}" if name else ""
+    resume = (f"; finished trials are journalled in {output_dir}/journal.jsonl and are not recomputed"
+              if output_dir is not None else "")
+    return f"environment failure: {what}{where}; {todo.format(dir=place)}, then run the same command again{resume}"
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    try:
+        path.resolve().relative_to(directory.resolve())
+        return True
+    except (ValueError, OSError):
+        return False
+
+
+def internal_error(err: BaseException, debug: bool, log_dir: Path | None = None) -> int:
+    """A bug: one line on stderr naming where the traceback went; `--debug` prints it too."""
+    text = traceback.format_exc()
+    if debug:
+        sys.stderr.write(text)
+    where = "rerun with --debug to print the traceback"
+    if log_dir is not None:
+        log = log_dir / ERROR_LOG_NAME
+        try:
+            with open(log, "a") as fh:
+                fh.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S%z')} spica {' '.join(sys.argv[1:])}\n{text}")
+            where = f"traceback in {log} (or rerun with --debug to print it)"
+        except OSError:
+            pass
+    message = _one_line(f"{type(err).__name__}: {err}")
+    if len(message) > 300:
+        message = message[:297] + "..."
+    print(_one_line(f"internal error (a bug in spica, please report it): {message}; {where}"), file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 def load_or_report(path: str) -> Any:
@@ -132,9 +239,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if isinstance(config, int):
         return config
     trace = config.workload.trace_path
-    if trace is not None and not Path(trace).is_file():
-        return _fail(f"invalid config {args.config}: workload.trace_path: no such file {trace!r} "
-                     f"(relative paths resolve against the working directory {Path.cwd()})")
+    from spica_pipeline.traces import path_problem
+
+    problem = path_problem(trace) if trace is not None else None
+    if problem is not None:
+        hint = (f" (relative paths resolve against the working directory {Path.cwd()})"
+                if problem.startswith("does not exist") and not Path(trace).is_absolute() else "")
+        return _fail(f"invalid config {args.config}: workload.trace_path {trace!r} {problem}{hint}")
+    try:
+        algorithm = _resolve_algorithm(config)
+    except ConfigError as err:
+        return _fail(f"invalid config {args.config}: {err}")
     try:
         lines = summarize(config)
     except Exception as err:  # a summary bug must not turn into a traceback either
@@ -143,31 +258,43 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from spica_pipeline.sweep import check_workload, filter_policies
 
     try:
-        check_workload(config)
-    except SpicaError as err:  # names the trace file and line
+        trace_warnings = check_workload(config)
+    except TraceError as err:  # names the trace file and line
         return _fail(str(err))
+    except SpicaError as err:  # names the field and the limit
+        return _fail(f"invalid config {args.config}: {err}")
     try:
         filtered = filter_policies(config)  # stage 2: a goal that leaves no usable policy is bad input
     except PolicyFilterError as err:
         return _fail(f"invalid config {args.config}: search_space.planner_scaling_policy: {err}")
+    for warning in trace_warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"config {args.config} is valid")
     for line in lines:
         print(line)
+    if algorithm != config.sweep.algorithm:
+        from spica_pipeline.config.sweep import ALGO_ENV
+
+        print(f"algorithm {algorithm} (from {ALGO_ENV}, overriding sweep.algorithm {config.sweep.algorithm})")
     if filtered.dropped:
         print(filtered.summary())
     return EXIT_OK
 
 
-EXIT_NOTHING_FEASIBLE = 1
-EXIT_INTERRUPTED = 130
+def _resolve_algorithm(config: Any) -> str:
+    """The Vizier algorithm a study would use, SPICA_VIZIER_ALGO included (ConfigError if unknown)."""
+    from spica_pipeline.config.sweep import resolve_algorithm
+
+    return resolve_algorithm(config.sweep.algorithm)
 
 
 def _with_overrides(config: Any, args: argparse.Namespace) -> Any:
-    """Apply --seed/--policy/--algorithm and validate again (e.g. thorough + a float range)."""
+    """Apply --seed/--policy/--algorithm/--executor/--ray-address and validate again (e.g. thorough + a float range)."""
     from spica_pipeline.config import SmartSearchConfig, render_validation_error
 
     overrides = {k: v for k, v in (("seed", args.seed), ("policy", args.policy),
-                                   ("algorithm", args.algorithm)) if v is not None}
+                                   ("algorithm", args.algorithm), ("executor", args.executor),
+                                   ("ray_address", args.ray_address)) if v is not None}
     if not overrides:
         return config
     data = config.model_dump(mode="json", exclude_unset=True)
@@ -189,23 +316,34 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     config = _with_overrides(config, args)
     if isinstance(config, int):
         return config
+    try:
+        _resolve_algorithm(config)  # an unknown SPICA_VIZIER_ALGO is bad input now, not at the first study
+    except ConfigError as err:
+        return _fail(f"invalid config {args.config}: {err}")
     output_dir = Path(args.output_dir or Path("runs") / Path(args.config).stem)
     progress = ProgressPrinter()
     try:
-        result = run_sweep(config, output_dir, progress=progress)
-    except KeyboardInterrupt:
+        with sigterm_as_interrupt():
+            result = run_sweep(config, output_dir, progress=progress, repair=args.repair,
+                               evaluator=getattr(args, "evaluator", None))
+    except KeyboardInterrupt as err:
         progress.close()
-        print(f"interrupted: finished trials are in {output_dir}/ledger.parquet; run the same command "
+        what, code = (("terminated (SIGTERM)", EXIT_TERMINATED) if isinstance(err, SweepTerminated)
+                      else ("interrupted", EXIT_INTERRUPTED))
+        print(f"{what}: finished trials are in {output_dir}/ledger.parquet; run the same command "
               "again to resume (journalled results are not recomputed)", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except SpicaError as err:
+        return code
+    except SpicaError as err:  # bad input (2) or an environment failure already worded (4)
         progress.close()
-        return _fail(str(err))
-    except Exception as err:  # e.g. a worker pool that cannot start: one line, results kept
+        return _fail(str(err), err.exit_code)
+    except Exception as err:  # a full disk mid-sweep (4), or a bug (3): one line either way
         progress.close()
-        print(_one_line(f"sweep failed: {type(err).__name__}: {err}; finished trials are in "
-                        f"{output_dir}/ledger.parquet and the journal resumes them"), file=sys.stderr)
-        return EXIT_NOTHING_FEASIBLE
+        message = environment_failure(err, output_dir)
+        if message is None:
+            return internal_error(err, args.debug, output_dir if output_dir.is_dir() else None)
+        if args.debug:
+            traceback.print_exc()
+        return _fail(message, EXIT_ENVIRONMENT)
     progress.close()
     merge = result.merge
     print(merge.summary_line())
@@ -254,7 +392,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     except (ValueError, KeyError, OSError) as err:
         return _fail(f"cannot export {ledger_path}: {type(err).__name__}: {err}")
     output = Path(args.output or Path(args.run_dir) / "recommendation.json")
-    atomic_write_text(output, to_json_text(doc))
+    try:
+        atomic_write_text(output, to_json_text(doc))
+    except OSError as err:
+        return _fail(f"--output {output}: cannot write: {err.strerror or err}")
     c = doc["counts"]
     print(f"wrote {output}: {len(doc['candidates'])} candidates ({c['feasible']} feasible), "
           f"schema {doc['schema_version']}")
@@ -279,10 +420,13 @@ def cmd_import(args: argparse.Namespace) -> int:
     except (ValueError, KeyError, TypeError) as err:
         return _fail(f"--input {args.input}: {err}")
     out = Path(args.output_dir)
-    atomic_write_parquet(out / "ledger.parquet", ledger)
     config = (doc.get("provenance") or {}).get("config")
-    if config is not None:
-        atomic_write_text(out / "config.json", json.dumps(config, sort_keys=True, indent=1) + "\n")
+    try:
+        atomic_write_parquet(out / "ledger.parquet", ledger)
+        if config is not None:
+            atomic_write_text(out / "config.json", json.dumps(config, sort_keys=True, indent=1) + "\n")
+    except OSError as err:
+        return _fail(f"--output-dir {out}: cannot write: {err.strerror or err}")
     print(f"wrote {out / 'ledger.parquet'} ({len(ledger)} trials)")
     return EXIT_OK
 
@@ -291,16 +435,22 @@ def build_parser() -> argparse.ArgumentParser:
     from spica_pipeline.config.sweep import ALGORITHMS
 
     parser = argparse.ArgumentParser(prog="spica", description=DESCRIPTION)
+    parser.add_argument("--debug", action="store_true", default=False,
+                        help="print the traceback of an internal error (exit 3) to stderr")
+    # --debug is accepted after the command too; SUPPRESS keeps the subparser from resetting it
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="print the traceback of an internal error (exit 3) to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     validate = sub.add_parser(
-        "validate", help="[EXPERIMENTAL] validate a sweep config and summarise it",
+        "validate", parents=[common], help="[EXPERIMENTAL] validate a sweep config and summarise it",
         description="[EXPERIMENTAL] Validate a sweep config and print a short summary.",
     )
     validate.add_argument("--config", required=True, help="path to the sweep YAML")
     validate.set_defaults(func=cmd_validate)
     sweep = sub.add_parser(
-        "sweep", help="[EXPERIMENTAL] run a sweep and write ranked candidates or a Pareto front",
+        "sweep", parents=[common], help="[EXPERIMENTAL] run a sweep and write ranked candidates or a Pareto front",
         description="[EXPERIMENTAL] Run a sweep: every candidate is evaluated in Dynamo Replay. "
                     "Rerunning the same command on the same --output-dir resumes an interrupted sweep.",
     )
@@ -309,10 +459,16 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--seed", type=int, help="override sweep.seed")
     sweep.add_argument("--policy", choices=["rapid", "thorough"], help="override sweep.policy")
     sweep.add_argument("--algorithm", help=f"override sweep.algorithm ({', '.join(ALGORITHMS)})")
+    sweep.add_argument("--executor", choices=["local", "ray"],
+                       help="override sweep.executor: where replays run (ray: see docs/ray.md)")
+    sweep.add_argument("--ray-address", help="override sweep.ray_address (default $RAY_ADDRESS, else a local Ray)")
     sweep.add_argument("--show", type=int, default=10, help="candidates to print (default 10)")
+    sweep.add_argument("--repair", action="store_true",
+                       help="move damaged journal records to journal.jsonl.quarantine and continue "
+                            "(without it a damaged journal is refused with exit 2)")
     sweep.set_defaults(func=cmd_sweep)
     export = sub.add_parser(
-        "export", help="[EXPERIMENTAL] write a sweep's ledger as an AI Simulate SweepResult (recommendation.json)",
+        "export", parents=[common], help="[EXPERIMENTAL] write a sweep's ledger as an AI Simulate SweepResult (recommendation.json)",
         description="[EXPERIMENTAL] Export <run-dir>/ledger.parquet as a SweepResult 1.1 JSON envelope.",
     )
     export.add_argument("--config", required=True, help="the sweep YAML the run used")
@@ -320,7 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--output", help="where to write (default <run-dir>/recommendation.json)")
     export.set_defaults(func=cmd_export)
     imp = sub.add_parser(
-        "import", help="[EXPERIMENTAL] read a recommendation.json written by `spica export` back into a ledger",
+        "import", parents=[common], help="[EXPERIMENTAL] read a recommendation.json written by `spica export` back into a ledger",
         description="[EXPERIMENTAL] Restore ledger.parquet (and config.json) from a SweepResult we wrote.",
     )
     imp.add_argument("--input", required=True, help="recommendation.json")
@@ -329,14 +485,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, evaluator: Any = None) -> int:
+    """Run one command; returns its exit code. `evaluator` replaces the replay for `sweep`
+    (tests drive the real CLI with a fault-injecting stand-in)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed usage / help
         return int(exc.code) if isinstance(exc.code, int) else EXIT_BAD_INPUT
+    args.evaluator = evaluator
     func: Callable[[argparse.Namespace], int] = args.func
-    return func(args)
+    try:
+        return func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except SpicaError as err:
+        return _fail(str(err), err.exit_code)
+    except Exception as err:  # a bug in any command: one line, the traceback only with --debug
+        return internal_error(err, args.debug)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,13 @@
 
 
 class SpicaError(Exception):
-    """Base class: the message is meant to be printed as is, on one line."""
+    """Base class: the message is meant to be printed as is, on one line.
+
+    `exit_code` is what the CLI exits with (README "Exit codes"); bad input unless a subclass says
+    otherwise, so the one table of codes lives next to the errors that produce them.
+    """
+
+    exit_code = 2
 
 
 class ConfigError(SpicaError):
@@ -31,3 +37,44 @@ class PolicyFilterError(SpicaError):
 
 class ModelHardwareError(SpicaError):
     """Unknown hardware_sku or model without a shipped AI Configurator config."""
+
+
+class JournalError(SpicaError):
+    """A sweep journal has a damaged record before its last line; the message names file:line."""
+
+
+class OutputDirError(SpicaError):
+    """The output directory cannot be created or written; refused before any replay."""
+
+
+class ResourceLimitError(ConfigError):
+    """An input asks for more than this machine or the replay can do (names the field and the limit)."""
+
+
+class EnvironmentFailure(SpicaError):
+    """The machine failed mid-sweep (disk full, read-only filesystem, I/O error, out of memory):
+    what could be flushed was flushed; the message says what to fix before rerunning."""
+
+    exit_code = 4
+
+
+class CandidateBuildError(SpicaError):
+    """A candidate that cannot be turned into replay arguments (not a capacity problem).
+
+    `detail` is the one-line reason recorded in the ledger; an error wrapped from a library keeps
+    the library's own type name there (e.g. `PerfDataNotAvailableError: ...`).
+    """
+
+    def __init__(self, message: str, detail: str | None = None):
+        super().__init__(message)
+        self.detail = detail if detail is not None else f"{type(self).__name__}: {' '.join(message.split())}"
+
+
+class PerfModelError(CandidateBuildError):
+    """aiconfigurator-core cannot model this candidate (no perf data, unsupported shape or model)."""
+
+    @classmethod
+    def wrap(cls, exc: BaseException) -> "PerfModelError":
+        text = " ".join(str(exc).split())
+        detail = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        return cls(detail, detail=detail)

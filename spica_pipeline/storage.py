@@ -1,6 +1,9 @@
 """Atomic file writes: write a temp file in the same directory, fsync, then rename over the target.
 
 Readers never see a half-written file; an interrupted write leaves the previous version intact.
+The temp file is created 0600 by `mkstemp`; it is given the mode a plain `open()` would have
+(0666 minus the umask) before the rename, so outputs are as readable as any other file the user
+writes.
 """
 
 import io
@@ -10,16 +13,38 @@ from pathlib import Path
 from typing import Any
 
 
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux allows (os.umask is a global write,
+    racy under threads such as Dagster's)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def new_file_mode() -> int:
+    """The mode `open(path, "w")` gives a new file: 0666 minus the umask."""
+    return 0o666 & ~current_umask()
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), new_file_mode())
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -27,6 +52,20 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             pass
         raise
     return path
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename itself durable (a crash right after could otherwise lose the new name)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

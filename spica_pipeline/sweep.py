@@ -47,7 +47,7 @@ from spica_pipeline.search.timings import Timings
 if TYPE_CHECKING:
     from spica_pipeline.report.dgd import DeployOptions
     from spica_pipeline.report.merge import MergeResult
-    from spica_pipeline.resources.pool import EvaluationPool
+    from spica_pipeline.resources.pool import EvaluationBackend
     from spica_pipeline.resources.vizier import VizierClient
     from spica_pipeline.search.load_predictor import LoadPredictorResult
 
@@ -72,10 +72,13 @@ class PreparedSweep:
     diagnostics: dict[str, Any] = field(default_factory=dict)
 
 
-def check_workload(config: SmartSearchConfig) -> None:
+def check_workload(config: SmartSearchConfig) -> list[str]:
     """Stage 1 workload checks: a trace is read whole once, so a malformed line or a request whose
     input + output is longer than the model's context is one error naming file and line; a synthetic
-    isl + osl over the context is one error naming the fields. Never a failure per candidate."""
+    isl + osl over the context is one error naming the fields; the resource sanity limits
+    (config/limits.py) refuse what no replay can serve. Never a failure per candidate.
+    Returns the trace's warnings (one line each, with a count)."""
+    from spica_pipeline.config.limits import check_resource_limits
     from spica_pipeline.errors import ConfigError, SpicaError
     from spica_pipeline.search.parallel import resolve_max_seq_len
     from spica_pipeline.traces import read_mooncake_trace
@@ -83,19 +86,22 @@ def check_workload(config: SmartSearchConfig) -> None:
     space = config.search_space
     workload = config.workload
     if not workload.trace_path:
+        check_resource_limits(config)
         if workload.isl is not None and workload.osl is not None:
             try:
                 context = resolve_max_seq_len(space.model_name, space.context_length)
             except SpicaError:
-                return  # an unknown model or context: stage 3 reports it with its own message
+                return []  # an unknown model or context: stage 3 reports it with its own message
             if workload.isl + workload.osl > context:
                 raise ConfigError(f"workload.isl {workload.isl} + workload.osl {workload.osl} = "
                                   f"{workload.isl + workload.osl} tokens exceeds the context length {context} "
                                   "of the model (search_space.context_length or the model's own): input and "
                                   "output must both fit")
-        return
-    read_mooncake_trace(config.workload.trace_path,
-                        max_input_length=resolve_max_seq_len(space.model_name, space.context_length))
+        return []
+    trace = read_mooncake_trace(config.workload.trace_path,
+                                max_input_length=resolve_max_seq_len(space.model_name, space.context_length))
+    check_resource_limits(config, trace)
+    return list(trace.warnings)
 
 
 def filter_policies(config: SmartSearchConfig) -> PolicyFilterResult:
@@ -117,14 +123,14 @@ def enumerate_branch_spaces(config: SmartSearchConfig) -> BranchEnumeration:
 
 
 def prepare(config: SmartSearchConfig) -> PreparedSweep:
-    check_workload(config)
+    trace_warnings = check_workload(config)
     filtered = filter_policies(config)
     enumeration = enumerate_branch_spaces(filtered.config)
     load_predictor = predict_load(filtered.config)
     return PreparedSweep(
         config=filtered.config, dropped_policies=list(filtered.dropped), load_predictor=load_predictor,
         branches=list(enumeration.branches),
-        warnings=([filtered.summary()] if filtered.dropped else []) + list(enumeration.warnings),
+        warnings=trace_warnings + ([filtered.summary()] if filtered.dropped else []) + list(enumeration.warnings),
         diagnostics=enumeration.diagnostics,
     )
 
@@ -191,17 +197,32 @@ class StudiesRun:
 
 
 class StudySession:
-    """The branch studies of one locked journal directory (see `open_studies`)."""
+    """The branch studies of one locked journal directory (see `open_studies`). The journal opens
+    on first use, so a config refused before any study leaves no journal behind."""
 
-    def __init__(self, directory: Path, journal: FileJournal) -> None:
+    def __init__(self, directory: Path, *, repair: bool = False) -> None:
         self.directory = directory
-        self.journal = journal
-        self.resumed_records = journal.loaded_records
+        self.repair = repair
         self.counter = TrialCounter()  # trial numbers run on across the branches of this session
+        self._journal: FileJournal | None = None
+
+    @property
+    def journal(self) -> FileJournal:
+        if self._journal is None:
+            self._journal = FileJournal(self.directory / JOURNAL_NAME, repair=self.repair)
+        return self._journal
+
+    @property
+    def resumed_records(self) -> int:
+        return self.journal.loaded_records
 
     @property
     def journal_path(self) -> Path:
-        return self.journal.path
+        return self.directory / JOURNAL_NAME
+
+    def close(self) -> None:
+        if self._journal is not None:
+            self._journal.close()
 
     def run(
         self,
@@ -233,19 +254,21 @@ class StudySession:
 
 
 @contextmanager
-def open_studies(directory: str | Path, store: JournalStore | None = None) -> Iterator[StudySession]:
+def open_studies(directory: str | Path, store: JournalStore | None = None, *,
+                 repair: bool = False) -> Iterator[StudySession]:
     """The one lock + journal sequence of the CLI sweep and the Dagster studies alike: lock the
     directory (a second sweep on it fails with OutputDirBusy), pull its journal from `store`, open it
-    (an interrupted run resumes from it), and on the way out close it and push it back."""
+    (an interrupted run resumes from it; `repair` quarantines damaged records instead of refusing
+    it), and on the way out close it and push it back."""
     directory = Path(directory)
     with RunLock(directory):
         if store is not None:
             store.pull(directory)
-        journal = FileJournal(directory / JOURNAL_NAME)
+        session = StudySession(directory, repair=repair)
         try:
-            yield StudySession(directory, journal)
+            yield session
         finally:
-            journal.close()
+            session.close()
             if store is not None:
                 store.push(directory)
 
@@ -282,12 +305,14 @@ def run_sweep(
     vizier: "VizierClient | None" = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
     warm_start_ledger: pd.DataFrame | None = None,
+    repair: bool = False,
 ) -> SweepResult:
-    """Run all stages, journalling to `output_dir` so a rerun resumes, and write the outputs."""
+    """Run all stages, journalling to `output_dir` so a rerun resumes, and write the outputs.
+    `repair` quarantines damaged journal records instead of refusing the journal (`--repair`)."""
     output_dir = Path(output_dir)
     emit = progress or (lambda event: None)
     started = time.perf_counter()
-    with open_studies(output_dir) as session:
+    with open_studies(output_dir, repair=repair) as session:
         prepared = prepare(config)
         config = prepared.config
         for warning in prepared.warnings:
@@ -296,6 +321,8 @@ def run_sweep(
         for plan in plans:
             emit({"event": "plan", "branch": plan.branch.deployment_mode, "why": plan.why,
                   "exhaustive": plan.exhaustive, "size": plan.finite_size})
+        for warning in session.journal.warnings:  # the journal opens here, once the config is good
+            emit({"event": "warning", "message": warning})
         if session.resumed_records:
             emit({"event": "resume", "records": session.resumed_records})
         evaluator = evaluator if evaluator is not None else default_evaluator()
@@ -315,7 +342,8 @@ def run_sweep(
                 emit({"event": "stalled", "branch": outcome.branch, "rounds": outcome.rounds})
 
         try:
-            with make_pool(evaluator, config.sweep.eval_workers, config.sweep.max_eval_seconds) as pool:
+            with make_pool(evaluator, config.sweep.eval_workers, config.sweep.max_eval_seconds,
+                           executor=config.sweep.executor, ray_address=config.sweep.ray_address) as pool:
                 run = session.run(
                     plans, config, prepared.load_predictor, evaluate_wave=pool.evaluate_wave, vizier=vizier,
                     warm_history=lambda plan: warm_history_for(warm_start_ledger, plan),
@@ -419,7 +447,13 @@ def default_vizier() -> "VizierClient":
     return VizierClient()
 
 
-def make_pool(evaluator: "Evaluator", workers: int, max_eval_seconds: float | None) -> "EvaluationPool":
+def make_pool(evaluator: Evaluator, workers: int, max_eval_seconds: float | None, *, executor: str = "local",
+              ray_address: str | None = None) -> "EvaluationBackend":
+    """The evaluation backend `sweep.executor` names (the `EvaluationBackend` of resources/pool.py)."""
+    if executor == "ray":
+        from spica_pipeline.resources.ray_pool import RayEvaluationPool
+
+        return RayEvaluationPool(evaluator, workers, max_eval_seconds, address=ray_address)
     from spica_pipeline.resources.pool import EvaluationPool
 
     return EvaluationPool(evaluator, workers=workers, max_eval_seconds=max_eval_seconds)

@@ -9,7 +9,8 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ class TraceData:
     timestamp_ms: np.ndarray
     input_length: np.ndarray
     output_length: np.ndarray
+    warnings: tuple[str, ...] = field(default=())  # one line per kind of oddity, with a count
 
     @property
     def n_requests(self) -> int:
@@ -35,6 +37,49 @@ class TraceData:
     @property
     def duration_ms(self) -> float:
         return float(self.timestamp_ms.max() - self.timestamp_ms.min()) if self.n_requests else 0.0
+
+
+_FILE_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+               (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"))
+
+
+def path_problem(path: str | os.PathLike) -> str | None:
+    """What is wrong with `path` as an input file ("does not exist", "is a directory", "is not a
+    regular file (a character device)"), or None for a readable regular file. Checked before any
+    read: reading /dev/zero never ends."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "does not exist"
+    except NotADirectoryError:
+        return "does not exist (a parent is not a directory)"
+    except PermissionError:
+        return "permission denied"
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or exc}"
+    if stat.S_ISDIR(mode):
+        return "is a directory"
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _FILE_KINDS if test(mode)), "a special file")
+        return f"is not a regular file ({kind})"
+    return None
+
+
+class _KeyCounter:
+    """object_pairs_hook that counts objects with a repeated key (json keeps the last value)."""
+
+    def __init__(self) -> None:
+        self.duplicates = 0
+        self.first_line: int | None = None
+        self.line = 0
+
+    def __call__(self, pairs: list) -> dict:
+        obj = dict(pairs)
+        if len(obj) != len(pairs):
+            self.duplicates += 1
+            if self.first_line is None:
+                self.first_line = self.line
+        return obj
 
 
 def _is_int(x: object) -> bool:
@@ -67,10 +112,11 @@ def read_mooncake_trace(
     """
     p = Path(path)
     name = str(path)
-    if not p.exists():
+    problem = path_problem(p)
+    if problem == "does not exist":
         raise TraceError(f"{name}: trace file does not exist")
-    if p.is_dir():
-        raise TraceError(f"{name}: is a directory, expected a JSONL trace file")
+    if problem is not None:
+        raise TraceError(f"{name}: {problem}, expected a JSONL trace file")
     try:
         raw = p.read_bytes()
     except OSError as exc:
@@ -86,11 +132,16 @@ def read_mooncake_trace(
     timestamps: list[float] = []
     inputs: list[int] = []
     outputs: list[int] = []
-    loads = json.loads
+    keys = _KeyCounter()
+    decoder = json.JSONDecoder(object_pairs_hook=keys)
+    loads = decoder.decode
+    negative, backwards = [0, None], [0, None]  # [count, first line]
+    previous_ts = -math.inf
     for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         where = f"{name}:{lineno}"
+        keys.line = lineno
         try:
             obj = loads(line)
         except ValueError as exc:
@@ -111,28 +162,53 @@ def read_mooncake_trace(
         if hash_ids is not None:
             if not isinstance(hash_ids, list) or not all(_is_int(h) for h in hash_ids):
                 raise TraceError(f"{where}: 'hash_ids' must be a list of integers")
+            if hash_ids and min(hash_ids) < 0:
+                raise TraceError(f"{where}: 'hash_ids' must be non-negative, got {min(hash_ids)} "
+                                 "(the replay cannot parse it)")
             capacity = len(hash_ids) * block_size
             if isl > capacity:
                 raise TraceError(
                     f"{where}: input_length {isl} exceeds hash_ids capacity {capacity} "
                     f"({len(hash_ids)} ids x {block_size} tokens)"
                 )
+            needed = -(-isl // block_size)
+            if len(hash_ids) > needed:
+                raise TraceError(
+                    f"{where}: {len(hash_ids)} hash_ids for input_length {isl}, more than the "
+                    f"{needed} blocks of {block_size} tokens it spans"
+                )
         if max_input_length is not None and isl > max_input_length:
             raise TraceError(f"{where}: input_length {isl} exceeds the model context length {max_input_length}")
         if max_input_length is not None and isl + osl > max_input_length:
             raise TraceError(f"{where}: input_length {isl} + output_length {osl} = {isl + osl} tokens exceeds "
                              f"the model context length {max_input_length}")
+        if ts < 0:
+            negative[0] += 1
+            negative[1] = negative[1] or lineno
+        if ts < previous_ts:
+            backwards[0] += 1
+            backwards[1] = backwards[1] or lineno
+        previous_ts = ts
         timestamps.append(float(ts))
         inputs.append(isl)
         outputs.append(osl)
 
     if not timestamps:
         raise TraceError(f"{name}: trace file is empty")
+    warnings = []
+    if backwards[0]:
+        warnings.append(f"{name}:{backwards[1]}: timestamps go backwards on {backwards[0]} line(s) "
+                        "(the replay sorts requests by timestamp)")
+    if negative[0]:
+        warnings.append(f"{name}:{negative[1]}: {negative[0]} negative timestamp(s)")
+    if keys.duplicates:
+        warnings.append(f"{name}:{keys.first_line}: {keys.duplicates} line(s) repeat a key (the last value is used)")
     return TraceData(
         path=name,
         timestamp_ms=np.asarray(timestamps, dtype=np.float64),
         input_length=np.asarray(inputs, dtype=np.int64),
         output_length=np.asarray(outputs, dtype=np.int64),
+        warnings=tuple(warnings),
     )
 
 

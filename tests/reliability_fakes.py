@@ -15,10 +15,12 @@ class FaultyEvaluator(Evaluator):
     candidates listed in FAULTS and otherwise reports a throughput that depends on the knobs."""
 
     def __init__(self, faults: dict | None = None, hang_seconds: float = 3600.0,
-                 gate_file: str | None = None):
+                 gate_file: str | None = None, delay_seconds: float = 0.0, calls_file: str | None = None):
         self.faults = dict(FAULTS if faults is None else faults)
         self.hang_seconds = hang_seconds
         self.gate_file = gate_file  # when set, every evaluation waits until this file exists
+        self.delay_seconds = delay_seconds  # every evaluation takes at least this long
+        self.calls_file = calls_file  # when set, every evaluation appends its spec hash here first
 
     @staticmethod
     def fault_key(sample: dict) -> tuple | None:
@@ -28,6 +30,11 @@ class FaultyEvaluator(Evaluator):
 
     def evaluate(self, request):
         sample = request.sample
+        if self.calls_file:
+            with open(self.calls_file, "a") as fh:
+                fh.write(request.spec_hash + "\n")
+        if self.delay_seconds:
+            time.sleep(self.delay_seconds)
         while self.gate_file and not os.path.exists(self.gate_file):
             time.sleep(0.05)
         fault = self.faults.get(self.fault_key(sample))

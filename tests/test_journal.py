@@ -42,3 +42,146 @@ def test_second_sweep_on_the_same_directory_is_refused(tmp_path):
         holder.wait()
     with RunLock(tmp_path):  # released when the holder died
         pass
+
+
+# ---------------------------------------------------------------------------------------------
+# crash safety (issue 20 item 2)
+# ---------------------------------------------------------------------------------------------
+
+import json  # noqa: E402
+import os  # noqa: E402
+
+from spica_pipeline.errors import JournalError  # noqa: E402
+from spica_pipeline.journal import FORMAT_VERSION  # noqa: E402
+
+
+def _journal_with_three(path):
+    j = FileJournal(path)
+    for i in range(3):
+        j.put_outcome(i + 1, f"h{i + 1}", EvalOutcome("feasible", report={"x": float(i)}, replay_seconds=1600.0))
+    j.close()
+    return path.read_bytes().splitlines(keepends=True)
+
+
+def test_records_carry_the_format_version(tmp_path):
+    lines = _journal_with_three(tmp_path / "journal.jsonl")
+    assert all(json.loads(line)["v"] == FORMAT_VERSION for line in lines)
+
+
+def test_torn_tail_is_cut_with_one_warning_and_the_next_append_starts_a_fresh_line(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    lines = _journal_with_three(path)
+    path.write_bytes(b"".join(lines) + lines[0][:40])  # kill -9 mid-write: no final newline
+    j = FileJournal(path)
+    assert j.loaded_records == 3 and j.torn_records == 1
+    assert len(j.warnings) == 1 and f"{path}:4: cut a torn last record" in j.warnings[0]
+    assert path.read_bytes() == b"".join(lines)
+    j.put_outcome(4, "h4", EvalOutcome("failed", reason="x"))
+    j.close()
+    again = FileJournal(path)  # the bug of issue 20: the redone record was glued onto the cut line
+    assert again.loaded_records == 4 and again.torn_records == 0 and again.warnings == []
+    again.close()
+
+
+def test_unparseable_last_line_is_a_torn_tail_too(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    lines = _journal_with_three(path)
+    path.write_bytes(b"".join(lines) + b'{"kind": "outcome", "tri\n')
+    j = FileJournal(path)
+    assert j.loaded_records == 3 and len(j.warnings) == 1 and ":4:" in j.warnings[0]
+    assert path.read_bytes() == b"".join(lines)
+    j.close()
+
+
+@pytest.mark.parametrize("bad, why", [
+    (b'...1600.0{"kind": "outcome", "trial": 2}\n', "not valid JSON"),  # the glued line of issue 20
+    (b"[1, 2]\n", "expected a JSON object, got list"),
+    (b'{"kind": "outcome"}\n', "'trial' must be an integer"),
+    (b'{"kind": "suggest", "key": 3, "suggestions": []}\n', "'key' must be a string"),
+    (b'{"kind": "weird"}\n', "unknown record kind 'weird'"),
+    (b'{"v": 99, "kind": "outcome"}\n', "format version 99 is newer"),
+    (b'{"kind": "outcome", "trial": 1, "spec_hash": "h", "outcome": {"status": "great"}}\n',
+     "'outcome.status' must be one of"),
+])
+def test_a_damaged_middle_record_names_file_and_line(tmp_path, bad, why):
+    path = tmp_path / "journal.jsonl"
+    lines = _journal_with_three(path)
+    path.write_bytes(lines[0] + bad + lines[1] + lines[2])
+    with pytest.raises(JournalError) as info:
+        FileJournal(path)
+    message = str(info.value)
+    assert message.startswith(f"journal {path}:2: damaged record") and why in message and "--repair" in message
+    assert "\n" not in message
+    assert path.read_bytes() == lines[0] + bad + lines[1] + lines[2]  # refused, not changed
+
+
+def test_a_wrongly_shaped_last_record_is_damage_not_a_torn_write(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    lines = _journal_with_three(path)
+    path.write_bytes(b"".join(lines) + b'{"kind": "outcome"}\n')
+    with pytest.raises(JournalError, match=r":4: damaged record"):
+        FileJournal(path)
+
+
+def test_repair_quarantines_damaged_records_and_keeps_the_rest(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    lines = _journal_with_three(path)
+    path.write_bytes(lines[0] + b"[1, 2]\n" + lines[1] + b"garbage\n" + lines[2])
+    j = FileJournal(path, repair=True)
+    assert j.loaded_records == 3 and j.quarantined_records == 2
+    assert len(j.warnings) == 1 and "moved 2 damaged record(s) (line 2, 4" in j.warnings[0]
+    assert set(j.outcomes) == {"h1", "h2", "h3"}
+    j.close()
+    assert path.read_bytes() == b"".join(lines)
+    quarantined = [json.loads(x) for x in j.quarantine_path.read_text().splitlines()]
+    assert [(q["line"], q["raw"]) for q in quarantined] == [(2, "[1, 2]"), (4, "garbage")]
+    FileJournal(path).close()  # clean now
+
+
+def test_a_failed_append_is_cut_back_so_no_half_line_stays(tmp_path):
+    """A write past the file-size limit is short, then fails (EFBIG), like a disk filling up."""
+    path = tmp_path / "journal.jsonl"
+    script = (
+        "import resource, signal, sys\n"
+        "from spica_pipeline.journal import FileJournal\n"
+        "from spica_pipeline.search.evaluation import EvalOutcome\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))\n"
+        f"j = FileJournal({str(path)!r})\n"
+        "try:\n"
+        "    for i in range(100):\n"
+        "        j.put_outcome(i, f'h{i}', EvalOutcome('feasible', report={'x': 1.0}))\n"
+        "except OSError as exc:\n"
+        "    print(exc.errno, exc.filename, len(j.outcomes))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    code, filename, kept = proc.stdout.split()
+    assert int(code) == 27 and filename == str(path)  # EFBIG
+    data = path.read_bytes()
+    assert data.endswith(b"\n") and len(data) <= 1000
+    j = FileJournal(path)
+    assert j.loaded_records == int(kept) > 0 and j.warnings == []
+    j.close()
+
+
+def test_journal_path_that_is_a_directory_is_bad_input(tmp_path):
+    (tmp_path / "journal.jsonl").mkdir()
+    with pytest.raises(JournalError, match="is not a regular file"):
+        FileJournal(tmp_path / "journal.jsonl")
+
+
+def test_output_files_honour_the_umask(tmp_path):
+    from spica_pipeline.storage import atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "a.txt", "x")
+        os.umask(0o077)
+        atomic_write_text(tmp_path / "b.txt", "x")
+        FileJournal(tmp_path / "journal.jsonl").close()
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "b.txt").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "journal.jsonl").stat().st_mode & 0o777 == 0o600

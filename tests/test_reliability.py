@@ -211,3 +211,79 @@ def test_concurrent_sweeps_succeed_and_a_busy_directory_is_refused(tmp_path):
     assert [len(x) for x in ledgers] == [18, 18]
     assert content(ledgers[0]) == content(ledgers[1])  # the refused sweep left the first one intact
     assert (dirs[0] / "report.md").exists() and (dirs[0] / "candidates.csv").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# randomized crash test: kill -9 at 10 seeded random points of one sweep, resume each time
+# ---------------------------------------------------------------------------------------------
+
+CLI_DRIVER = """
+import json, sys
+from reliability_fakes import FaultyEvaluator
+from spica_pipeline.cli import main
+
+if __name__ == "__main__":
+    kwargs = json.loads(sys.argv[1])
+    kwargs["faults"] = {(a, b): kind for a, b, kind in kwargs.pop("fault_list")}
+    sys.exit(main(sys.argv[2:], evaluator=FaultyEvaluator(**kwargs)))
+"""
+CRASH_FAULTS = [[512, 8192, "raise"], [1024, 16384, "exit"]]  # failed trials are journalled too
+
+
+@pytest.mark.slow
+def test_kill_9_at_ten_seeded_random_points_then_resume_equals_an_uninterrupted_run(tmp_path):
+    import random
+
+    from reliability_fakes import FaultyEvaluator
+
+    from spica_pipeline.config import SmartSearchConfig
+    from spica_pipeline.sweep import run_sweep
+
+    workers, kills, seed = 2, 10, 20
+    data = tiny_config(policy="thorough", parallel_evals=workers, candidates_per_round=workers)
+    config = write_config(tmp_path / "tiny.yaml", data)
+    faults = {(a, b): kind for a, b, kind in CRASH_FAULTS}
+    reference = run_sweep(SmartSearchConfig.from_dict(data), tmp_path / "reference",
+                          evaluator=FaultyEvaluator(faults=faults)).ledger
+    total = len(reference)
+    assert total == 18
+
+    script = tmp_path / "driver.py"
+    script.write_text(CLI_DRIVER)
+    run_dir, calls = tmp_path / "crashed", tmp_path / "calls.txt"
+    journal = run_dir / "journal.jsonl"
+    fake = json.dumps({"fault_list": CRASH_FAULTS, "delay_seconds": 0.15, "calls_file": str(calls)})
+    cmd = [sys.executable, str(script), fake, "sweep", "--config", str(config), "--output-dir", str(run_dir)]
+    rng = random.Random(seed)
+    schedule = [(target, rng.uniform(0.0, 0.3)) for target in sorted(rng.sample(range(1, total), kills))]
+    killed = 0
+    for target, extra in schedule:
+        # no pipes: orphaned workers of a killed sweep could hold them open
+        victim = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 240
+        while len(outcome_hashes(journal)) < target and victim.poll() is None:
+            assert time.monotonic() < deadline, "no progress within 240 s"
+            time.sleep(0.01)
+        time.sleep(extra)
+        victim.kill()
+        victim.wait(timeout=60)
+        if victim.returncode == -signal.SIGKILL:
+            killed += 1
+        hashes = outcome_hashes(journal)
+        assert len(hashes) == len(set(hashes)), "an evaluation was journalled twice"
+    assert killed >= kills - 1, f"only {killed} of {kills} kills landed before the sweep ended"
+
+    final = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert final.returncode == 0, final.stderr
+    ledger = pd.read_parquet(run_dir / "ledger.parquet")
+    assert content(ledger) == content(reference)
+    hashes = outcome_hashes(journal)
+    assert sorted(hashes) == sorted(reference["spec_hash"]) and len(hashes) == len(set(hashes))
+    for raw in journal.read_bytes().splitlines():  # every torn tail was cut back
+        json.loads(raw)
+    evaluations = calls.read_text().split()
+    redone = len(evaluations) - len(set(evaluations))
+    assert set(evaluations) == set(reference["spec_hash"])
+    print(f"{killed} kills, {len(evaluations)} evaluations for {total} trials: {redone} redone "
+          f"(bound {workers * killed})")
+    assert redone <= workers * killed, f"{redone} evaluations redone over {killed} kills with {workers} workers"

@@ -309,10 +309,65 @@ def test_resource_fields_validated():
 
 
 def test_synthetic_context_check_counts_input_and_output():
-    from spica_pipeline.resources.replay import CandidateBuildError, check_context
+    from spica_pipeline.search.engine_args import CandidateBuildError, check_context
 
     check_context(40904, 56, 40960)
     with pytest.raises(CandidateBuildError, match=r"workload.isl=40904 \+ workload.osl=283 = 41187 tokens"):
         check_context(40904, 283, 40960)
     with pytest.raises(CandidateBuildError, match="workload.isl=50000 exceeds"):
         check_context(50000, 1, 40960)
+
+
+def test_candidate_build_error_is_a_spica_error():
+    from spica_pipeline.errors import CandidateBuildError, PerfModelError, SpicaError
+
+    assert issubclass(CandidateBuildError, SpicaError) and issubclass(PerfModelError, CandidateBuildError)
+
+
+def test_perf_model_refusal_keeps_its_name(fake, monkeypatch):
+    """An AIC refusal (no perf data) is an expected candidate failure, recorded under its own name."""
+
+    class PerfDataNotAvailableError(RuntimeError):
+        pass
+
+    def no_data(ident, **kw):
+        raise PerfDataNotAvailableError("perf database error: context MLA data\nmissing")
+
+    monkeypatch.setattr(timing, "timing_table", no_data)
+    wl = {"isl": 100, "osl": 100, "concurrency": 4, "num_request_ratio": 2}
+    out = ev().evaluate(EvalRequest(agg_sample(), wl, THROUGHPUT))
+    assert out.status == "failed" and fake.calls == []
+    assert out.reason == "candidate build failed: PerfDataNotAvailableError: perf database error: context MLA data missing"
+
+
+def test_a_bug_is_an_internal_error_with_traceback(fake, monkeypatch, caplog):
+    """A programming error (here a KeyError) is logged with its traceback, never disguised."""
+
+    def typo(ident, **kw):
+        return {}["tokens_per_rank"]
+
+    monkeypatch.setattr(timing, "kv_capacity", typo)
+    wl = {"isl": 100, "osl": 100, "concurrency": 4, "num_request_ratio": 2}
+    with caplog.at_level("ERROR", logger="spica_pipeline.resources.replay"):
+        out = ev().evaluate(EvalRequest(agg_sample(), wl, THROUGHPUT))
+    assert out.status == "failed" and out.reason.startswith("internal error: KeyError: 'tokens_per_rank'")
+    assert any(r.exc_info and r.exc_info[0] is KeyError for r in caplog.records)
+    fake.raises = TypeError("unexpected keyword argument 'x'")  # our call is wrong, not the candidate
+    monkeypatch.undo()
+    monkeypatch.setattr(core, "run_mocker_synthetic_trace_replay", fake.synthetic)
+    monkeypatch.setattr(timing, "kv_capacity", lambda ident, **kw: timing.KvCapacity(64_000, 65536))
+    monkeypatch.setattr(timing, "timing_table", lambda ident, **kw: timing.TimingTable("/x.npz", 10.0, "k"))
+    monkeypatch.setattr(timing, "model_context_length", lambda model: 40960)
+    out = ev().evaluate(EvalRequest(agg_sample(), wl, THROUGHPUT))
+    assert out.status == "failed" and out.reason.startswith("internal error: TypeError")
+
+
+def test_engine_args_is_pure():
+    """search/engine_args imports neither Dagster, the resources, the replay nor AIC."""
+    import subprocess
+
+    code = ("import sys, spica_pipeline.search.engine_args; "
+            "print([m for m in sys.modules if m.split('.')[0] in ('dagster', 'dynamo', 'aiconfigurator_core') "
+            "or m.startswith('spica_pipeline.resources')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

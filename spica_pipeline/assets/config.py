@@ -73,9 +73,13 @@ def read_sweep_config(config_path: str | Path, launch: SweepLaunchConfig | None 
     return _validate(_with_overrides(data, launch, str(path), path.parent), str(path))
 
 
+RESULT_NEUTRAL = {"sweep": {"executor", "ray_address"}}
+
+
 def config_hash(config: SmartSearchConfig) -> str:
     """Content hash of the validated config and, for a trace workload, of the trace bytes."""
-    payload: dict[str, Any] = {"config": config.model_dump(mode="json")}
+    # where replays run does not change a result: a sweep moved to Ray resumes the same journal
+    payload: dict[str, Any] = {"config": config.model_dump(mode="json", exclude=RESULT_NEUTRAL)}
     if config.workload.trace_path:
         from spica_pipeline.traces import trace_content_hash
 
@@ -121,7 +125,8 @@ def build_validated_config(spec: SweepSpec) -> dg.AssetsDefinition:
     def validated_config(context: dg.AssetExecutionContext, config: SweepLaunchConfig) -> dg.Output[pd.DataFrame]:
         try:
             cfg = read_sweep_config(spec.config_path, config)
-            sweep_stages.check_workload(cfg)  # a malformed trace line -> one error naming file and line
+            for warning in sweep_stages.check_workload(cfg):  # a malformed trace line -> one error naming file:line
+                context.log.warning(warning)
         except SpicaError as err:
             raise fail(err) from None
         frame = config_frame(cfg, source=spec.config_path, sweep_name=spec.name)

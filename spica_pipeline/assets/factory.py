@@ -19,6 +19,7 @@ from spica_pipeline.assets.result import build_deploy, build_sweep_result
 from spica_pipeline.assets.sources import build_sources, build_watch_sensor, watched_files
 from spica_pipeline.assets.spec import SweepSpec
 from spica_pipeline.assets.studies import build_branch_study
+from spica_pipeline.resources.executor import EvaluationBackendResource
 
 SPEC_METADATA_KEY = "spica/sweep_spec"
 
@@ -51,7 +52,7 @@ def default_resources() -> dict:
     from spica_pipeline.resources.vizier import VizierClient
 
     return {"io_manager": ParquetIOManager(), "sweep_storage": SweepStorage(), "replay": ReplayEvaluator(),
-            "vizier": VizierClient()}
+            "vizier": VizierClient(), "evaluation_backend": EvaluationBackendResource()}
 
 
 def code_location(files: dict[dg.AssetKey, str], *, resources: dict | None = None,
@@ -62,7 +63,9 @@ def code_location(files: dict[dg.AssetKey, str], *, resources: dict | None = Non
     return dg.Definitions(
         sensors=[build_watch_sensor(files, default_status=watch_status, interval_s=interval_s),
                  build_automation_sensor(default_status=automation_status, interval_s=interval_s)],
-        resources=resources if resources is not None else default_resources(),
+        # evaluation_backend defaults to each sweep's own sweep.executor when a caller leaves it out
+        resources={"evaluation_backend": EvaluationBackendResource(),
+                   **(resources if resources is not None else default_resources())},
         executor=default_executor(),
     )
 

@@ -22,6 +22,7 @@ from spica_pipeline.assets.io import SweepStorage
 from spica_pipeline.assets.load_predictor import load_predictor_from_frame
 from spica_pipeline.assets.spec import REPLAY_POOL, SweepSpec
 from spica_pipeline.errors import SpicaError
+from spica_pipeline.resources.executor import EvaluationBackendResource
 from spica_pipeline.resources.pool import EvaluationBackend
 from spica_pipeline.resources.vizier import VizierClient
 from spica_pipeline.search.branch_plan import plan_branch
@@ -29,7 +30,7 @@ from spica_pipeline.search.evaluation import Evaluator, canonical_json, json_saf
 from spica_pipeline.search.ledger import STATUSES
 from spica_pipeline.search.study import BranchOutcome, HistoryItem
 from spica_pipeline.search.timings import Timings
-from spica_pipeline.sweep import ledger_frame, make_pool, open_studies, warm_history_for
+from spica_pipeline.sweep import ledger_frame, open_studies, warm_history_for
 
 # the branch ledger's frame attribute carrying its study's Timings (Parquet keeps DataFrame.attrs),
 # so the deploy asset reports the studies' real wall time, not its own
@@ -163,14 +164,16 @@ def build_branch_study(spec: SweepSpec) -> dg.AssetsDefinition:
             load_predictor_result: pd.DataFrame,
             branch_spaces: pd.DataFrame,
             replay: dg.ResourceParam[Evaluator],
+            evaluation_backend: EvaluationBackendResource,
             vizier: VizierClient,
             sweep_storage: SweepStorage,
         ):
             keys = list(context.partition_keys)
             frames: dict[str, pd.DataFrame] = {}
             sweep = config_from_frame(filtered_config).sweep
-            # one pool for every partition of this run: workers spawn on the first wave and stay warm
-            with make_pool(replay, sweep.eval_workers, sweep.max_eval_seconds) as pool:
+            # one backend for every partition of this run: workers start on the first candidate and
+            # stay warm (local spawned processes, or Ray actors: the evaluation_backend resource)
+            with evaluation_backend.open(replay, sweep) as pool:
                 for mode in keys:
                     frames[mode], md = study_partition(
                         context, mode, warm_start=config.warm_start, filtered_config=filtered_config,

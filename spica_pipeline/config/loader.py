@@ -173,7 +173,12 @@ def load_config(path: str | Path) -> "SmartSearchConfig":  # noqa: F821
     """Read, parse and validate a config file; every failure is one `ConfigError` line."""
     from spica_pipeline.config.model import SmartSearchConfig
 
+    from spica_pipeline.traces import path_problem
+
     p = Path(path)
+    problem = path_problem(p)
+    if problem is not None and problem != "does not exist":  # a FIFO or /dev/zero would block or never end
+        raise ConfigError(f"could not read config {path}: {problem}")
     try:
         with p.open("rb") as fh:
             raw = fh.read(MAX_CONFIG_BYTES + 1)

@@ -310,8 +310,13 @@ class EvaluationPool(EvaluationBackend):
     # ---- lifecycle -----------------------------------------------------------------------
 
     def _close(self) -> None:
+        # A busy or still-starting worker would not read the stop message for as long as its replay
+        # runs: kill it (its result is discarded anyway), so SIGTERM / Ctrl-C stop within seconds.
         for worker in self._pool:
-            worker.stop()
+            if worker.task is not None or not worker.ready:
+                worker.kill()
+            else:
+                worker.stop()
         self._pool.clear()
         self._queue.clear()
         self._requests.clear()

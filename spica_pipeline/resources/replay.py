@@ -1,54 +1,55 @@
 """`ReplayEvaluator`: one candidate -> one (or a few) Dynamo Replay runs -> an `EvalOutcome`.
 
-Spec §7.1/§7.4 with the fidelity fixes of replay-notes §2-3: every role gets an AIC-derived timing
-table and an explicit `num_gpu_blocks` (the replay's defaults are model-agnostic), disagg KV transfer
-is charged on the prefill args, and kv_router replays are repeated because routing ties are broken
-randomly. Usable as a Dagster resource or as a plain object; `evaluate` never raises for a bad
-candidate: infeasible / failed outcomes carry a one-line reason.
+A thin adapter (spec §7.1/§7.4): the replay arguments are built by the pure
+`search.engine_args.build_replay_call`; this resource supplies the facts that need AIC or the disk
+(`ReplayFacts`), runs the replay, averages repeats and maps errors to outcomes:
+
+* `InfeasibleKVCapacity` -> infeasible; any other `SpicaError` (an expected candidate failure,
+  e.g. `CandidateBuildError`, `TraceError`) -> failed with its one-line reason;
+* an error raised by the replay itself -> failed, `replay failed: ...`;
+* anything else is a bug: logged with its traceback and recorded as `internal error`, so it never
+  looks like an infeasible candidate.
+
+Usable as a Dagster resource or as a plain object; `evaluate` never raises for a bad candidate.
 """
 
+import logging
 import math
 import os
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
 from spica_pipeline.config.goal import OptimizationGoal
-from spica_pipeline.errors import InfeasibleKVCapacity
+from spica_pipeline.errors import CandidateBuildError, InfeasibleKVCapacity, PerfModelError, SpicaError
 from spica_pipeline.search import scoring
-from spica_pipeline.search.deploy import (
-    DeploymentPlan,
-    active_roles,
-    build_deployment_plan,
-    role_replicas,
-    role_shape,
+from spica_pipeline.search.engine_args import (
+    EngineIdentity,
+    KvCapacity,
+    ReplayCall,
+    ReplaySettings,
+    TimingRef,
+    build_replay_call,
+    check_context,
+    role_gpus,
 )
 from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, Evaluator
 
 os.environ.setdefault("DYN_LOG", "warn")  # the KV router logs one INFO line per routing decision
 
+log = logging.getLogger(__name__)
+
 DEFAULT_ROUTER_REPEATS = 3
+# What the replay raises for a run it rejects or cannot finish; any other type is a bug of ours.
+REPLAY_ERRORS = (RuntimeError, ValueError, OSError, SpicaError)
 
-
-class CandidateBuildError(Exception):
-    """A candidate that cannot be turned into replay arguments (not a capacity problem)."""
-
-
-@dataclass
-class ReplayCall:
-    """Everything one replay run needs; built once per candidate, run once per repeat."""
-
-    function: str  # "trace" | "synthetic"
-    args: tuple
-    kwargs: dict[str, Any]
-    repeats: int
-    derived: dict[str, Any] = field(default_factory=dict)
-    policy_factory: Callable[..., Any] | None = None  # build_scaling_policy(sample, goal, workload)
+__all__ = ["CandidateBuildError", "ReplayEvaluator", "ReplayFacts", "check_context", "role_gpus",
+           "summarise_repeats"]
 
 
 class _TickCounter:
@@ -71,10 +72,9 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _workload_model(workload: dict[str, Any]):
-    from spica_pipeline.config.workload import Workload
-
-    return Workload.model_validate(workload)
+def _describe(exc: SpicaError) -> str:
+    """The ledger text of an expected failure: a wrapped library error keeps its own type name."""
+    return getattr(exc, "detail", None) or _one_line(exc)
 
 
 def _numeric(value: Any) -> float | None:
@@ -144,8 +144,10 @@ class ReplayEvaluator(dg.ConfigurableResource, Evaluator):
             call = self.prepare(request, derived)
         except InfeasibleKVCapacity as exc:
             return EvalOutcome("infeasible", reason=str(exc), derived=derived)
-        except Exception as exc:  # a bad candidate never aborts a sweep
-            return EvalOutcome("failed", reason=f"candidate build failed: {_one_line(exc)}", derived=derived)
+        except SpicaError as exc:  # an expected candidate failure never aborts a sweep
+            return EvalOutcome("failed", reason=f"candidate build failed: {_describe(exc)}", derived=derived)
+        except Exception as exc:
+            return _internal_error(exc, request, "building the replay arguments", derived)
 
         summaries: list[dict[str, Any]] = []
         ticks: list[int] = []
@@ -156,9 +158,13 @@ class ReplayEvaluator(dg.ConfigurableResource, Evaluator):
                 summaries.append(summary)
                 if n_ticks is not None:
                     ticks.append(n_ticks)
-        except Exception as exc:
+        except REPLAY_ERRORS as exc:
             return EvalOutcome("failed", reason=f"replay failed: {_one_line(exc)}", derived=derived,
                                replay_seconds=time.perf_counter() - started, repeats=len(summaries))
+        except Exception as exc:
+            outcome = _internal_error(exc, request, "running the replay", derived)
+            outcome.replay_seconds, outcome.repeats = time.perf_counter() - started, len(summaries)
+            return outcome
         replay_seconds = time.perf_counter() - started
         report, spread = summarise_repeats(summaries)
         if ticks:
@@ -171,169 +177,34 @@ class ReplayEvaluator(dg.ConfigurableResource, Evaluator):
         except RuntimeError as exc:
             outcome.status, outcome.reason = "failed", str(exc)
             return outcome
-
         sample = request.sample
-        used = sample.get("used_gpus") or role_gpus(sample)
+        used = int(sample.get("used_gpus") or role_gpus(sample))
         budget = sample.get("gpu_budget")
-        if budget is not None and int(used) > int(budget):
+        if budget is not None and not scoring.is_feasible(used, int(budget)):
             outcome.status = "infeasible"
-            outcome.reason = f"over gpu_budget: used_gpus={int(used)} > gpu_budget={int(budget)}"
+            outcome.reason = f"over gpu_budget: used_gpus={used} > gpu_budget={int(budget)}"
         return outcome
 
     def prepare(self, request: EvalRequest, derived: dict[str, Any] | None = None) -> ReplayCall:
-        """Resolve load, plan, capacity and timing into replay arguments (no replay yet).
+        """The replay arguments of one candidate (no replay yet), ready for `dynamo._core`.
 
-        Raises InfeasibleKVCapacity for capacity problems and anything else for a broken candidate;
-        fills `derived` as it goes so a failing candidate still records what was computed.
+        Raises InfeasibleKVCapacity for capacity problems and a SpicaError for a candidate that
+        cannot be built; fills `derived` as it goes.
         """
-        from spica_pipeline.resources import timing
-        from spica_pipeline.search.kv import estimate_kv_tokens
-        from spica_pipeline.search.kv_load import resolve_kv_load
+        call = build_replay_call(request, self.settings, ReplayFacts(self.cache_dir), derived)
+        if call.kwargs.get("router_config") is not None:
+            from dynamo._core import KvRouterConfig
 
-        derived = {} if derived is None else derived
-        sample = dict(request.sample)
-        goal = OptimizationGoal.model_validate(request.goal or {})
-        workload = _workload_model(request.workload)
-        if not sample.get("backend_version"):
-            from spica_pipeline.search.model_hw import latest_backend_version
+            call.kwargs["router_config"] = KvRouterConfig(**call.kwargs["router_config"])
+        return call
 
-            sample["backend_version"] = latest_backend_version(sample["hardware_sku"], sample["backend"])
-            derived["backend_version"] = sample["backend_version"]
-
-        # 1. load (spec §3.4): a KV-load ratio becomes a per-candidate concurrency
-        override: int | None = None
-        if workload.is_kv_load:
-            ratio = sample.get("kv_load_ratio", workload.kv_load_scalar())
-            if ratio is None:
-                raise CandidateBuildError("a ranged kv_load_ratio needs the sample's own kv_load_ratio")
-            load = resolve_kv_load(sample, workload.isl, workload.osl, float(ratio), estimate=estimate_kv_tokens)
-            derived.update(load)
-            override = load["concurrency"]
-        elif workload.concurrency is not None:
-            derived["concurrency"] = workload.concurrency
-
-        # 2. plan (spec §7.2-7.3)
-        sla = goal.sla.model_dump(mode="json") if goal.sla is not None else None
-        plan = build_deployment_plan(sample, planner_target=goal.planner_target, sla=sla)
-
-        # 3. model context and trace checks, before any replay
-        context = sample.get("context_length") or timing.model_context_length(sample["model_name"])
-        if workload.is_trace:
-            _check_trace(workload.trace_path, context, self.trace_block_size)
-        elif context is not None and workload.isl is not None:
-            check_context(int(workload.isl), int(workload.osl or 0), int(context))
-
-        # 4. per-role engine configs with AIC timing and explicit capacity
-        engines = {}
-        for role, args in plan.engine_args().items():
-            engines[role] = self._engine_config(sample, role, args, context, derived)
-
-        # 5. replay kwargs
-        kwargs: dict[str, Any] = {
-            "router_mode": plan.router_mode,
-            "router_config": _router_config(plan),
-            "capture_per_request": False,
-        }
-        if plan.deployment_mode == "agg":
-            kwargs.update(extra_engine_args=engines["agg"], num_workers=plan.num_workers)
-        else:
-            kwargs.update(prefill_engine_args=engines["prefill"], decode_engine_args=engines["decode"],
-                          num_prefill_workers=plan.num_prefill_workers, num_decode_workers=plan.num_decode_workers)
-        kwargs.update(_sla_kwargs(sla))
-        cap = workload.in_flight_cap(override)
-        if workload.is_trace:
-            function = "trace"
-            args: tuple = ([str(workload.trace_path)],)
-            kwargs.update(arrival_speedup_ratio=float(workload.arrival_speedup_ratio),
-                          trace_block_size=int(self.trace_block_size), replay_concurrency=cap)
-        else:
-            function = "synthetic"
-            args = (int(workload.isl), int(workload.osl), int(workload.synthetic_request_count(override)))
-            interval = workload.arrival_interval_ms()
-            kwargs.update(arrival_speedup_ratio=1.0, replay_concurrency=cap if interval is None else None,
-                          arrival_interval_ms=interval, turns_per_session=int(workload.turns_per_session),
-                          shared_prefix_ratio=float(workload.shared_prefix_ratio),
-                          num_prefix_groups=int(workload.num_prefix_groups),
-                          inter_turn_delay_ms=float(workload.inter_turn_delay_ms))
-            derived["request_count"] = args[2]
-        controllers = [k for k in ("replay_concurrency", "arrival_interval_ms") if kwargs.get(k) is not None]
-        if function == "synthetic" and len(controllers) != 1:
-            raise CandidateBuildError(f"a synthetic replay needs exactly one load controller, got {controllers}")
-
-        repeats = 1
-        if plan.router_mode == "kv_router":
-            repeats = max(1, int(request.context.get("router_repeats", self.router_repeats)))
-        derived["benchmark_granularity"] = self.benchmark_granularity
-        policy_factory = None
-        if not plan.is_static:  # imported here so a missing planner fails the build, not the replay
-            from spica_pipeline.search.planner import build_scaling_policy as policy_factory
-        return ReplayCall(function, args, kwargs, repeats, derived, policy_factory=policy_factory)
+    @property
+    def settings(self) -> ReplaySettings:
+        return ReplaySettings(trace_block_size=self.trace_block_size, benchmark_granularity=self.benchmark_granularity,
+                              kv_transfer_bandwidth_gbps=self.kv_transfer_bandwidth_gbps,
+                              router_repeats=self.router_repeats)
 
     # ---- internals ---------------------------------------------------------------------------
-
-    def _engine_config(self, sample: dict[str, Any], role: str, args: dict[str, Any], context: int | None,
-                       derived: dict[str, Any]) -> dict[str, Any]:
-        from spica_pipeline.resources import timing
-
-        tp, pp, dp, moe_tp, moe_ep = role_shape(sample, role)
-        identity = timing.EngineIdentity(
-            model=args["aic_model_path"], system=args["aic_system"], backend=args["aic_backend"],
-            version=args["aic_backend_version"], tp=tp, pp=pp, attention_dp=dp, moe_tp=moe_tp, moe_ep=moe_ep,
-            nextn=int(args.get("aic_nextn") or 0),
-        )
-        block_size = int(args["block_size"])
-        if block_size <= 0:
-            raise ValueError(f"{role}_block_size must be greater than zero, got {block_size}")
-        mnbt = int(args["max_num_batched_tokens"])
-        capacity = timing.kv_capacity(identity, max_num_tokens=mnbt, max_batch_size=int(args["max_num_seqs"]),
-                                      memory_fraction=float(args["gpu_memory_utilization"]),
-                                      cache_dir=self.cache_dir)
-        num_gpu_blocks = capacity.num_gpu_blocks(block_size)
-        if num_gpu_blocks < 1:
-            raise InfeasibleKVCapacity(f"{role} KV capacity {capacity.tokens_per_rank} tokens is under one block")
-        table = timing.timing_table(identity, max_num_batched_tokens=mnbt, cache_dir=self.cache_dir)
-        derived[f"{role}_num_gpu_blocks"] = num_gpu_blocks
-        derived[f"{role}_kv_tokens_per_rank"] = capacity.tokens_per_rank
-        derived[f"{role}_kv_bytes_per_token"] = capacity.bytes_per_token
-
-        backend = args["engine_type"]
-        engine: dict[str, Any] = {
-            "backend": backend,
-            "worker_type": args["worker_type"],
-            "num_gpu_blocks": num_gpu_blocks,
-            "block_size": block_size,
-            "max_num_seqs": int(args["max_num_seqs"]),
-            "max_num_batched_tokens": mnbt,
-            "enable_prefix_caching": bool(args["enable_prefix_caching"]),
-            "enable_chunked_prefill": True,
-            "speedup_ratio": table.speedup_ratio,
-            "timing_model": table.timing_model(),
-        }
-        if context:
-            engine["max_model_len"] = int(context)
-        if args.get("aic_nextn"):
-            engine["aic_nextn"] = int(args["aic_nextn"])
-        if backend == "sglang":
-            engine["sglang"] = {"chunked_prefill_size": max(block_size, mnbt // block_size * block_size),
-                                "max_prefill_tokens": mnbt}
-        if role == "prefill":
-            engine["kv_transfer_bandwidth"] = float(self.kv_transfer_bandwidth_gbps)
-            engine["kv_transfer_bytes_per_token"] = int(capacity.bytes_per_token)
-        if int(args.get("num_g2_blocks") or 0) > 0:
-            engine.update(_host_offload(args))
-        config: dict[str, Any] = {
-            "engine": engine,
-            # the replay counts tensor_parallel_size x dp_size GPUs per worker
-            "tensor_parallel_size": tp * pp,
-            "dp_size": dp,
-        }
-        memory_key = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_static",
-                      "trtllm": "free_gpu_memory_fraction"}.get(backend)
-        if memory_key:
-            config[memory_key] = float(args["gpu_memory_utilization"])
-        if args.get("startup_time") is not None:
-            config["startup_time"] = float(args["startup_time"])
-        return config
 
     def _run(self, call: ReplayCall, request: EvalRequest) -> tuple[dict[str, Any], int | None]:
         import dynamo._core as core
@@ -357,46 +228,67 @@ def _rebuild_evaluator(cls: type, fields: dict[str, Any]) -> "ReplayEvaluator":
     return cls(**fields)
 
 
-def _router_config(plan: DeploymentPlan):
-    if plan.router_mode != "kv_router" or not plan.router_config:
-        return None
-    from dynamo._core import KvRouterConfig
-
-    return KvRouterConfig(**plan.router_config)
-
-
-def _sla_kwargs(sla: dict[str, Any] | None) -> dict[str, float]:
-    """Goodput SLA for the replay, only when the goal has one (spec §7.4)."""
-    if not sla:
-        return {}
-    out = {f"sla_{k}": float(sla[k]) for k in ("ttft_ms", "itl_ms", "e2e_ms") if sla.get(k) is not None}
-    if "sla_e2e_ms" in out and len(out) > 1:
-        raise CandidateBuildError("goal.sla: the replay cannot combine e2e_ms with ttft_ms/itl_ms; set one kind")
-    return out
+def _internal_error(exc: Exception, request: EvalRequest, stage: str, derived: dict[str, Any]) -> EvalOutcome:
+    """A bug, not a bad candidate: log the traceback and record it as such (never 'infeasible')."""
+    log.exception("internal error while %s for candidate %s", stage, request.spec_hash)
+    return EvalOutcome("failed", reason=f"internal error: {_one_line(exc)} (traceback in the log)",
+                       derived=derived)
 
 
-def _host_offload(args: dict[str, Any]) -> dict[str, Any]:
-    """KVBM G2 (host) offload knobs -> the mocker's native host offload block."""
-    if not args.get("kv_bytes_per_token"):
-        raise CandidateBuildError("kv_bytes_per_token is required when num_g2_blocks > 0")
-    offload: dict[str, Any] = {"num_host_blocks": int(args["num_g2_blocks"])}
-    if args.get("bandwidth_g1_to_g2_gbps") is not None:
-        offload["d2h_bandwidth_gbps"] = float(args["bandwidth_g1_to_g2_gbps"])
-    if args.get("bandwidth_g2_to_g1_gbps") is not None:
-        offload["h2d_bandwidth_gbps"] = float(args["bandwidth_g2_to_g1_gbps"])
-    return {"native_host_offload": offload, "kv_cache_bytes_per_token": int(args["kv_bytes_per_token"])}
+@contextmanager
+def _perf_model_errors() -> Iterator[None]:
+    """aiconfigurator-core's refusals (no perf data, unsupported shape) are candidate failures."""
+    try:
+        yield
+    except SpicaError:
+        raise
+    except (ValueError, RuntimeError) as exc:
+        raise PerfModelError.wrap(exc) from exc
+
+
+class ReplayFacts:
+    """`search.engine_args.EngineFacts` backed by aiconfigurator-core and the on-disk timing cache."""
+
+    def __init__(self, cache_dir: str | None):
+        self.cache_dir = cache_dir
+
+    def backend_version(self, hardware_sku: str, backend: str) -> str:
+        from spica_pipeline.search.model_hw import latest_backend_version
+
+        return latest_backend_version(hardware_sku, backend)
+
+    def kv_tokens(self, model_name: str, hardware_sku: str, backend: str, backend_version: str,
+                  shape: tuple[int, int, int, int, int], **knobs: Any) -> int:
+        from spica_pipeline.search import kv
+
+        with _perf_model_errors():
+            return kv.estimate_kv_tokens(model_name, hardware_sku, backend, backend_version, shape, **knobs)
+
+    def kv_capacity(self, identity: EngineIdentity, *, max_num_tokens: int, max_batch_size: int,
+                    memory_fraction: float) -> KvCapacity:
+        from spica_pipeline.resources import timing
+
+        with _perf_model_errors():
+            return timing.kv_capacity(identity, max_num_tokens=max_num_tokens, max_batch_size=max_batch_size,
+                                      memory_fraction=memory_fraction, cache_dir=self.cache_dir)
+
+    def timing_table(self, identity: EngineIdentity, *, max_num_batched_tokens: int) -> TimingRef:
+        from spica_pipeline.resources import timing
+
+        with _perf_model_errors():
+            return timing.timing_table(identity, max_num_batched_tokens=max_num_batched_tokens,
+                                       cache_dir=self.cache_dir)
+
+    def context_length(self, model_name: str) -> int | None:
+        from spica_pipeline.resources import timing
+
+        return timing.model_context_length(model_name)
+
+    def check_trace(self, path: str, context: int | None, block_size: int) -> None:
+        _check_trace(path, context, block_size)
 
 
 _trace_checked: dict[tuple, None] = {}
-
-
-def check_context(isl: int, osl: int, context: int) -> None:
-    """A synthetic request must fit the model context with its output: input + output <= context."""
-    if isl > context:
-        raise CandidateBuildError(f"workload.isl={isl} exceeds the model context length {context}")
-    if isl + osl > context:
-        raise CandidateBuildError(f"workload.isl={isl} + workload.osl={osl} = {isl + osl} tokens exceeds the "
-                                  f"model context length {context}")
 
 
 def _check_trace(path: str, context: int | None, block_size: int) -> None:
@@ -413,12 +305,3 @@ def _check_trace(path: str, context: int | None, block_size: int) -> None:
     read_mooncake_trace(path, max_input_length=int(context) if context else None, block_size=block_size)
     if key is not None:
         _trace_checked[key] = None
-
-
-def role_gpus(sample: dict[str, Any]) -> int:
-    """Provisioned GPUs of a static candidate (engine GPUs x replicas over active roles)."""
-    total = 0
-    for role in active_roles(sample):
-        tp, pp, dp, _, _ = role_shape(sample, role)
-        total += tp * pp * dp * role_replicas(sample, role)
-    return total

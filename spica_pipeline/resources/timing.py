@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from spica_pipeline.errors import InfeasibleKVCapacity, ModelHardwareError
+from spica_pipeline.search.engine_args import EngineIdentity, KvCapacity
 from spica_pipeline.search.kv import estimate_kv
 from spica_pipeline.search.model_hw import QuietAIC, model_facts
 from spica_pipeline.storage import atomic_write_bytes, atomic_write_text
@@ -83,35 +84,6 @@ def _digest(kind: str, identity: dict[str, Any]) -> str:
 
 
 @dataclass(frozen=True)
-class EngineIdentity:
-    """Everything a pass latency depends on (not replicas, batching knobs or memory fraction)."""
-
-    model: str
-    system: str
-    backend: str
-    version: str
-    tp: int = 1
-    pp: int = 1
-    attention_dp: int = 1
-    moe_tp: int = 1
-    moe_ep: int = 1
-    nextn: int = 0
-
-    @property
-    def is_moe(self) -> bool:
-        return self.moe_tp * self.moe_ep > 1
-
-    def aic_config(self) -> dict[str, Any]:
-        return {
-            "schema_version": 1, "model_name": self.model, "system_name": self.system, "backend": self.backend,
-            "backend_version": self.version, "kv_block_size": None, "tp_size": self.tp, "pp_size": self.pp,
-            "moe_tp_size": self.moe_tp if self.is_moe else None, "moe_ep_size": self.moe_ep if self.is_moe else None,
-            "attention_dp_size": self.attention_dp, "cp_size": None, "weight_dtype": None, "moe_dtype": None,
-            "activation_dtype": None, "kv_cache_dtype": None, "nextn": self.nextn or None, "extra": {},
-        }
-
-
-@dataclass(frozen=True)
 class TimingTable:
     """A cached NPZ and how the engine args must reference it."""
 
@@ -121,19 +93,6 @@ class TimingTable:
 
     def timing_model(self) -> dict[str, Any]:
         return {"type": "external", "provider": "dynamo_profile", "config": {"path": self.path}}
-
-
-@dataclass(frozen=True)
-class KvCapacity:
-    """Per-rank KV tokens and KV bytes per token per GPU (AIC estimate_kv_cache)."""
-
-    tokens_per_rank: int
-    bytes_per_token: int
-
-    def num_gpu_blocks(self, block_size: int) -> int:
-        if block_size <= 0:
-            raise ValueError(f"block_size must be greater than zero, got {block_size}")
-        return self.tokens_per_rank // block_size
 
 
 class _AicStep:

@@ -32,11 +32,9 @@ from typing import Any
 
 import dagster as dg
 
-from spica_pipeline.config.sweep import ALGORITHMS
-from spica_pipeline.errors import ConfigError
+# resolve_algorithm lives with the config so `spica validate` resolves the env override too
+from spica_pipeline.config.sweep import ALGO_ENV, ALGORITHMS, resolve_algorithm  # noqa: F401
 from spica_pipeline.search.encoding import ParamSpec, SearchEncoding
-
-ALGO_ENV = "SPICA_VIZIER_ALGO"
 SEED_BATCH = "QUASI_RANDOM_SEARCH"
 
 # One history row: (parameters, metrics or None, infeasible reason or None).
@@ -46,18 +44,6 @@ _log = logging.getLogger(__name__)
 _setup_lock = threading.Lock()
 _setup_done: dict[str, str] = {}
 _executor: ThreadPoolExecutor | None = None
-
-
-def resolve_algorithm(configured: str | None, explicit: str | None = None) -> str:
-    """SPICA_VIZIER_ALGO (operator escape hatch) > explicit argument > resource config."""
-    env = os.environ.get(ALGO_ENV, "").strip()
-    name, source = (env, ALGO_ENV) if env else ((explicit, "algorithm") if explicit else (configured, "algorithm"))
-    name = (name or "DEFAULT").strip().upper()
-    if name in ("GP_UCB_PE", "ALGORITHM_UNSPECIFIED"):
-        name = "DEFAULT"
-    if name not in ALGORITHMS:
-        raise ConfigError(f"{source}: unknown Vizier algorithm {name!r}; expected one of {list(ALGORITHMS)}")
-    return name
 
 
 def _runtime_setup(cache_dir: str | None) -> None:
@@ -437,8 +423,3 @@ def _add_param(root, p: ParamSpec, vz) -> None:
         root.add_discrete_param(p.name, list(p.values), default_value=p.default, scale_type=scale)
     else:
         root.add_categorical_param(p.name, list(p.values), default_value=p.default)
-
-
-def jax_runtime_info() -> dict[str, str]:
-    """What the runtime setup did (platforms, cache dir), for run metadata."""
-    return dict(_setup_done)

@@ -159,7 +159,7 @@ def build_deployment_plan(
 ) -> DeploymentPlan:
     """Build the per-role engine args, router and planner payloads of one candidate.
 
-    `planner_target` comes from the goal (`planner_target_for`), `sla` is `goal.sla` as a dict (or
+    `planner_target` comes from the goal (`OptimizationGoal.planner_target`), `sla` is `goal.sla` as a dict (or
     None). `num_gpu_blocks` is deliberately absent: capacity is the evaluator's business.
     Raises ValueError for an 'sla' planner target without both ttft_ms and itl_ms.
     """

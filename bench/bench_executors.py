@@ -1,0 +1,188 @@
+"""Evaluation backends side by side: the local spawned pool vs Ray (a script, not a test).
+
+    DYN_LOG=warn .venv/bin/python bench/bench_executors.py [--quick] [--out bench/results/executors.json]
+
+1. start-up: a backend's first candidate (processes spawned / Ray started + actors warm);
+2. per-task overhead: N candidates that each sleep 10 ms, streamed through 1 and 2 workers;
+   overhead per candidate = (wall - N x 10 ms / workers) x workers / N (the target for Ray: <= 50 ms);
+3. candidates/s on a CPU-bound candidate (a fixed number of loop iterations, ~0.2 s on one idle
+   core) with 1 and 2 workers, local pool vs a local Ray on this machine;
+4. a simulated multi-node cluster (ray.cluster_utils.Cluster, 3 nodes of 1 CPU on 127.0.0.1):
+   candidates/s with 1, 2, 3 workers (one per node) and the scaling efficiency of each added
+   worker, throughput(n) / (n x throughput(1)).
+
+Every node and server is on 127.0.0.1. What the machine can show is printed with the numbers: its
+core count and load average. Nodes of a simulated cluster share this machine's cores, so worker
+counts above the free cores measure contention, not Ray.
+"""
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("DYN_LOG", "warn")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from spica_pipeline.resources.pool import EvaluationPool  # noqa: E402
+from spica_pipeline.resources.ray_pool import RayEvaluationPool, loopback_only  # noqa: E402
+from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest  # noqa: E402
+
+SLEEP_S = 0.010
+
+
+class BenchEvaluator:
+    """sleep: wait `SLEEP_S` (no CPU: measures the backend's own cost); spin: `iterations` of a loop
+    (fixed CPU work: measures how many cores the backend really uses)."""
+
+    def __init__(self, iterations: int):
+        self.iterations = iterations
+
+    def evaluate(self, request: EvalRequest) -> EvalOutcome:
+        started = time.perf_counter()
+        if request.sample["kind"] == "sleep":
+            time.sleep(SLEEP_S)
+        else:
+            x = 0
+            for i in range(self.iterations):
+                x += i * i % 7
+        return EvalOutcome("feasible", report={"i": float(request.sample["i"])},
+                           replay_seconds=time.perf_counter() - started)
+
+
+def requests(kind: str, n: int) -> list[EvalRequest]:
+    return [EvalRequest({"kind": kind, "i": i}, {}, {}) for i in range(n)]
+
+
+def stream(backend, reqs: list[EvalRequest]) -> float:
+    """Submit all, collect completions as they finish; wall seconds."""
+    t0 = time.perf_counter()
+    for r in reqs:
+        backend.submit(r)
+    got = sum(1 for _ in backend.completions())
+    assert got == len(reqs), (got, len(reqs))
+    return time.perf_counter() - t0
+
+
+def warm(backend, workers: int) -> float:
+    """Seconds until every worker has answered once (Ray: until `workers` actors are ready)."""
+    t0 = time.perf_counter()
+    backend.evaluate_wave(requests("sleep", workers))
+    if isinstance(backend, RayEvaluationPool):
+        while len(backend.workers_info()) < workers:
+            backend.evaluate_wave(requests("sleep", workers))
+    return time.perf_counter() - t0
+
+
+def calibrate(target_s: float) -> int:
+    """Loop iterations that take ~target_s on one core here (median of 3)."""
+    probe = 200_000
+    ev = BenchEvaluator(probe)
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        ev.evaluate(EvalRequest({"kind": "spin", "i": 0}, {}, {}))
+        times.append(time.perf_counter() - t0)
+    return max(1, int(probe * target_s / statistics.median(times)))
+
+
+def measure(backend, workers: int, n_sleep: int, n_spin: int) -> dict:
+    start = warm(backend, workers)
+    wall = stream(backend, requests("sleep", n_sleep))
+    overhead_ms = (wall - n_sleep * SLEEP_S / workers) * workers / n_sleep * 1000
+    spin_wall = stream(backend, requests("spin", n_spin))
+    return {"workers": workers, "warm_s": round(start, 2), "sleep_candidates": n_sleep,
+            "overhead_ms_per_candidate": round(overhead_ms, 2), "spin_candidates": n_spin,
+            "candidates_per_s": round(n_spin / spin_wall, 3)}
+
+
+def loadavg() -> list[str]:
+    try:
+        return Path("/proc/loadavg").read_text().split()[:3]
+    except OSError:
+        return []
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer candidates (about 3 minutes here)")
+    parser.add_argument("--spin-seconds", type=float, default=0.2, help="CPU work per spin candidate")
+    parser.add_argument("--nodes", type=int, default=3, help="nodes of the simulated cluster (1 CPU each)")
+    parser.add_argument("--out", help="write the results as JSON")
+    args = parser.parse_args()
+    n_sleep, n_spin = (40, 12) if args.quick else (200, 40)
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    loopback_only()
+    machine = {"nproc": os.cpu_count(), "loadavg_at_start": loadavg()}
+    iterations = calibrate(args.spin_seconds)
+    ev = BenchEvaluator(iterations)
+    print(f"machine: {machine['nproc']} cores, load average {' '.join(machine['loadavg_at_start'])}; "
+          f"spin candidate = {iterations} iterations (~{args.spin_seconds:g} s on one core when calibrated)")
+    results: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                     "command": "bench/bench_executors.py" + (" --quick" if args.quick else ""),
+                     "machine": machine, "spin_iterations": iterations, "sleep_s": SLEEP_S}
+
+    # 1-3: local pool vs a local Ray on this machine, 1 and 2 workers
+    local, on_ray = [], []
+    for workers in (1, 2):
+        with EvaluationPool(ev, workers=workers, max_eval_seconds=120) as pool:
+            local.append(measure(pool, workers, n_sleep, n_spin))
+        print(f"local pool {workers} worker(s): {local[-1]}")
+    t0 = time.perf_counter()
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+             object_store_memory=256 * 1024 * 1024, logging_level="warning")
+    results["ray_init_s"] = round(time.perf_counter() - t0, 2)
+    for workers in (1, 2):
+        with RayEvaluationPool(ev, workers=workers, max_eval_seconds=120) as pool:
+            on_ray.append(measure(pool, workers, n_sleep, n_spin))
+        print(f"ray {workers} worker(s): {on_ray[-1]}")
+    ray.shutdown()
+    results["local"], results["ray"] = local, on_ray
+    for lo, ra in zip(local, on_ray):
+        print(f"{lo['workers']} worker(s): overhead ms/candidate local {lo['overhead_ms_per_candidate']:.2f} | "
+              f"ray {ra['overhead_ms_per_candidate']:.2f}; candidates/s local {lo['candidates_per_s']:.2f} | "
+              f"ray {ra['candidates_per_s']:.2f} (ray/local {ra['candidates_per_s'] / lo['candidates_per_s']:.2f})")
+
+    # 4: a simulated cluster of 1-CPU nodes on 127.0.0.1
+    node = dict(num_cpus=1, object_store_memory=80 * 1024 * 1024, include_dashboard=False)
+    t0 = time.perf_counter()
+    cluster = Cluster(initialize_head=False)
+    for _ in range(args.nodes):
+        cluster.add_node(**node)
+    cluster.wait_for_nodes()
+    cluster.connect()
+    results["cluster_start_s"] = round(time.perf_counter() - t0, 2)
+    scaling = []
+    try:
+        for workers in range(1, args.nodes + 1):
+            with RayEvaluationPool(ev, workers=workers, max_eval_seconds=120) as pool:
+                row = measure(pool, workers, n_sleep, n_spin * workers)
+                row["nodes_used"] = len({i["node_id"] for i in pool.workers_info()})
+            base = scaling[0]["candidates_per_s"] if scaling else row["candidates_per_s"]
+            row["scaling_efficiency"] = round(row["candidates_per_s"] / (workers * base), 3)
+            scaling.append(row)
+            print(f"cluster {workers} worker(s) on {row['nodes_used']} node(s): {row['candidates_per_s']:.2f}/s, "
+                  f"efficiency {row['scaling_efficiency']:.2f}, overhead {row['overhead_ms_per_candidate']:.2f} ms")
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    results["cluster"] = {"nodes": args.nodes, "cpus_per_node": 1, "rows": scaling}
+    machine["loadavg_at_end"] = loadavg()
+    print(f"load average at end {' '.join(machine['loadavg_at_end'])}: this machine has {machine['nproc']} cores "
+          "shared with other work; efficiency beyond the free cores measures contention, not Ray")
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
