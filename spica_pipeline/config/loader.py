@@ -200,9 +200,16 @@ def load_config(path: str | Path) -> "SmartSearchConfig":  # noqa: F821
                           "search_space and workload)")
     if not isinstance(data, dict):
         raise ConfigError(f"invalid config {path}: the top level must be a mapping, got {type(data).__name__}")
+    return validate_config(data, path)
+
+
+def validate_config(data: dict[str, Any], where: str | Path) -> "SmartSearchConfig":  # noqa: F821
+    """A parsed config mapping, validated; any failure is one `ConfigError` line naming `where`."""
+    from spica_pipeline.config.model import SmartSearchConfig
+
     try:
         return SmartSearchConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(f"invalid config {path}: {render_validation_error(err)}") from None
+        raise ConfigError(f"invalid config {where}: {render_validation_error(err)}") from None
     except (ValueError, TypeError) as err:
-        raise ConfigError(f"invalid config {path}: {_one_line(str(err))}") from None
+        raise ConfigError(f"invalid config {where}: {_one_line(str(err))}") from None
