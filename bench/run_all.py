@@ -197,6 +197,8 @@ def summary_executors(data: dict[str, Any]) -> list[str]:
                          f"{_fmt(row['candidates_per_s'])} |")
     lines += ["", f"Simulated cluster ({data['cluster']['nodes']} nodes x 1 CPU on 127.0.0.1):", "",
               "| workers | nodes used | candidates/s | scaling efficiency |", "|---|---|---|---|"]
+    if data["cluster"].get("error"):
+        lines.append(f"Not measured: {data['cluster']['error']}.")
     for row in data["cluster"]["rows"]:
         lines.append(f"| {row['workers']} | {row['nodes_used']} | {_fmt(row['candidates_per_s'])} | "
                      f"{_fmt(row['scaling_efficiency'])} |")

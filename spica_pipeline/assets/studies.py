@@ -111,6 +111,8 @@ def study_partition(
 
     try:
         with open_studies(journal_dir, store=storage) as session:
+            for warning in session.journal.warnings:  # a torn last record cut back on open
+                context.log.warning(warning)
             run = session.run([plan], config, load_predictor, evaluate_wave=pool.evaluate_wave, vizier=vizier,
                               warm_history=lambda plan: warm, on_round=on_round)
     except SpicaError as err:  # OutputDirBusy included: another run holds this journal
