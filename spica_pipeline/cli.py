@@ -257,8 +257,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from spica_pipeline.errors import PolicyFilterError
     from spica_pipeline.sweep import check_workload, filter_policies
 
+    from spica_pipeline.search.model_hw import check_precision
+
     try:
         trace_warnings = check_workload(config)
+        space = config.search_space
+        check_precision(space.precision, space.model_name, space.hardware_sku)  # names field + choices
     except TraceError as err:  # names the trace file and line
         return _fail(str(err))
     except SpicaError as err:  # names the field and the limit

@@ -77,4 +77,6 @@ class PerfModelError(CandidateBuildError):
     def wrap(cls, exc: BaseException) -> "PerfModelError":
         text = " ".join(str(exc).split())
         detail = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-        return cls(detail, detail=detail)
+        err = cls(detail, detail=detail)
+        err.__cause__ = exc  # what AIC said, for callers that tell a data gap from other refusals
+        return err

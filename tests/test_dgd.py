@@ -124,10 +124,11 @@ def test_planner_component_when_scaling_is_on():
 
 
 def test_precision_seam_maps_to_both_backends():
-    for backend in ("vllm", "sglang"):
-        doc = dgd_manifest(sample("agg", backend, "TP", quantization="fp8", kv_cache_dtype="fp8"), name="x-1")
+    for backend, kv in (("vllm", "fp8"), ("sglang", "fp8_e4m3")):
+        doc = dgd_manifest(sample("agg", backend, "TP", precision_weights="fp8", precision_kv_cache="fp8"),
+                           name="x-1")
         a = " ".join(args_of(doc, "worker")[0])
-        assert "--quantization fp8" in a and "--kv-cache-dtype fp8" in a
+        assert "--quantization fp8" in a and f"--kv-cache-dtype {kv}" in a
         assert validate_manifest(doc) == []
 
 

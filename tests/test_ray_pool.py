@@ -233,6 +233,26 @@ def test_a_killed_worker_is_retried_once_and_the_retry_is_recorded(cluster):
         assert [o.status for o in pool.evaluate_wave([req(value=1)])] == ["feasible"]
 
 
+@pytest.mark.integration
+def test_the_real_replay_evaluator_on_ray_gives_the_in_process_result(cluster, tmp_path):
+    """ReplayEvaluator (a Dagster resource) survives the trip to a Ray actor: same report, same derived."""
+    from test_replay_integration import THROUGHPUT, agg
+
+    from spica_pipeline.resources.replay import ReplayEvaluator
+    from spica_pipeline.search.model_hw import latest_backend_version
+
+    evaluator = ReplayEvaluator(cache_dir=str(tmp_path / "cache"))
+    request = EvalRequest(agg(latest_backend_version("h200_sxm", "vllm"), tp=2, replicas=2, used_gpus=4),
+                          {"isl": 1024, "osl": 64, "request_rate": 5.0, "num_request_ratio": 20}, THROUGHPUT)
+    local = evaluator.evaluate(request)
+    with RayEvaluationPool(evaluator, workers=1, max_eval_seconds=300) as pool:
+        (remote,) = pool.evaluate_wave([request])
+    assert remote.status == local.status == "feasible", remote.reason
+    for key in ("mean_ttft_ms", "mean_itl_ms", "duration_ms", "gpu_hours", "completed_requests"):
+        assert remote.report[key] == local.report[key]
+    assert remote.derived == local.derived
+
+
 # ---- whole sweeps --------------------------------------------------------------------------
 
 def tiny_config(**sweep) -> dict:

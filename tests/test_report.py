@@ -387,3 +387,42 @@ def test_a_rerun_with_fewer_picks_drops_stale_deploy_folders(tmp_path):
     assert (tmp_path / "deploy" / "5" / "dgd.yaml").is_file()
     write_outputs(tmp_path, ledger, m, goal_summary=GOAL, workload_summary=WORKLOAD, timings={}, top_n=2)
     assert sorted(p.name for p in (tmp_path / "deploy").iterdir()) == ["1", "2"]
+
+
+def test_fidelity_note_and_precision_reach_report_csv_and_deploy(tmp_path):
+    """Substitute perf data is never silent: report.md, candidates.csv and deploy/ all say so."""
+    ledger = make_ledger(seed=5, n=45)
+    note = "sglang 0.5.16 perf data on h200_sxm has no MLA attention data; timed with bf16 attention"
+    configs = [json.loads(c) for c in ledger["config"]]
+    for cfg in configs:
+        cfg.update(fidelity_note=note, precision_weights="fp8", precision_kv_cache="fp8", aic_nextn=1)
+    ledger["config"] = [json.dumps(c) for c in configs]
+    m = merge_candidates(ledger, "throughput_per_gpu", gpu_budget=16)
+    write_outputs(tmp_path, ledger, m, goal_summary=GOAL, workload_summary=WORKLOAD, timings={}, top_n=1)
+    report = (tmp_path / "report.md").read_text()
+    assert "## Fidelity notes" in report and note in report
+    assert "precision weights=fp8 kv_cache=fp8" in report and "MTP nextn 1" in report
+    assert "not 1/TPOT" in report and "5-15%" not in report
+    assert "Latency: p90 TTFT" in report  # the SLA question, answered even without an SLA
+    csv = pd.read_csv(tmp_path / "candidates.csv")
+    assert (csv["cfg.fidelity_note"] == note).all() and (csv["cfg.precision_weights"] == "fp8").all()
+    record = yaml.safe_load((tmp_path / "deploy" / "1" / "simulation_record.yaml").read_text())
+    assert record["fidelity_note"] == note and record["precision"] == {"weights": "fp8", "kv_cache": "fp8"}
+    assert record["speculative_decoding"] == {"method": "mtp", "nextn": 1}
+    dgd = (tmp_path / "deploy" / "1" / "dgd.yaml").read_text()
+    assert f"# fidelity note: {note}" in dgd and "--quantization" in dgd
+
+
+def test_best_configuration_answers_the_sla_question(tmp_path):
+    ledger = make_ledger(seed=5, n=45)
+    reports = [json.loads(r) if isinstance(r, str) else r for r in ledger["report"]]
+    for r in reports:
+        if isinstance(r, dict):
+            r.update(completed_requests=200.0, goodput_completed_requests=180.0, p90_ttft_ms=420.0, p90_itl_ms=25.0)
+    ledger["report"] = [json.dumps(r) if isinstance(r, dict) else None for r in reports]
+    m = merge_candidates(ledger, "throughput_per_gpu", gpu_budget=16)
+    write_outputs(tmp_path, ledger, m, goal_summary={**GOAL, "sla": {"ttft_ms": 500.0, "itl_ms": 30.0}},
+                  workload_summary=WORKLOAD, timings={}, top_n=1)
+    report = (tmp_path / "report.md").read_text()
+    assert ("SLA (ttft <= 500 ms, itl <= 30 ms): 90.0% of completed requests met it; p90 TTFT 420 ms, "
+            "p90 ITL 25 ms.") in report

@@ -5,6 +5,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from spica_pipeline.config import presets
+from spica_pipeline.config.precision import Precision
 from spica_pipeline.config.types import (
     Bool,
     Float,
@@ -61,6 +62,8 @@ class SearchSpace(StrictModel):
     context_length: PosInt | None = None
     startup_time: NonNegFloat | None = None
     aic_nextn: NonNegInt | None = None
+    # weight / MoE / attention / KV-cache quantization (AIC modes); unset = the checkpoint's own
+    precision: Precision | None = None
 
     # engine, per role (§2.3)
     prefill_max_num_batched_tokens: list[Int] = Field(default_factory=lambda: [8192, 16384, 32768])

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from spica_pipeline.config.precision import precision_of
 from spica_pipeline.search.scoring import Candidate
 from spica_pipeline.search.shapes import SHAPE_KEYS
 
@@ -72,6 +73,9 @@ def deployment_dict(c: Candidate, rank: int, *, target: str | None = None) -> di
         "backend": cfg.get("backend"),
         "backend_version": cfg.get("backend_version"),
         "deployment_mode": mode,
+        "precision": precision_of(dict(cfg)) or "checkpoint default",
+        **({"speculative_decoding": {"method": "mtp", "nextn": cfg["aic_nextn"]}} if cfg.get("aic_nextn") else {}),
+        **({"fidelity_note": cfg["fidelity_note"]} if cfg.get("fidelity_note") else {}),
         "total_gpus": c.used_gpus,
         "workers": workers,
         "router": router,
@@ -99,6 +103,11 @@ def dgd_yaml(c: Candidate, rank: int, doc: Mapping[str, Any], *, target: str | N
     if c.metrics.get("fleet_replicas", 1) > 1:
         lines.append(f"# min_gpus fleet: {int(c.metrics['fleet_replicas'])} x the replayed deployment = "
                      f"{int(c.metrics['fleet_gpus'])} GPUs; worker replicas below are already multiplied.")
+    precision = precision_of(dict(c.config))
+    if precision:
+        lines.append("# precision: " + ", ".join(f"{k} {v}" for k, v in precision.items()))
+    if c.config.get("fidelity_note"):
+        lines.append(f"# fidelity note: {c.config['fidelity_note']}")
     if target is not None and c.score is not None:
         lines.append(f"# goal {target}: score {c.score:.6g}")
     return "\n".join(lines) + "\n" + yaml.safe_dump(dict(doc), sort_keys=False, default_flow_style=False, width=1000)

@@ -16,6 +16,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Mapping
 
+from spica_pipeline.config.precision import precision_of
+
 API_VERSIONS = ("v1beta1", "v1alpha1")
 DEFAULT_API_VERSION = "v1beta1"
 # The Dynamo runtime this project pins (ai-dynamo-runtime==1.6.1): its images run the same code.
@@ -45,8 +47,12 @@ _COMPONENT_NAMES = {
     "vllm": {"agg": "VllmWorker", "prefill": "VllmPrefillWorker", "decode": "VllmDecodeWorker"},
     "sglang": {"agg": "SglangWorker", "prefill": "SglangPrefillWorker", "decode": "SglangDecodeWorker"},
 }
-# Precision seam: the sample keys a weight / KV-cache precision will travel under.
-PRECISION_KEYS = {"quantization": "quantization", "kv_cache_dtype": "kv_cache_dtype"}
+# search_space.precision -> engine flags, only where the flag value is certain for both engines:
+# fp8 weights are `--quantization fp8` in vLLM and SGLang; an fp8 KV cache is `--kv-cache-dtype fp8` in
+# vLLM and `fp8_e4m3` in SGLang. Other modes come from the checkpoint's own quantization config, so no
+# flag is written for them (the simulation record still names them).
+QUANTIZATION_FLAGS = {"fp8": "fp8"}
+KV_CACHE_DTYPE_FLAGS = {"vllm": {"fp8": "fp8"}, "sglang": {"fp8": "fp8_e4m3"}}
 
 
 @dataclass(frozen=True)
@@ -150,12 +156,15 @@ def sglang_args(cfg: Mapping[str, Any], role: str) -> list[str]:
 
 
 def _precision_args(cfg: Mapping[str, Any]) -> list[str]:
-    """`--quantization` / `--kv-cache-dtype` when the sample carries a precision (same names in both)."""
+    """`--quantization` / `--kv-cache-dtype` for the candidate's precision where the flag value is known."""
+    precision = precision_of(dict(cfg))
     out: list[str] = []
-    for key, flag_key in PRECISION_KEYS.items():
-        v = cfg.get(key)
-        if v not in (None, "", "auto"):
-            out += ["--" + flag_key.replace("_", "-"), str(v)]
+    weights = QUANTIZATION_FLAGS.get(precision.get("weights", ""))
+    if weights:
+        out += ["--quantization", weights]
+    kv = KV_CACHE_DTYPE_FLAGS.get(str(cfg.get("backend")), {}).get(precision.get("kv_cache", ""))
+    if kv:
+        out += ["--kv-cache-dtype", kv]
     return out
 
 

@@ -49,7 +49,35 @@ def _quality(c: Any) -> list[str]:
 
 QUALITY_HEADER = ["SLA met", "p90 TTFT ms", "p90 ITL ms", "router spread"]
 QUALITY_NOTE = ("SLA met: share of completed requests within goal.sla (– without an SLA); router spread: "
-                "std of output throughput over the KV-router repeats, as % of the mean (– for one replay).")
+                "std of output throughput over the KV-router repeats, as % of the mean (– for one replay). "
+                "tok/s/user is the replay's mean over requests of each request's own output speed "
+                "(`mean_output_token_throughput_per_user`), not 1/TPOT.")
+FIDELITY_CLAIM = ("Numbers are from Dynamo Replay (simulation) with aiconfigurator-core step timings; they are "
+                  "estimates, not measurements, and no error band is claimed here. How far they are from real "
+                  "GPUs is measured by `bench/bench_fidelity.py` against aiconfigurator-core's silicon "
+                  "measurements.")
+
+
+def _fidelity_lines(ranked: list[tuple[Any, Any]]) -> list[str]:
+    """Substitute perf data behind any shown (rank, candidate), with the ranks it applies to (never silent)."""
+    notes: dict[str, list[str]] = {}
+    for rank, c in ranked:
+        note = c.config.get("fidelity_note")
+        if note:
+            notes.setdefault(str(note), []).append(str(rank))
+    if not notes:
+        return []
+    return ["## Fidelity notes", "", *[f"- ranks {', '.join(r)}: {n}" for n, r in notes.items()], ""]
+
+
+def _sla_answer(c: Any, goal_summary: Mapping[str, Any]) -> str:
+    """The SLA question for one candidate: share of requests within it, p90 TTFT and ITL (replayed)."""
+    sla = {k: v for k, v in dict(goal_summary.get("sla") or {}).items() if v is not None}
+    tails = f"p90 TTFT {_num(c.metrics.get('p90_ttft_ms'))} ms, p90 ITL {_num(c.metrics.get('p90_itl_ms'))} ms"
+    if not sla:
+        return f"Latency: {tails} (no goal.sla set, so no share of requests within an SLA)."
+    limits = ", ".join(f"{k.removesuffix('_ms')} <= {v:g} ms" for k, v in sla.items())
+    return f"SLA ({limits}): {_pct(sla_attainment(c))} of completed requests met it; {tails}."
 
 
 def _seconds(ledger: pd.DataFrame, col: str) -> dict[str, float]:
@@ -97,7 +125,7 @@ def render_report(
     if best is None:
         lines += ["No feasible candidate (check backends, SLA, gpu_budget and the failure reasons above).", ""]
     else:
-        lines += [describe_candidate(best, merge.target, merge.objectives), ""]
+        lines += [describe_candidate(best, merge.target, merge.objectives), "", _sla_answer(best, goal_summary), ""]
         if merge.is_pareto and rec is not None:
             lines += [f"Picked by the rule **{rec[1]}**; it is rank 1 (`deploy/1/`). A front has no single "
                       "best point: every point below trades one objective for another.", ""]
@@ -142,6 +170,11 @@ def render_report(
                          "tok/s/user", *QUALITY_HEADER, "configuration"], rows)
         lines += ["", "# = `deploy/<rank>/`. " + QUALITY_NOTE, ""]
 
+    if merge.is_pareto:
+        lines += _fidelity_lines([(merge.rank_of(c), c) for c in merge.candidates])
+    else:
+        lines += _fidelity_lines(list(enumerate(merge.candidates[:TOP_RANKED], 1)))
+
     lines += ["## Time", ""]
     opt, rep = _seconds(ledger, "optimizer_seconds"), _seconds(ledger, "replay_seconds")
     rows = [[b, f"{opt.get(b, 0.0):.1f}", f"{rep.get(b, 0.0):.1f}"] for b in merge.branches]
@@ -152,6 +185,6 @@ def render_report(
     lines.append("")
     if files:
         lines += ["## Files", "", *[f"- `{name}`: {path}" for name, path in files.items()], ""]
-    lines.append("Numbers are from Dynamo Replay (simulation); treat them as estimates with a 5-15% error band.")
+    lines.append(FIDELITY_CLAIM)
     return "\n".join(lines) + "\n"
 

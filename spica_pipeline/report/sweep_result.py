@@ -164,7 +164,7 @@ def ledger_to_sweep_result(
                                                  "kv_load_concurrency") if cfg.get(k) is not None},
                 "objective": dict(goal or {}),
                 "runner_metadata": {"spica": {"ledger_index": i, "ledger_row": plain,
-                                              **_fidelity(plain, report)}},
+                                              **_fidelity({**cfg, **plain}, report)}},
             },
         }
         candidates.append(record)

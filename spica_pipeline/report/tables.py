@@ -7,6 +7,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from spica_pipeline.config.goal import Target
+from spica_pipeline.config.precision import precision_of
 from spica_pipeline.search import scoring
 from spica_pipeline.search.scoring import Candidate
 
@@ -133,6 +134,11 @@ def describe_candidate(
         parts.append(f"max_num_seqs {cfg['agg_max_num_seqs']}")
         if "agg_max_num_batched_tokens" in cfg:
             parts.append(f"max_num_batched_tokens {cfg['agg_max_num_batched_tokens']}")
+    precision = precision_of(cfg)
+    if precision:
+        parts.append("precision " + " ".join(f"{k}={v}" for k, v in precision.items()))
+    if cfg.get("aic_nextn"):
+        parts.append(f"MTP nextn {cfg['aic_nextn']}")
     parts += [describe_router(cfg), describe_planner(cfg)]
     for k in ("concurrency", "kv_load_ratio"):
         if cfg.get(k) is not None:

@@ -2,7 +2,7 @@
 
 The replay's default polynomial timing is model/GPU/TP-agnostic and inverts candidate rankings
 (replay-notes §2d), so every engine identity (model, system, backend, version, tp, pp, attention_dp,
-moe_tp, moe_ep, nextn) gets its own table tabulated from aiconfigurator-core's forward-pass model:
+moe_tp, moe_ep, nextn, and the weight / MoE / attention / KV dtypes) gets its own table tabulated from aiconfigurator-core's forward-pass model:
 
 * prefill: latency of one pass over the total new tokens in it (every 32 tokens up to the largest
   chunk budget), linear interpolation in the replay;
@@ -43,12 +43,13 @@ from typing import Any
 import numpy as np
 
 from spica_pipeline.errors import InfeasibleKVCapacity, ModelHardwareError
+from spica_pipeline.search import perf_data
 from spica_pipeline.search.engine_args import EngineIdentity, KvCapacity
 from spica_pipeline.search.kv import estimate_kv
-from spica_pipeline.search.model_hw import QuietAIC, model_facts
+from spica_pipeline.search.model_hw import model_facts
 from spica_pipeline.storage import atomic_write_bytes, atomic_write_text
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: precision dtypes in the identity, fidelity note beside each table
 TIME_SCALE = 10.0
 PREFILL_STEP = 32
 PREFILL_MIN_TOP = 32768
@@ -77,8 +78,19 @@ def _aic_version() -> str:
         return "unknown"
 
 
+def _aic_systems_paths() -> list[str]:
+    """Where AIC reads perf data from (AICONFIGURATOR_SYSTEMS_PATH or its bundled data), resolved."""
+    import aiconfigurator_core
+    from aiconfigurator_core.sdk.perf_database import get_systems_paths
+
+    bundled = str(Path(aiconfigurator_core.__file__).parent)  # the same data in every venv
+    return [str(p).replace(bundled, "<aiconfigurator_core>") for p in get_systems_paths()]
+
+
 def _digest(kind: str, identity: dict[str, Any]) -> str:
-    payload = json.dumps({"kind": kind, "format": FORMAT_VERSION, "aic": _aic_version(), **identity},
+    """Content key of a cached table: every input that changes it, incl. AIC's version and data path."""
+    payload = json.dumps({"kind": kind, "format": FORMAT_VERSION, "aic": _aic_version(),
+                          "aic_systems_paths": _aic_systems_paths(), **identity},
                          sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
@@ -90,33 +102,30 @@ class TimingTable:
     path: str
     speedup_ratio: float
     key: str
+    fidelity_note: str | None = None  # substitute perf data used (search/perf_data.py), else None
 
     def timing_model(self) -> dict[str, Any]:
         return {"type": "external", "provider": "dynamo_profile", "config": {"path": self.path}}
 
 
 class _AicStep:
-    """One identity's forward-pass model; raises on a missing estimate instead of tabulating NaN."""
+    """One identity's forward-pass model; raises on a missing estimate instead of tabulating NaN.
+
+    Built through `perf_data.timed_model`, so missing attention data falls back to the nearest
+    available (bf16) data and `fidelity_note` says so.
+    """
 
     def __init__(self, identity: EngineIdentity):
-        from aiconfigurator_core.sdk.rust_engine_step import RustForwardPassPerfModel
-
         key = json.dumps(asdict(identity), sort_keys=True)
-        model = _models.get(key)
-        if model is None:
-            with QuietAIC():
-                model = RustForwardPassPerfModel.from_native(identity.aic_config())
-            _models[key] = model
-        self._model = model
+        built = _models.get(key)
+        if built is None:
+            built = perf_data.timed_model(identity, perf_data.aic_model, perf_data.probe_passes)
+            _models[key] = built
+        self._model, self.fidelity_note = built
         self._decode_memo: dict[tuple[int, int], float] = {}
 
     def _est(self, **scheduled: int) -> float:
-        with QuietAIC():
-            value = self._model.estimate_forward_pass_time_ms(
-                {"version": 1, "wall_time": 0.0, "scheduled_requests": scheduled})
-        if value is None or not math.isfinite(value) or value <= 0:
-            raise RuntimeError(f"aiconfigurator-core has no estimate for {scheduled}: {value!r}")
-        return float(value)
+        return perf_data.estimate_ms(self._model, **scheduled)
 
     def prefill(self, new_tokens: int) -> float:
         return self._est(num_prefill_requests=1, sum_prefill_tokens=int(new_tokens), sum_prefill_kv_tokens=0)
@@ -136,6 +145,12 @@ class _AicStep:
         if w < 1e-9:
             return self.decode(lo, context)
         return (1 - w) * self.decode(lo, context) + w * self.decode(lo + 1, context)
+
+
+def timing_grid() -> list[float]:
+    """The tabulation constants: a table built with other ones is a different table."""
+    return [TIME_SCALE, PREFILL_STEP, PREFILL_MIN_TOP, DECODE_MAX_KV_TOKENS, DECODE_MAX_CONTEXT, DECODE_MAX_BATCH,
+            N_KV, N_CTX]
 
 
 def prefill_grid(max_num_batched_tokens: int) -> np.ndarray:
@@ -160,6 +175,12 @@ def build_timing_arrays(identity: EngineIdentity, max_num_batched_tokens: int) -
     }
 
 
+def fidelity_note_of(identity: EngineIdentity) -> str | None:
+    """The substitution `_AicStep` made for this identity in this process (None: exact data or not built)."""
+    built = _models.get(json.dumps(asdict(identity), sort_keys=True))
+    return built[1] if built is not None else None
+
+
 def timing_table(identity: EngineIdentity, *, max_num_batched_tokens: int = 8192,
                  cache_dir: str | os.PathLike | None = None) -> TimingTable:
     """The cached NPZ for `identity`, building it on first use (about a second, then milliseconds).
@@ -167,9 +188,10 @@ def timing_table(identity: EngineIdentity, *, max_num_batched_tokens: int = 8192
     Tables span at least `PREFILL_MIN_TOP` tokens so the searched chunk budgets share one table.
     """
     top = max(int(max_num_batched_tokens), PREFILL_MIN_TOP)
-    key = _digest("timing", {**asdict(identity), "prefill_top": top})
+    key = _digest("timing", {**asdict(identity), "prefill_top": top, "grid": timing_grid()})
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     path = root / "timing" / f"{key}.npz"
+    meta = path.with_suffix(".json")
     memo = _timing_memo.get(str(path))
     if memo is not None and path.exists():
         return memo
@@ -177,13 +199,24 @@ def timing_table(identity: EngineIdentity, *, max_num_batched_tokens: int = 8192
         with _build_lock(path):  # concurrent workers wanting the same identity build it once
             if not path.exists():
                 arrays = build_timing_arrays(identity, top)
+                note = fidelity_note_of(identity)
                 buf = io.BytesIO()
                 np.savez(buf, **arrays)
+                # the note first: a table on disk always has its note beside it
+                atomic_write_text(meta, json.dumps({"fidelity_note": note}))
                 atomic_write_bytes(path, buf.getvalue())
-    table = TimingTable(path=str(path), speedup_ratio=TIME_SCALE, key=key)
+    table = TimingTable(path=str(path), speedup_ratio=TIME_SCALE, key=key, fidelity_note=_read_note(meta))
     with _lock:
         _timing_memo[str(path)] = table
     return table
+
+
+def _read_note(meta: Path) -> str | None:
+    try:
+        note = json.loads(meta.read_text()).get("fidelity_note")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(note) if note else None
 
 
 @contextmanager
@@ -244,7 +277,7 @@ def _estimate_kv(identity: EngineIdentity, max_num_tokens: int, max_batch_size: 
     tokens, bytes_per_token = estimate_kv(
         i.model, i.system, i.backend, i.version, (i.tp, i.pp, i.attention_dp, i.moe_tp, i.moe_ep),
         max_num_tokens=max_num_tokens, max_batch_size=max_batch_size, memory_fraction=memory_fraction,
-        nextn=i.nextn,
+        nextn=i.nextn, precision=i.quant_modes(),
     )
     return KvCapacity(tokens, bytes_per_token)
 

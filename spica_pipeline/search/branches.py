@@ -12,8 +12,11 @@ from functools import lru_cache
 from math import prod
 from typing import Any
 
-from spica_pipeline.errors import NoPerfDatabase, NoViableParallelConfig
-from spica_pipeline.search.model_hw import check_hardware, check_model
+from spica_pipeline.config.precision import quant_modes
+from spica_pipeline.errors import NoPerfDatabase, NoViableParallelConfig, PerfModelError
+from spica_pipeline.search.engine_args import EngineIdentity
+from spica_pipeline.search.model_hw import check_hardware, check_model, check_precision, latest_backend_version
+from spica_pipeline.search.perf_data import check_timing, is_missing_data
 from spica_pipeline.search.parallel import check_pins, parallel_configs_for, resolve_max_seq_len
 from spica_pipeline.search.policies import is_static
 from spica_pipeline.search.shapes import ParallelConfig, parallel_config_from_dict
@@ -145,11 +148,56 @@ def knob_choices_for(
     return knobs, float_ranges
 
 
+def timing_check(space: Any, backend: str, config: ParallelConfig) -> str | None:
+    """Can AIC's perf data time this backend for the model at all? Probes one shape of its pool.
+
+    Returns the fidelity note of a substitution (None: exact data); raises PerfModelError when
+    even the nearest data cannot serve it (the backend is then dropped before sampling).
+    """
+    shape = config.prefill if hasattr(config, "prefill") else config
+    p = space.precision
+    identity = EngineIdentity(
+        model=space.model_name, system=space.hardware_sku, backend=backend,
+        version=latest_backend_version(space.hardware_sku, backend), tp=shape.tp, pp=shape.pp,
+        attention_dp=shape.attention_dp, moe_tp=shape.moe_tp, moe_ep=shape.moe_ep, nextn=int(space.aic_nextn or 0),
+        weight_dtype=p.weights if p else None, moe_dtype=p.moe if p else None,
+        attention_dtype=p.attention if p else None, kv_cache_dtype=p.kv_cache if p else None,
+    )
+    return check_timing(identity)
+
+
+def _timing_may_lack_data(space: Any) -> bool:
+    """Where AIC's attention data has per-dtype gaps: MLA models (e.g. SGLang's H200 data has only
+    bf16 MLA) and pinned precisions. Other models use the well-covered default path, so they skip
+    the probe (an AIC model build, seconds per backend); a gap there still fails its trials, with
+    the reason, instead of silently."""
+    from spica_pipeline.search.model_hw import model_facts
+
+    p = space.precision
+    return model_facts(space.model_name).is_mla or (p is not None and any(p.model_dump().values()))
+
+
+def _timing_verdict(space: Any, backend: str, config: ParallelConfig, warnings: list[str]) -> PerfModelError | None:
+    """The reason AIC cannot time `backend` at all (None: it can), warning once either way."""
+    try:
+        note = timing_check(space, backend, config)
+    except PerfModelError as exc:
+        if not is_missing_data(exc.__cause__):
+            return None  # not a data gap (e.g. this one shape): keep the backend; its trials record why
+        warnings.append(f"smart-sweep: backend '{backend}' dropped: aiconfigurator-core's perf data cannot time "
+                        f"{space.model_name} on {space.hardware_sku}: {exc.detail}")
+        return exc
+    if note:
+        warnings.append(f"smart-sweep: backend '{backend}': {note} (recorded as fidelity_note on every trial)")
+    return None
+
+
 def enumerate_branches(config: Any) -> BranchEnumeration:
     """Stage 3 on a (policy-filtered) SmartSearchConfig; see the module docstring."""
     space = config.search_space
     check_hardware(space.hardware_sku)
     check_model(space.model_name)
+    check_precision(space.precision, space.model_name, space.hardware_sku)
     max_seq_len = resolve_max_seq_len(space.model_name, space.context_length)
     pins = list(space.parallel_configs or [])
     budget = int(space.gpu_budget)
@@ -158,6 +206,8 @@ def enumerate_branches(config: Any) -> BranchEnumeration:
     branches: list[BranchSpace] = []
     skipped: list[str] = []
     why_not: list[str] = []  # per mode/backend: the pruning reasons, for the refusal below
+    quant = quant_modes(space.precision.sample_fields()) if space.precision is not None else None
+    timing_verdicts: dict[str, PerfModelError | None] = {}  # backend -> why AIC cannot time it (once)
 
     for mode in dict.fromkeys(space.deployment_mode):
         excluded = [b for b in space.backend if b in REPLAY_INCOMPATIBLE.get(mode, ())]
@@ -171,12 +221,18 @@ def enumerate_branches(config: Any) -> BranchEnumeration:
                 continue
             try:
                 result = parallel_configs_for(space.model_name, space.hardware_sku, backend, mode, budget,
-                                              space.min_gpu_budget, max_seq_len)
+                                              space.min_gpu_budget, max_seq_len, precision=quant)
             except (NoPerfDatabase, NoViableParallelConfig) as exc:
                 warnings.append(f"smart-sweep: backend '{backend}' dropped for deployment_mode='{mode}': "
                                 f"{exc}")
                 mode_diag[backend] = {"error": str(exc)}
                 why_not.append(f"{mode}/{backend}: {getattr(exc, 'pruning', None) or exc}")
+                continue
+            if backend not in timing_verdicts and result.configs and _timing_may_lack_data(space):
+                timing_verdicts[backend] = _timing_verdict(space, backend, result.configs[0], warnings)
+            if timing_verdicts.get(backend) is not None:
+                mode_diag[backend] = {"error": f"no perf data: {timing_verdicts[backend].detail}"}
+                why_not.append(f"{mode}/{backend}: no perf data to time it")
                 continue
             legal[backend] = result.configs
             mode_diag[backend] = result.diagnostics.to_dict()

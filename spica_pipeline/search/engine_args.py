@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from spica_pipeline.config.goal import OptimizationGoal, planner_target
+from spica_pipeline.config.precision import precision_of
 from spica_pipeline.config.workload import Workload
 from spica_pipeline.errors import CandidateBuildError, InfeasibleKVCapacity
 from spica_pipeline.search.deploy import DeploymentPlan, active_roles, build_deployment_plan, role_replicas, role_shape
@@ -37,18 +38,28 @@ class EngineIdentity:
     moe_tp: int = 1
     moe_ep: int = 1
     nextn: int = 0
+    # AIC dtypes (config/precision.py); None = the checkpoint's own
+    weight_dtype: str | None = None
+    moe_dtype: str | None = None
+    attention_dtype: str | None = None
+    kv_cache_dtype: str | None = None
 
     @property
     def is_moe(self) -> bool:
         return self.moe_tp * self.moe_ep > 1
+
+    def quant_modes(self) -> tuple[str | None, str | None, str | None, str | None]:
+        """(gemm, moe, kvcache, fmha) quant modes as AIC's KV estimator names them."""
+        return (self.weight_dtype, self.moe_dtype, self.kv_cache_dtype, self.attention_dtype)
 
     def aic_config(self) -> dict[str, Any]:
         return {
             "schema_version": 1, "model_name": self.model, "system_name": self.system, "backend": self.backend,
             "backend_version": self.version, "kv_block_size": None, "tp_size": self.tp, "pp_size": self.pp,
             "moe_tp_size": self.moe_tp if self.is_moe else None, "moe_ep_size": self.moe_ep if self.is_moe else None,
-            "attention_dp_size": self.attention_dp, "cp_size": None, "weight_dtype": None, "moe_dtype": None,
-            "activation_dtype": None, "kv_cache_dtype": None, "nextn": self.nextn or None, "extra": {},
+            "attention_dp_size": self.attention_dp, "cp_size": None, "weight_dtype": self.weight_dtype,
+            "moe_dtype": self.moe_dtype, "activation_dtype": self.attention_dtype,
+            "kv_cache_dtype": self.kv_cache_dtype, "nextn": self.nextn or None, "extra": {},
         }
 
 
@@ -69,6 +80,7 @@ class TimingRef(Protocol):
     """How engine args reference a timing table (`resources.timing.TimingTable`)."""
 
     speedup_ratio: float
+    fidelity_note: str | None  # set when the table uses substitute perf data (search/perf_data.py)
 
     def timing_model(self) -> dict[str, Any]: ...
 
@@ -212,10 +224,13 @@ def build_replay_call(request: EvalRequest, settings: ReplaySettings, facts: Eng
 def engine_identity(sample: dict[str, Any], role: str, args: dict[str, Any]) -> EngineIdentity:
     """The timing/KV identity of one role's engine."""
     tp, pp, dp, moe_tp, moe_ep = role_shape(sample, role)
+    precision = precision_of(sample)
     return EngineIdentity(
         model=args["aic_model_path"], system=args["aic_system"], backend=args["aic_backend"],
         version=args["aic_backend_version"], tp=tp, pp=pp, attention_dp=dp, moe_tp=moe_tp, moe_ep=moe_ep,
-        nextn=int(args.get("aic_nextn") or 0),
+        nextn=int(args.get("aic_nextn") or 0), weight_dtype=precision.get("weights"),
+        moe_dtype=precision.get("moe"), attention_dtype=precision.get("attention"),
+        kv_cache_dtype=precision.get("kv_cache"),
     )
 
 
@@ -238,6 +253,10 @@ def engine_config(sample: dict[str, Any], role: str, args: dict[str, Any], conte
     derived[f"{role}_num_gpu_blocks"] = num_gpu_blocks
     derived[f"{role}_kv_tokens_per_rank"] = capacity.tokens_per_rank
     derived[f"{role}_kv_bytes_per_token"] = capacity.bytes_per_token
+    note = getattr(table, "fidelity_note", None)
+    if note:  # substitute perf data: recorded on the trial, never silent
+        notes = [n for n in str(derived.get("fidelity_note") or "").split("; ") if n]
+        derived["fidelity_note"] = "; ".join(dict.fromkeys([*notes, str(note)]))
 
     backend = args["engine_type"]
     engine: dict[str, Any] = {

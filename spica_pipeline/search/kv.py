@@ -29,6 +29,7 @@ def estimate_kv_tokens(
     max_batch_size: int = 256,
     memory_fraction: float = 0.9,
     nextn: int = 0,
+    precision: tuple[str | None, str | None, str | None, str | None] | None = None,
 ) -> int:
     """Per-rank KV tokens for one engine shape (tp, pp, attention_dp, moe_tp, moe_ep).
 
@@ -36,7 +37,8 @@ def estimate_kv_tokens(
     (unknown model, bad parallel width) propagate as ValueError.
     """
     return estimate_kv(model_name, hardware_sku, backend, backend_version, shape, max_num_tokens=max_num_tokens,
-                       max_batch_size=max_batch_size, memory_fraction=memory_fraction, nextn=nextn)[0]
+                       max_batch_size=max_batch_size, memory_fraction=memory_fraction, nextn=nextn,
+                       precision=precision)[0]
 
 
 def estimate_kv(
@@ -50,18 +52,24 @@ def estimate_kv(
     max_batch_size: int = 256,
     memory_fraction: float = 0.9,
     nextn: int | None = 0,
+    precision: tuple[str | None, str | None, str | None, str | None] | None = None,
 ) -> tuple[int, int]:
-    """(per-rank KV tokens, KV bytes per token per GPU); the same errors as `estimate_kv_tokens`."""
+    """(per-rank KV tokens, KV bytes per token per GPU); the same errors as `estimate_kv_tokens`.
+
+    `precision` is (gemm, moe, kvcache, fmha) in AIC's quant-mode names; None = the checkpoint's own.
+    """
     return _estimate(model_name, hardware_sku, backend, backend_version, tuple(int(x) for x in shape),
-                     int(max_num_tokens), int(max_batch_size), float(memory_fraction), int(nextn or 0))
+                     int(max_num_tokens), int(max_batch_size), float(memory_fraction), int(nextn or 0),
+                     tuple(precision) if precision else (None, None, None, None))
 
 
 @lru_cache(maxsize=4096)
 def _estimate(model_name, hardware_sku, backend, backend_version, shape, max_num_tokens, max_batch_size,
-              memory_fraction, nextn) -> tuple[int, int]:
+              memory_fraction, nextn, precision) -> tuple[int, int]:
     from aiconfigurator_core.sdk.memory import estimate_kv_cache
 
     tp, pp, dp, moe_tp, moe_ep = shape
+    gemm, moe, kvcache, fmha = precision
     is_moe = moe_tp * moe_ep > 1
     try:
         with QuietAIC():
@@ -71,6 +79,7 @@ def _estimate(model_name, hardware_sku, backend, backend_version, shape, max_num
                 memory_fraction_kind=memory_fraction_kind(backend), memory_fraction_value=memory_fraction,
                 tp_size=tp, pp_size=pp, attention_dp_size=dp,
                 moe_tp_size=moe_tp if is_moe else None, moe_ep_size=moe_ep if is_moe else None,
+                gemm_quant_mode=gemm, moe_quant_mode=moe, kvcache_quant_mode=kvcache, fmha_quant_mode=fmha,
                 nextn=nextn, allow_naive_fallback=False, allow_hf_config_download=False,
             )
     except ValueError as exc:

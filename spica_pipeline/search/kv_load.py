@@ -7,6 +7,7 @@ a TP1 and a TP8 candidate; the capacity comes from the same AIC estimator the ev
 from collections.abc import Callable
 from typing import Any
 
+from spica_pipeline.config.precision import precision_of, quant_modes
 from spica_pipeline.errors import InfeasibleKVCapacity
 from spica_pipeline.search.deploy import active_roles, role_replicas, role_shape
 from spica_pipeline.search.kv import estimate_kv_tokens
@@ -26,6 +27,7 @@ def role_kv_capacity_tokens(
         max_batch_size=int(sample[f"{role}_max_num_seqs"]),
         memory_fraction=float(sample[f"{role}_gpu_memory_utilization"]),
         nextn=int(sample.get("aic_nextn") or 0),
+        **({"precision": quant_modes(sample)} if precision_of(sample) else {}),
     )
     block_size = int(sample.get(f"{role}_block_size") or 0)
     if block_size <= 0:

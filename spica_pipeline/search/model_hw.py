@@ -205,3 +205,33 @@ def latest_backend_version(hardware_sku: str, backend: str) -> str:
             f"available there: {', '.join(sorted(have)) or 'none'}"
         )
     return max(versions, key=_version_sort_tuple)
+
+
+def precision_choices(hardware_sku: str, field: str) -> list[str]:
+    """The modes of one precision field the GPU can compute (fp8 needs fp8 tensor cores, nvfp4 fp4)."""
+    from aiconfigurator_core.sdk.perf_database import load_system_spec
+
+    from spica_pipeline.config.precision import CHOICES
+
+    check_hardware(hardware_sku)
+    gpu = load_system_spec(hardware_sku).get("gpu") or {}
+    return [mode for mode, compute in CHOICES[field].items()
+            if compute is None or (gpu.get(f"{compute}_tc_flops") or 0) > 0]
+
+
+def check_precision(precision: Any, model_name: str, hardware_sku: str) -> None:
+    """Raise ModelHardwareError naming the field and its valid choices for a precision the model or
+    GPU cannot run (`precision` is a config.precision.Precision or None)."""
+    if precision is None:
+        return
+    for field, mode in precision.model_dump().items():
+        if mode is None:
+            continue
+        where = f"search_space.precision.{field}"
+        if field == "moe" and not model_facts(model_name).is_moe:
+            raise ModelHardwareError(f"{where}: {model_name} has no experts, so it has no MoE precision; "
+                                     "valid choices: none (leave it unset)")
+        valid = precision_choices(hardware_sku, field)
+        if mode not in valid:
+            raise ModelHardwareError(f"{where}: {mode!r} is not supported for {model_name} on {hardware_sku} "
+                                     f"(the GPU has no tensor cores for it); valid choices: {valid}")

@@ -147,9 +147,10 @@ def engine_shapes_at(is_moe: bool, backend: str, gpus: int,
 
 
 def _probe_kv(model: str, hardware: str, backend: str, version: str,
-              shape: RoleShape) -> tuple[int | None, str]:
+              shape: RoleShape, precision: tuple | None = None) -> tuple[int | None, str]:
     try:
-        tokens = estimate_kv_tokens(model, hardware, backend, version, shape.engine_key(), **KV_PROBE)
+        tokens = estimate_kv_tokens(model, hardware, backend, version, shape.engine_key(), **KV_PROBE,
+                                    **({"precision": precision} if precision else {}))
     except InfeasibleKVCapacity:
         return None, "no KV budget (weights leave no room)"
     except ValueError as exc:
@@ -184,19 +185,24 @@ def parallel_configs_for(
     budget: int,
     min_budget: int | None = None,
     max_seq_len: int | None = None,
+    precision: tuple[str | None, str | None, str | None, str | None] | None = None,
 ) -> EnumerationResult:
-    """The legal, KV-feasible pool (sorted), memoised; NoPerfDatabase / NoViableParallelConfig."""
+    """The legal, KV-feasible pool (sorted), memoised; NoPerfDatabase / NoViableParallelConfig.
+
+    `precision` is (gemm, moe, kvcache, fmha) quant modes (config.precision); None = the checkpoint's.
+    """
     if mode not in ("agg", "disagg"):
         raise ValueError(f"deployment_mode must be 'agg' or 'disagg', got {mode!r}")
     check_hardware(hardware)
     seq = resolve_max_seq_len(model, max_seq_len)
     floor = int(min_budget) if min_budget else None
-    return _enumerate(model, hardware, backend, mode, int(budget), floor, seq)
+    return _enumerate(model, hardware, backend, mode, int(budget), floor, seq,
+                      tuple(precision) if precision and any(precision) else None)
 
 
 @lru_cache(maxsize=512)
 def _enumerate(model: str, hardware: str, backend: str, mode: str, budget: int, min_budget: int | None,
-               max_seq_len: int) -> EnumerationResult:
+               max_seq_len: int, precision: tuple | None = None) -> EnumerationResult:
     facts = model_facts(model)
     version = latest_backend_version(hardware, backend)  # NoPerfDatabase
     pruned = {r: _Pruned() for r in RULES}
@@ -219,7 +225,7 @@ def _enumerate(model: str, hardware: str, backend: str, mode: str, budget: int, 
     def feasible(role: RoleShape) -> bool:
         key = replace(role, replicas=1)
         if key not in kv:
-            kv[key] = _probe_kv(model, hardware, backend, version, key)
+            kv[key] = _probe_kv(model, hardware, backend, version, key, precision)
         tokens = kv[key][0]
         return tokens is not None and tokens > max_seq_len
 

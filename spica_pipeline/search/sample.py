@@ -95,6 +95,8 @@ def unroll_sample(
     sample: dict[str, Any] = {"deployment_mode": mode, "backend": _pick(space, selection, "backend")}
     for key in PINNED_SCALARS:
         sample[key] = getattr(space, key)
+    if space.precision is not None:  # only when set: an unset precision leaves the spec hash as it was
+        sample.update(space.precision.sample_fields())
 
     # parallel fields
     if mode == "agg":

@@ -1,0 +1,117 @@
+"""Can aiconfigurator-core's perf data time an engine identity, and with which substitution?
+
+AIC's perf databases do not cover every (backend, attention dtype) pair: SGLang's H200 data, for
+example, has MLA attention only in bf16, so DeepSeek-V3 (fp8 attention and KV by default) fails
+with `PerfDataNotAvailableError: context MLA data missing for ContextKey { fmha_quant: "fp8",
+kv_quant: "fp8" }`. The nearest available data is bf16 attention: first the attention compute
+alone, then attention and KV together (timing only; the KV capacity keeps the real KV dtype).
+Every substitution comes back as a `fidelity_note`; nothing is substituted silently.
+
+`timed_model` is the one routine for this: the timing tables (resources/timing.py) and the backend
+check before sampling (search/branches.py) both build their AIC model through it.
+"""
+
+import re
+from collections.abc import Callable
+from dataclasses import replace
+from functools import lru_cache
+from typing import Any
+
+from spica_pipeline.errors import PerfModelError
+from spica_pipeline.search.engine_args import EngineIdentity
+from spica_pipeline.search.model_hw import QuietAIC
+
+_MISSING_ATTENTION = re.compile(r"(context|generation) (MLA|attention)[\w ]* data missing")
+_KEY = re.compile(r'fmha_quant: "(\w+)", kv_quant: "(\w+)"')
+PROBE_TOKENS = 1024
+# AIC's "the perf database has nothing for this" errors (by name: AIC is imported lazily)
+NO_DATA_ERRORS = frozenset({"PerfDataNotAvailableError", "MissingSystemFlopsError",
+                            "InterpolationDataNotAvailableError"})
+
+
+def is_missing_data(exc: BaseException | None) -> bool:
+    """AIC has no perf data for it (as opposed to a bad shape or a bug): the backend cannot serve it."""
+    return exc is not None and type(exc).__name__ in NO_DATA_ERRORS
+
+
+def is_missing_attention_data(exc: BaseException) -> bool:
+    """AIC's 'no attention data for this dtype' refusal (the case a bf16 fallback can serve)."""
+    return type(exc).__name__ == "PerfDataNotAvailableError" and bool(_MISSING_ATTENTION.search(str(exc)))
+
+
+def attention_fallbacks(identity: EngineIdentity) -> list[EngineIdentity]:
+    """The nearest identities with bf16 attention data, nearest first (empty when already bf16)."""
+    out = []
+    if identity.attention_dtype != "bfloat16":
+        out.append(replace(identity, attention_dtype="bfloat16"))
+    if identity.kv_cache_dtype != "bfloat16":
+        out.append(replace(identity, attention_dtype="bfloat16", kv_cache_dtype="bfloat16"))
+    return out
+
+
+def fallback_note(identity: EngineIdentity, used: EngineIdentity, exc: BaseException) -> str:
+    """One line: what data was missing and what was used instead."""
+    what = _MISSING_ATTENTION.search(str(exc))
+    key = _KEY.search(str(exc))
+    missing = f"{what.group(2)} attention" if what else "attention"
+    dtypes = f" (fmha {key.group(1)}, kv {key.group(2)})" if key else ""
+    instead = "bf16 attention" if used.kv_cache_dtype == identity.kv_cache_dtype else "bf16 attention and bf16 KV"
+    return (f"{identity.backend} {identity.version} perf data on {identity.system} has no {missing} data{dtypes} "
+            f"for {identity.model}; timed with the nearest available data: {instead}")
+
+
+def timed_model(identity: EngineIdentity, build: Callable[[EngineIdentity], Any],
+                probe: Callable[[Any], None]) -> tuple[Any, str | None]:
+    """(model, fidelity_note): `build(identity)` checked by `probe(model)`, or the nearest fallback.
+
+    Raises the original error when no fallback serves it (or it is not a missing-attention case).
+    """
+    try:
+        model = build(identity)
+        probe(model)
+        return model, None
+    except Exception as first:
+        if not is_missing_attention_data(first):
+            raise
+        for candidate in attention_fallbacks(identity):
+            try:
+                model = build(candidate)
+                probe(model)
+            except Exception as exc:
+                if is_missing_attention_data(exc):
+                    continue
+                raise
+            return model, fallback_note(identity, candidate, first)
+        raise first
+
+
+def aic_model(identity: EngineIdentity) -> Any:
+    """aiconfigurator-core's strict forward-pass model of one identity."""
+    from aiconfigurator_core.sdk.rust_engine_step import RustForwardPassPerfModel
+
+    with QuietAIC():
+        return RustForwardPassPerfModel.from_native(identity.aic_config())
+
+
+def estimate_ms(model: Any, **scheduled: int) -> float:
+    """One forward pass in ms; raises when AIC has no finite, positive estimate."""
+    with QuietAIC():
+        value = model.estimate_forward_pass_time_ms({"version": 1, "wall_time": 0.0, "scheduled_requests": scheduled})
+    if value is None or not value == value or value in (float("inf"), float("-inf")) or value <= 0:
+        raise RuntimeError(f"aiconfigurator-core has no estimate for {scheduled}: {value!r}")
+    return float(value)
+
+
+def probe_passes(model: Any) -> None:
+    """One prefill and one decode pass: where AIC reports missing perf data."""
+    estimate_ms(model, num_prefill_requests=1, sum_prefill_tokens=PROBE_TOKENS, sum_prefill_kv_tokens=0)
+    estimate_ms(model, num_decode_requests=1, sum_decode_kv_tokens=PROBE_TOKENS)
+
+
+@lru_cache(maxsize=256)
+def check_timing(identity: EngineIdentity) -> str | None:
+    """The fidelity note of timing `identity` (None: exact data); PerfModelError when AIC cannot at all."""
+    try:
+        return timed_model(identity, aic_model, probe_passes)[1]
+    except (ValueError, RuntimeError) as exc:
+        raise PerfModelError.wrap(exc) from exc
