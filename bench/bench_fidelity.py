@@ -17,7 +17,7 @@ the binding rule in search/silicon.py), overall and by model, backend, system an
 usage:
   DYN_LOG=warn .venv/bin/python bench/bench_fidelity.py [--split calibration|heldout|all]
       [--models M1,M2] [--systems S1,S2] [--max-rows N] [--ids ID1,ID2] [--quick] [--json PATH]
-      [--request-ratio 6] [--no-aic]
+      [--request-ratio 6] [--no-aic] [--stability]
 --quick: a stratified subset (one row per (model, backend, system, mode) stratum, lowest and
 highest concurrency alternating, at most 24 rows, concurrency <= 256), a few minutes on 2 cores.
 """
@@ -40,6 +40,8 @@ sys.path.insert(0, str(ROOT))
 
 from spica_pipeline.search import silicon  # noqa: E402
 from spica_pipeline.search.evaluation import EvalRequest  # noqa: E402
+from spica_pipeline.search.measurement import quantile  # noqa: E402
+from spica_pipeline.search.measurement import relative_change  # noqa: E402
 
 GOAL = {"target": "throughput", "sla": None, "pareto_objectives": None}
 MNBT = 8192
@@ -131,7 +133,7 @@ def aic_estimate(case: silicon.SiliconCase, version: str) -> tuple[float, float]
 
 
 def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ratio: float,
-                  with_aic: bool) -> dict[str, Any]:
+                  with_aic: bool, stability: bool = False) -> dict[str, Any]:
     r = case.row
     rec: dict[str, Any] = {
         "id": r.id, "line": r.line, "split": case.split, "model": r.model, "aic_model": case.aic_model,
@@ -148,6 +150,18 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
     if out.status == "feasible" and out.report:
         rec["ours"] = {"ttft": out.report.get("mean_ttft_ms"), "tpot": out.report.get("mean_tpot_ms")}
         rec["requests"] = out.report.get("completed_requests")
+        rec["window_counted"] = out.report.get("window_counted_requests")
+        rec["window_rule"] = out.derived.get("window_rule")
+        if stability:  # the same row with twice the requests actually replayed
+            used = float(out.derived.get("request_count") or out.report.get("completed_requests") or 0)
+            twice = evaluator.evaluate(EvalRequest(case.sample(version, max_num_batched_tokens=MNBT),
+                                                   case.workload(2 * used / r.concurrency), GOAL))
+            if twice.status == "feasible" and twice.report:
+                rec["stability"] = {
+                    "requests": [used, float(twice.derived.get("request_count") or 0)],
+                    "ttft": relative_change(rec["ours"]["ttft"], twice.report.get("mean_ttft_ms")),
+                    "tpot": relative_change(rec["ours"]["tpot"], twice.report.get("mean_tpot_ms")),
+                }
     else:
         rec["reason"] = out.reason
     if with_aic:
@@ -163,13 +177,7 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
 
 
 def _quantile(values: list[float], q: float) -> float:
-    s = sorted(values)
-    if not s:
-        return math.nan
-    pos = q * (len(s) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+    return quantile(values, q) if values else math.nan
 
 
 def error_stats(pairs: list[tuple[float, float]]) -> dict[str, Any]:
@@ -186,12 +194,57 @@ def error_stats(pairs: list[tuple[float, float]]) -> dict[str, Any]:
 def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     """ours / aic error stats for TTFT and TPOT over records where both sides have numbers."""
     out: dict[str, Any] = {}
-    for side in ("ours", "aic"):
+    for side in ("ours", "calibrated", "aic"):
         out[side] = {}
         for metric in ("ttft", "tpot"):
             pairs = [(r[side][metric], r["silicon"][metric]) for r in records
                      if isinstance(r.get(side), dict) and r[side].get(metric) is not None]
             out[side][metric] = error_stats(pairs)
+    return out
+
+
+STABILITY_LIMIT = 0.05
+
+
+def band_coverage(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Share of rows whose silicon value lies inside the calibrated P10-P90 band (nominal 0.8)."""
+    out: dict[str, Any] = {}
+    for metric in ("ttft", "tpot"):
+        hits = [r["band"][metric]["inside"] for r in records if r.get("band")]
+        if hits:
+            out[metric] = {"rows": len(hits), "inside": round(sum(hits) / len(hits), 4)}
+    return out or None
+
+
+def apply_profile(records: list[dict[str, Any]], profile: dict[str, Any]) -> None:
+    """Add calibrated values and the band check to every replayed record (in place)."""
+    from spica_pipeline.search import calibration
+
+    for rec in records:
+        if not rec.get("ours"):
+            continue
+        cal = calibration.calibrate({"mean_ttft_ms": rec["ours"]["ttft"], "mean_tpot_ms": rec["ours"]["tpot"]},
+                                    profile, system=rec["system"], backend=rec["backend"],
+                                    concurrency={p: calibration.engine_concurrency(rec, p) for p in ("ttft", "tpot")})
+        rec["calibrated"] = {"ttft": cal.get("calibrated_mean_ttft_ms"), "tpot": cal.get("calibrated_mean_tpot_ms")}
+        rec["band"] = {}
+        for metric in ("ttft", "tpot"):
+            value = rec["calibrated"][metric]
+            lo, hi = value * cal[f"band_{metric}_lo"], value * cal[f"band_{metric}_hi"]
+            rec["band"][metric] = {"lo": lo, "hi": hi, "inside": lo <= rec["silicon"][metric] <= hi}
+
+
+def stability_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """How much doubling the replayed requests moves mean TTFT/TPOT (issue 14 item 2: <= 5 %)."""
+    rows = [r["stability"] for r in records if r.get("stability")]
+    if not rows:
+        return None
+    out: dict[str, Any] = {"rows": len(rows), "limit": STABILITY_LIMIT}
+    for metric in ("ttft", "tpot"):
+        values = [x[metric] for x in rows if x.get(metric) is not None and math.isfinite(x[metric])]
+        out[metric] = {"median": round(_quantile(values, 0.5), 4), "p90": round(_quantile(values, 0.9), 4),
+                       "max": round(max(values), 4), "within_limit": sum(v <= STABILITY_LIMIT for v in values)}
+    out["both_within_limit"] = sum(1 for x in rows if max(x["ttft"], x["tpot"]) <= STABILITY_LIMIT)
     return out
 
 
@@ -208,6 +261,8 @@ def split_report(name: str, rows: list[silicon.SiliconRow], mapped: list, select
         "selected": len(recs),
         "evaluated": len(evaluated),
         **summarise(evaluated),
+        "stability": stability_summary(evaluated),
+        "band_coverage": band_coverage(evaluated),
         "inexpressible_reasons": dict(reasons.most_common()),
         "failures": dict(failures.most_common()),
         "by": {},
@@ -230,11 +285,20 @@ def print_report(name: str, rep: dict[str, Any]) -> None:
     print(f"== split {name}: rows {rep['rows']}, expressible {rep['expressible']}, selected {rep['selected']}, "
           f"evaluated {rep['evaluated']}")
     for metric in ("ttft", "tpot"):
-        print(f"   {metric.upper():4s} ours {_fmt(rep['ours'][metric])} | aic {_fmt(rep['aic'][metric])}")
+        print(f"   {metric.upper():4s} ours {_fmt(rep['ours'][metric])} | calibrated {_fmt(rep['calibrated'][metric])}"
+              f" | aic {_fmt(rep['aic'][metric])}")
+    if rep.get("band_coverage"):
+        print(f"   P10-P90 band coverage (nominal 80 %): " + ", ".join(
+            f"{m.upper()} {100 * v['inside']:.0f}% of {v['rows']}" for m, v in rep["band_coverage"].items()))
     for g in GROUPS:
         for k, v in rep["by"][g].items():
             print(f"   {g}={k} (n={v['evaluated']}): TTFT ours {_fmt(v['ours']['ttft'])} aic {_fmt(v['aic']['ttft'])}"
                   f" | TPOT ours {_fmt(v['ours']['tpot'])} aic {_fmt(v['aic']['tpot'])}")
+    if rep.get("stability"):
+        st = rep["stability"]
+        print(f"   doubling the requests ({st['rows']} rows): TTFT change median {100 * st['ttft']['median']:.1f}% "
+              f"max {100 * st['ttft']['max']:.1f}% | TPOT median {100 * st['tpot']['median']:.1f}% "
+              f"max {100 * st['tpot']['max']:.1f}% | both <= 5 %: {st['both_within_limit']}/{st['rows']}")
     if rep["failures"]:
         print(f"   failures: {rep['failures']}")
 
@@ -286,6 +350,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             "aiconfigurator_core": _version("aiconfigurator-core"),
             "ai_dynamo_runtime": _version("ai-dynamo-runtime"),
             "request_ratio": args.request_ratio,
+            "replays_from": args.from_json,
             "quick": bool(args.quick),
             "partial": partial,
             "wall_seconds": round(time.perf_counter() - started, 1),
@@ -293,9 +358,14 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             "records": records,
         }
 
+    if args.from_json:  # re-fit / re-apply a profile to the replays of an earlier run (no replay here)
+        previous = json.loads(Path(args.from_json).read_text())["records"]
+        wanted = {c.row.id for c in cases}
+        records.extend(r for r in previous if r["id"] in wanted)
+        cases = []
     for i, case in enumerate(cases, 1):
         version = latest_backend_version(case.row.system, case.row.backend)
-        rec = evaluate_case(evaluator, case, version, args.request_ratio, not args.no_aic)
+        rec = evaluate_case(evaluator, case, version, args.request_ratio, not args.no_aic, args.stability)
         records.append(rec)
         ours = rec.get("ours") or {}
         print(f"[{i}/{len(cases)}] {case.row.id} c={case.row.concurrency} {rec['status']} "
@@ -304,7 +374,48 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
               f"({rec['replay_seconds']:.1f}s)", flush=True)
         if args.json and i % 50 == 0 and i < len(cases):  # a killed long run keeps what it measured
             write_json(args.json, result(partial=True))
-    return result(partial=False)
+    profile = None
+    if args.fit_calibration:
+        from spica_pipeline.search import calibration
+
+        cal_records = [r for r in records if r["split"] == "calibration" and r.get("ours")]
+        profile = calibration.fit(cal_records, fitted=time.strftime("%Y-%m-%d", time.gmtime()),
+                                  source="bench/bench_fidelity.py " + " ".join(sys.argv[1:] if argv is None else argv))
+        write_json(args.fit_calibration, profile)
+        print(f"wrote calibration profile {args.fit_calibration} ({len(profile['rows_used'])} calibration rows)")
+        lomo = leave_one_model_out(cal_records)
+    elif args.calibration != "none":
+        from spica_pipeline.resources.calibration import load_profile
+
+        profile, _ = load_profile(args.calibration)
+    if profile is not None:
+        apply_profile(records, profile)
+    final = result(partial=False)
+    final["calibration"] = ({"fitted": profile["fitted"], "rows_used": len(profile["rows_used"]),
+                             "in_sample_split": "calibration"} if profile else None)
+    if args.fit_calibration:
+        final["calibration"]["leave_one_model_out"] = lomo
+        print(f"leave-one-model-out calibrated ({lomo['rows']} rows): "
+              f"TTFT {_fmt(lomo['calibrated']['ttft'])} | TPOT {_fmt(lomo['calibrated']['tpot'])}")
+    return final
+
+
+def leave_one_model_out(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Calibrated errors on each calibration model with a profile fitted without it: the
+    calibration split's own estimate of how the profile does on a model it never saw."""
+    import copy
+
+    from spica_pipeline.search import calibration
+
+    scored: list[dict[str, Any]] = []
+    for model in sorted({r["model"] for r in records}):
+        train = [r for r in records if r["model"] != model]
+        test = [copy.deepcopy(r) for r in records if r["model"] == model]
+        if not train or not test:
+            continue
+        apply_profile(test, calibration.fit(train, fitted="lomo", source="lomo"))
+        scored += test
+    return {"rows": len(scored), "calibrated": summarise(scored)["calibrated"], "band_coverage": band_coverage(scored)}
 
 
 def write_json(path: str, data: dict[str, Any]) -> None:
@@ -331,10 +442,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-rows", type=int, default=None)
     ap.add_argument("--ids", help="comma-separated silicon row ids (reproduce single rows)")
     ap.add_argument("--quick", action="store_true", help="stratified subset, a few minutes on 2 cores")
-    ap.add_argument("--json", help="write the result JSON here")
+    ap.add_argument("--json", "--out", dest="json", help="write the result JSON here (--out: run_all.py's name)")
     ap.add_argument("--request-ratio", type=float, default=6.0, help="requests per unit of concurrency")
     ap.add_argument("--no-aic", action="store_true", help="skip AIC's own estimate")
+    ap.add_argument("--stability", action="store_true",
+                    help="also replay each row with twice the requests and report the change in mean TTFT/TPOT")
     ap.add_argument("--cache-dir", default=None, help="timing/KV cache (default $SPICA_CACHE_DIR)")
+    ap.add_argument("--calibration", default="auto",
+                    help="profile to report calibrated errors with: auto (the packaged one), none, or a path")
+    ap.add_argument("--from-json", metavar="PATH",
+                    help="reuse the replays of an earlier result file (re-fit/re-apply calibration only)")
+    ap.add_argument("--fit-calibration", metavar="PATH",
+                    help="fit a profile on this run's calibration-split rows, write it to PATH and apply it")
     return ap.parse_args(argv)
 
 

@@ -13,6 +13,12 @@ cpu_s (process CPU time, all threads) is the load-independent number on a shared
 long the GIL was held), and wall time of a busy subprocess alone vs overlapped with the suggest.
 --quality R: R rounds x count suggestions on the toy objective; prints the best value per round
 (sample efficiency check for a budget setting).
+--after-first: the compile-once check (issue 15). Per (algorithm, objectives): one study in this
+process, a warm-up suggest, then --reps suggests at each N of --ns; writes (--json) the
+"median_suggest_s_after_first" per (algorithm, n_trials, objectives), the first call and the RSS
+growth over --rss-suggests more suggests, e.g.
+  .venv/bin/python bench/bench_vizier.py --after-first --algos DEFAULT --count 8 --ns 8,16,32,64,100 \
+      --objectives 1,2 --reps 3 --rss-suggests 50 --cache none --json bench/results/vizier_after_first.json
 
 Measured 2026-12-02 on the shared 2-core box (load average 4-11 from other work, so wall times are
 2-4x the CPU times; cpu_s is the comparable number), 9 parameters, suggest(4), single objective:
@@ -129,7 +135,17 @@ def main() -> None:
     ap.add_argument("--gil", action="store_true")
     ap.add_argument("--quality", type=int, default=0)
     ap.add_argument("--acq-budgets", default="", help="e.g. 75000,16000,4000,1000: acquisition value reached")
+    ap.add_argument("--after-first", action="store_true",
+                    help="series mode: per (algorithm, objectives) one study in this process; one warm-up "
+                         "suggest, then --reps suggests at each N of --ns; reports median_suggest_s_after_first "
+                         "per (algorithm, n_trials, objectives), the first call, and RSS over --rss-suggests")
+    ap.add_argument("--objectives", default="1,2", help="series mode: objective counts to run")
+    ap.add_argument("--reps", type=int, default=3, help="series mode: suggests per N")
+    ap.add_argument("--rss-suggests", type=int, default=0, help="series mode: extra suggests to measure RSS growth")
+    ap.add_argument("--json", dest="json_out", default="", help="series mode: write the summary JSON here")
     args = ap.parse_args()
+    if args.after_first:
+        return after_first(args)
 
     enc = build_encoding(quickstart_branch())
     counting = False
@@ -222,6 +238,76 @@ def main() -> None:
                                       "suggest_overlapped_s": round(t_sug, 1), "both_overlapped_s": round(both, 1),
                                       "sequential_sum_s": round(alone + seq_sug, 1)}}), flush=True)
     print(json.dumps({"rss_mb": rss_mb(), "threads": threading.active_count()}), flush=True)
+
+
+def _history(enc, n: int, objectives: int, seed: int) -> list:
+    rows = random_history(enc, n, seed=seed)
+    if objectives == 1:
+        return rows
+    # a second, conflicting objective (minimise): more GPUs cost more
+    return [(p, None if m is None else {"objective": m["objective"],
+                                        "cost": enc.project(*enc.decode(p)).config.used_gpus + p["kv_load_ratio"]}, r)
+            for p, m, r in rows]
+
+
+def rss_now_mb() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def after_first(args) -> None:
+    """Compile-once check: the first GP suggest pays the compiles; later ones at any N reuse them."""
+    import statistics
+
+    enc = build_encoding(quickstart_branch())
+    client_kw = dict(acquisition_evaluations=args.budget, ard_random_restarts=args.restarts,
+                     ard_max_iterations=args.ard_iter, trial_padding=not args.no_padding,
+                     min_padded_trials=args.min_pad, clear_jax_cache=args.clear,
+                     jax_cache_dir="" if args.cache == "none" else args.cache)
+    ns = [int(x) for x in args.ns.split(",")]
+    summary: dict = {"config": client_kw, "count": args.count, "reps": args.reps, "ns": ns,
+                     "median_suggest_s_after_first": {}, "median_suggest_cpu_s_after_first": {},
+                     "first_call_s": {}, "rss": {}, "records": []}
+    for algo in args.algos.split(","):
+        for objectives in [int(x) for x in args.objectives.split(",")]:
+            metrics = [("objective", "max")] + ([("cost", "min")] if objectives == 2 else [])
+            study = VizierClient(algorithm=algo, **client_kw).open_study(enc, metrics, seed=0)
+            tag = f"{algo}|objectives={objectives}"
+            t0, c0 = time.perf_counter(), time.process_time()
+            study.suggest(args.count, _history(enc, ns[0], objectives, seed=99))
+            summary["first_call_s"][tag] = {"wall_s": round(time.perf_counter() - t0, 2),
+                                            "cpu_s": round(time.process_time() - c0, 2), "n": ns[0]}
+            print(json.dumps({"first": tag, **summary["first_call_s"][tag]}), flush=True)
+            for n in ns:
+                walls, cpus = [], []
+                for rep in range(args.reps):
+                    hist = _history(enc, n, objectives, seed=rep)
+                    c0 = time.process_time()
+                    study.suggest(args.count, hist)
+                    walls.append(study.last_suggest_seconds)
+                    cpus.append(time.process_time() - c0)
+                    rec = {"algo": algo, "objectives": objectives, "n": n, "rep": rep,
+                           "seconds": round(walls[-1], 3), "cpu_s": round(cpus[-1], 3),
+                           "designer": study.last_designer, "rss_mb": round(rss_now_mb())}
+                    summary["records"].append(rec)
+                    print(json.dumps(rec), flush=True)
+                key = f"{algo}|n_trials={n}|objectives={objectives}"
+                summary["median_suggest_s_after_first"][key] = round(statistics.median(walls), 3)
+                summary["median_suggest_cpu_s_after_first"][key] = round(statistics.median(cpus), 3)
+            if args.rss_suggests:
+                before = rss_now_mb()
+                for i in range(args.rss_suggests):
+                    study.suggest(args.count, _history(enc, ns[i % len(ns)] + i % 3, objectives, seed=1000 + i))
+                summary["rss"][tag] = {"suggests": args.rss_suggests, "before_mb": round(before),
+                                       "after_mb": round(rss_now_mb()), "growth_mb": round(rss_now_mb() - before)}
+                print(json.dumps({"rss": tag, **summary["rss"][tag]}), flush=True)
+    print(json.dumps({k: summary[k] for k in ("median_suggest_s_after_first", "first_call_s", "rss")}), flush=True)
+    if args.json_out:
+        with open(args.json_out, "w") as fh:
+            json.dump(summary, fh, indent=2)
 
 
 if __name__ == "__main__":

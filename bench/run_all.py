@@ -38,6 +38,8 @@ BENCHES: dict[str, tuple[str, list[str], list[str], bool, int]] = {
     "vizier": ("bench_vizier.py", [], ["--algos", "QUASI_RANDOM_SEARCH,DEFAULT", "--ns", "0,8"], False, 1800),
     "dagster": ("bench_dagster.py", [], [], False, 1800),
     "executors": ("bench_executors.py", [], ["--quick"], True, 1800),
+    "time_to_quality": ("bench_time_to_quality.py", [], ["--quick"], True, 4 * 3600),
+    "fidelity": ("bench_fidelity.py", ["--split", "all"], ["--quick"], True, 3 * 3600),
 }
 
 
@@ -187,6 +189,22 @@ def summary_peer(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def summary_fidelity(data: dict[str, Any]) -> list[str]:
+    def cell(stats: dict[str, Any] | None) -> str:
+        if not stats or stats.get("mdape") is None:
+            return "-"
+        return f"{100 * stats['mdape']:.0f}% / {100 * stats['p90']:.0f}% / {100 * stats['bias']:+.0f}%"
+
+    lines = ["MdAPE / P90 / bias against silicon_sample.csv (docs/fidelity.md).", "",
+             "| split | evaluated / expressible | TTFT ours | TTFT calibrated | TTFT AIC | TPOT ours | TPOT calibrated "
+             "| TPOT AIC |", "|---|---|---|---|---|---|---|---|"]
+    for name, rep in data["splits"].items():
+        lines.append(f"| {name} | {rep['evaluated']} / {rep['expressible']} | " + " | ".join(
+            cell((rep.get(side) or {}).get(m)) for m in ("ttft", "tpot") for side in ("ours", "calibrated", "aic"))
+            + " |")
+    return lines
+
+
 def summary_executors(data: dict[str, Any]) -> list[str]:
     lines = [f"`{data['command']}`; {data['machine']['nproc']} cores, load average "
              f"{' '.join(data['machine'].get('loadavg_at_start', []))} at start.", "",
@@ -223,9 +241,10 @@ def write_summary(host: dict[str, Any] | None = None) -> Path:
     sections = [("sample_efficiency", "Sample efficiency against the exhaustive truth", summary_sample_efficiency),
                 ("sweep", "Quickstart sweep: DEFAULT vs QUASI_RANDOM_SEARCH", summary_sweep),
                 ("peer_aic", "Peer comparison: AI Configurator default search, replayed", summary_peer),
-                ("executors", "Executors: local pool vs Ray", summary_executors)]
+                ("executors", "Executors: local pool vs Ray", summary_executors),
+                ("fidelity", "Fidelity against real GPU measurements", summary_fidelity)]
     sections += [(n, f"{n} (captured output)", summary_captured) for n in BENCHES if n not in
-                 ("sample_efficiency", "sweep", "peer_aic", "executors")]
+                 ("sample_efficiency", "sweep", "peer_aic", "executors", "fidelity")]
     for name, title, render in sections:
         data, file = _load(name)
         lines += [f"## {title}", ""]

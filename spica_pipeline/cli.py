@@ -228,6 +228,7 @@ def summarize(config: Any) -> list[str]:
     lines.append(g)
     lines.append(
         f"sweep: policy {sweep.policy}, algorithm {sweep.algorithm}, max_rounds {sweep.max_rounds}, "
+        f"time_budget {'-' if sweep.time_budget is None else f'{sweep.time_budget:g}s'}, "
         f"per_round {sweep.per_round}, parallel_evals {sweep.parallel_evals}, seed {sweep.seed}"
     )
     return lines
@@ -293,12 +294,13 @@ def _resolve_algorithm(config: Any) -> str:
 
 
 def _with_overrides(config: Any, args: argparse.Namespace) -> Any:
-    """Apply --seed/--policy/--algorithm/--executor/--ray-address and validate again (e.g. thorough + a float range)."""
+    """Apply --seed/--policy/--algorithm/--executor/--ray-address/--time-budget and validate again (e.g. thorough + a float range)."""
     from spica_pipeline.config import SmartSearchConfig, render_validation_error
 
     overrides = {k: v for k, v in (("seed", args.seed), ("policy", args.policy),
                                    ("algorithm", args.algorithm), ("executor", args.executor),
-                                   ("ray_address", args.ray_address)) if v is not None}
+                                   ("ray_address", args.ray_address),
+                                   ("time_budget", getattr(args, "time_budget", None))) if v is not None}
     if not overrides:
         return config
     data = config.model_dump(mode="json", exclude_unset=True)
@@ -466,6 +468,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--executor", choices=["local", "ray"],
                        help="override sweep.executor: where replays run (ray: see docs/ray.md)")
     sweep.add_argument("--ray-address", help="override sweep.ray_address (default $RAY_ADDRESS, else a local Ray)")
+    sweep.add_argument("--time-budget", help="override sweep.time_budget, e.g. 10m, 90s, 1h: evaluate until it "
+                       "is spent (max_rounds, when also set, still caps the trials)")
     sweep.add_argument("--show", type=int, default=10, help="candidates to print (default 10)")
     sweep.add_argument("--repair", action="store_true",
                        help="move damaged journal records to journal.jsonl.quarantine and continue "

@@ -45,6 +45,10 @@ class ProgressPrinter:
         elif kind == "stalled":
             self._line(f"branch {event['branch']}: no new feasible configurations after round "
                        f"{event['rounds']}; moving on")
+        elif kind == "out_of_time":
+            self._line(f"branch {event['branch']}: time budget spent after {event['evaluated']} trials")
+        elif kind == "stopped":
+            self._line(f"branch {event['branch']} stopped: {event['reason']}")
         elif kind == "warning":
             self._line(f"warning: {event['message']}")
 

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 # Bump when anything in the evaluator changes what a replay returns for the same spec: it is part
 # of every spec hash, so old journal entries stop matching instead of being reused wrongly.
-EVALUATOR_FIDELITY = "replay-1.6.1/aic-0.12.0/npz-v1"
+EVALUATOR_FIDELITY = "replay-1.6.1/aic-0.12.0/npz-v1/window-v1"  # window-v1: ramped closed loop, steady-state window
 
 
 # --------------------------------------------------------------------------------------------
@@ -146,6 +146,11 @@ def evaluation_context(config: SmartSearchConfig, load_predictor: "LoadPredictor
         context["load_predictor"] = load_predictor.to_dict()
     if config.workload.trace_path:
         context["trace_sha256"] = _file_sha256(config.workload.trace_path)
+    from spica_pipeline.resources.calibration import load_profile
+
+    profile, digest = load_profile(config.evaluation.calibration)  # ConfigError (exit 2) names a bad file
+    if profile is not None:  # the setting, not an absolute path: the hash stays the same across machines
+        context["calibration"] = {"setting": config.evaluation.calibration, "sha256": digest}
     return context
 
 
@@ -154,15 +159,19 @@ def run_branch(
     config: SmartSearchConfig,
     load_predictor: "LoadPredictorResult | None",
     *,
-    evaluate_wave: Callable[[list[EvalRequest]], list[EvalOutcome]],
+    evaluate_wave: Callable[[list[EvalRequest]], list[EvalOutcome]] | None = None,
+    backend: "EvaluationBackend | None" = None,
     vizier: "VizierClient",
     journal: Journal | None = None,
     counter: TrialCounter | None = None,
     warm_history: Iterable[HistoryItem] = (),
     on_record: Callable[[TrialRecord], None] | None = None,
     on_round: Callable[[BranchOutcome], None] | None = None,
+    deadline: float | None = None,
 ) -> BranchOutcome:
-    """One branch study: exhaustive enumeration, or a Vizier study opened here."""
+    """One branch study: exhaustive enumeration, or a Vizier study opened here. With `backend` (an
+    EvaluationBackend) dispatch is asynchronous; with only `evaluate_wave`, in rounds of waves.
+    `deadline` (time.monotonic seconds): no new trial starts after it."""
     mode = plan.branch.deployment_mode
     points: Iterable[Proposal] | None = None
     if plan.exhaustive:
@@ -174,9 +183,9 @@ def run_branch(
         sampler = StudySampler(study, plan.encoding)
     build = candidate_builder(config, load_predictor, evaluation_context(config, load_predictor))
     return run_branch_study(
-        mode, sampler, build, evaluate_wave, scorer(config.goal), study_settings(config),
+        mode, sampler, build, evaluate_wave, scorer(config.goal), study_settings(config, deadline),
         journal=journal, counter=counter, warm_history=warm_history, exhaustive_points=points,
-        on_record=on_record, on_round=on_round,
+        on_record=on_record, on_round=on_round, backend=backend,
     )
 
 
@@ -230,23 +239,31 @@ class StudySession:
         config: SmartSearchConfig,
         load_predictor: "LoadPredictorResult | None",
         *,
-        evaluate_wave: Callable[[list[EvalRequest]], list[EvalOutcome]],
+        evaluate_wave: Callable[[list[EvalRequest]], list[EvalOutcome]] | None = None,
+        backend: "EvaluationBackend | None" = None,
         vizier: "VizierClient",
+        time_budget: float | None = None,
         warm_history: Callable[[BranchPlan], Iterable[HistoryItem]] = lambda plan: (),
         on_branch: Callable[[BranchPlan], None] | None = None,
         on_record: Callable[[TrialRecord], None] | None = None,
         on_round: Callable[[BranchOutcome], None] | None = None,
         on_done: Callable[[BranchOutcome], None] | None = None,
     ) -> StudiesRun:
-        """Run each plan's study in order, journalled; the wall time covers exactly these studies."""
+        """Run each plan's study in order, journalled; the wall time covers exactly these studies.
+        `time_budget` (seconds, `sweep.time_budget`): the time left is shared equally by the
+        branches still to run."""
         started = time.perf_counter()
+        budget_end = None if time_budget is None else time.monotonic() + time_budget
         outcomes: list[BranchOutcome] = []
-        for plan in plans:
+        for index, plan in enumerate(plans):
+            deadline = (None if budget_end is None else
+                        time.monotonic() + (budget_end - time.monotonic()) / (len(plans) - index))
             if on_branch:
                 on_branch(plan)
-            outcome = run_branch(plan, config, load_predictor, evaluate_wave=evaluate_wave, vizier=vizier,
-                                 journal=self.journal, counter=self.counter, warm_history=warm_history(plan),
-                                 on_record=on_record, on_round=on_round)
+            outcome = run_branch(plan, config, load_predictor, evaluate_wave=evaluate_wave, backend=backend,
+                                 vizier=vizier, journal=self.journal, counter=self.counter,
+                                 warm_history=warm_history(plan), on_record=on_record, on_round=on_round,
+                                 deadline=deadline)
             outcomes.append(outcome)
             if on_done:
                 on_done(outcome)
@@ -335,17 +352,22 @@ def run_sweep(
 
         def on_round(result: BranchOutcome) -> None:
             emit({"event": "round", "branch": result.branch, "round": result.rounds})
-            _write_partial_ledger(output_dir, records)
+            write_anytime(output_dir, config, records)
 
         def on_done(outcome: BranchOutcome) -> None:
-            if outcome.stalled:
+            if outcome.out_of_time:
+                emit({"event": "out_of_time", "branch": outcome.branch, "evaluated": outcome.evaluated})
+            if outcome.stopped:
+                emit({"event": "stopped", "branch": outcome.branch, "reason": outcome.stopped})
+            elif outcome.stalled:
                 emit({"event": "stalled", "branch": outcome.branch, "rounds": outcome.rounds})
 
         try:
             with make_pool(evaluator, config.sweep.eval_workers, config.sweep.max_eval_seconds,
                            executor=config.sweep.executor, ray_address=config.sweep.ray_address) as pool:
                 run = session.run(
-                    plans, config, prepared.load_predictor, evaluate_wave=pool.evaluate_wave, vizier=vizier,
+                    plans, config, prepared.load_predictor, evaluate_wave=pool.evaluate_wave, backend=pool,
+                    vizier=vizier, time_budget=config.sweep.time_budget,
                     warm_history=lambda plan: warm_history_for(warm_start_ledger, plan),
                     on_branch=lambda plan: emit({"event": "branch", "branch": plan.branch.deployment_mode,
                                                  "exhaustive": plan.exhaustive}),
@@ -372,12 +394,28 @@ def write_results(output_dir: Path, config: SmartSearchConfig, plans: list[Branc
         goal_summary=goal_summary(config),
         workload_summary=workload_summary(config),
         timings=timings.to_dict(),
-        branch_notes={p.branch.deployment_mode: p.why for p in plans},
+        branch_notes=branch_notes(plans, ledger),
         top_n=config.deploy.top_n,
         deploy_options=deploy_options(config),
         config_json=config.model_dump(mode="json"),
     )
     return merge, paths
+
+
+def branch_notes(plans: list[BranchPlan], ledger: pd.DataFrame) -> dict[str, str]:
+    """Per branch: how it was searched, how many points its space has and how many were evaluated
+    (trials that reused an earlier trial's outcome are not counted)."""
+    notes = {}
+    for plan in plans:
+        mode = plan.branch.deployment_mode
+        rows = ledger[ledger["branch"] == mode] if not ledger.empty else ledger
+        evaluated = int((rows["status"] != "cached").sum()) if not rows.empty else 0
+        if plan.finite_size:
+            seen = f"evaluated {evaluated:,} of {plan.finite_size:,} points ({evaluated / plan.finite_size:.2%})"
+        else:
+            seen = f"evaluated {evaluated:,} points of a continuous space"
+        notes[mode] = f"{plan.why}; {seen}"
+    return notes
 
 
 def deploy_options(config: SmartSearchConfig) -> "DeployOptions":
@@ -403,7 +441,7 @@ def goal_summary(config: SmartSearchConfig) -> dict[str, Any]:
     return {
         "target": goal.target.value,
         "objectives": goal.objective_names(),
-        "sla": goal.sla.model_dump(exclude_none=True) if goal.sla else None,
+        "sla": goal.sla_thresholds(),
         "gpu_budget": config.search_space.gpu_budget,
         "model": config.search_space.model_name,
         "hardware": config.search_space.hardware_sku,
@@ -457,6 +495,20 @@ def make_pool(evaluator: Evaluator, workers: int, max_eval_seconds: float | None
     from spica_pipeline.resources.pool import EvaluationPool
 
     return EvaluationPool(evaluator, workers=workers, max_eval_seconds=max_eval_seconds)
+
+
+def write_anytime(output_dir: Path, config: SmartSearchConfig, records: list[TrialRecord]) -> None:
+    """The anytime result, after every batch: the ledger and the ranking (or front) so far, each
+    replaced atomically, so a deadline or Ctrl-C always leaves a valid, current result."""
+    from spica_pipeline.report import merge_for_config
+    from spica_pipeline.report.tables import candidates_frame
+    from spica_pipeline.storage import atomic_write_parquet, atomic_write_text
+
+    _write_partial_ledger(output_dir, records)
+    merge = merge_for_config(ledger_frame(records), config)
+    table = candidates_frame(merge.candidates, merge.objectives if merge.is_pareto else None)
+    atomic_write_parquet(output_dir / "candidates.parquet", table)
+    atomic_write_text(output_dir / "candidates.csv", table.to_csv(index=False))
 
 
 def _write_partial_ledger(output_dir: Path, records: list[TrialRecord]) -> None:

@@ -441,3 +441,14 @@ def test_sweep_rules_and_per_round():
         with pytest.raises(ValidationError):
             SweepConfig(**bad)
     assert SweepConfig(algorithm="NSGA2", policy="thorough", seed=7).seed == 7
+
+
+def test_length_jitter_is_a_synthetic_fraction():
+    w = Workload(isl=1000, osl=100, concurrency=4, num_request_ratio=8, isl_jitter=0.25)
+    assert w.has_jitter and w.osl_jitter == 0.0
+    with pytest.raises(ValidationError, match="fraction in"):
+        Workload(isl=1000, osl=100, concurrency=4, num_request_ratio=8, osl_jitter=1.0)
+    with pytest.raises(ValidationError, match="turns_per_session: 1"):
+        Workload(isl=1000, osl=100, concurrency=4, num_request_ratio=8, isl_jitter=0.1, turns_per_session=2)
+    with pytest.raises(ValidationError, match="isl_jitter"):
+        Workload(trace_path="t.jsonl", isl_jitter=0.1)

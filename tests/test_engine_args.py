@@ -56,6 +56,13 @@ class FakeFacts(EngineFacts):
     def check_trace(self, path, context, block_size):
         self.traces.append((path, context, block_size))
 
+    def step_estimators(self, timing_model):  # prefill 100 ms, decode step 10 ms
+        return (lambda tokens: 100.0), (lambda batch, context: 10.0)
+
+    def write_trace(self, text):
+        self.written = text
+        return "/t/generated.jsonl"
+
 
 def build(sample, workload=SYNTH, goal=THROUGHPUT, facts=None, **settings):
     derived: dict = {}
@@ -66,14 +73,18 @@ def build(sample, workload=SYNTH, goal=THROUGHPUT, facts=None, **settings):
 
 def test_agg_synthetic_arguments():
     call, derived = build(agg_sample())
-    assert call.function == "synthetic" and call.args == (100, 100, 8) and call.repeats == 1
+    # 4 ramped closed-loop clients (search/measurement.py), MIN_TURNS requests each
+    assert call.function == "synthetic" and call.args == (100, 100, 4) and call.repeats == 1
     kw = call.kwargs
-    assert kw["num_workers"] == 2 and kw["replay_concurrency"] == 4 and kw["arrival_interval_ms"] is None
+    assert kw["num_workers"] == 2 and kw["replay_concurrency"] is None and kw["turns_per_session"] == 8
+    assert kw["arrival_interval_ms"] == pytest.approx((100 + 99 * 10) / 4) and kw["capture_per_request"] is True
     eng = kw["extra_engine_args"]
     assert eng["engine"]["num_gpu_blocks"] == 1000 and eng["engine"]["max_model_len"] == 40960
     assert eng["tensor_parallel_size"] == 2 and eng["gpu_memory_utilization"] == 0.9
+    ramp = {"clients": 4, "turns": 8, "interval_ms": 272.5, "cycle_ms": 1090.0, "request_count": 32}
     assert derived == {"concurrency": 4, "agg_num_gpu_blocks": 1000, "agg_kv_tokens_per_rank": 64_000,
-                       "agg_kv_bytes_per_token": 65536, "request_count": 8, "benchmark_granularity": 8}
+                       "agg_kv_bytes_per_token": 65536, "request_count": 32, "ramp": ramp,
+                       "window_rule": "closed_loop", "benchmark_granularity": 8}
 
 
 def test_disagg_and_backend_version():

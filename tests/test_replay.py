@@ -58,6 +58,8 @@ def fake(monkeypatch, tmp_path):
     monkeypatch.setattr(timing, "timing_table", lambda ident, **kw: timing.TimingTable(
         path=str(tmp_path / f"tp{ident.tp}.npz"), speedup_ratio=10.0, key="k"))
     monkeypatch.setattr(timing, "model_context_length", lambda model: 40960)
+    # a closed loop's ramp reads its request-cycle estimate from the (here fake) timing table
+    monkeypatch.setattr(timing, "table_estimators", lambda path: (lambda t: 100.0, lambda b, c: 10.0))
     monkeypatch.setattr(kv_mod, "estimate_kv_tokens", lambda *a, **k: 1216)
     return f
 
@@ -79,7 +81,7 @@ def test_static_agg_trace(fake, tmp_path):
     assert out.status == "feasible", out.reason
     ((fn, args, kw),) = fake.calls
     assert fn == "trace" and args == ([path],)
-    assert kw["num_workers"] == 2 and kw["capture_per_request"] is False
+    assert kw["num_workers"] == 2 and kw["capture_per_request"] is True
     assert kw["trace_block_size"] == 512 and kw["arrival_speedup_ratio"] == 2.0
     assert kw["replay_concurrency"] is None
     assert not any(k.startswith("sla_") for k in kw)
@@ -166,10 +168,14 @@ def test_synthetic_concurrency(fake):
     wl = {"isl": 100, "osl": 100, "concurrency": 4, "num_request_ratio": 25}
     out = ev().evaluate(EvalRequest(agg_sample(), wl, THROUGHPUT))
     fn, args, kw = fake.calls[0]
-    assert fn == "synthetic" and args == (100, 100, 100)
-    assert kw["replay_concurrency"] == 4 and kw["arrival_interval_ms"] is None
+    # 4 ramped clients (search/measurement.py): one session each, started one cycle / 4 apart,
+    # each sending its next request when the previous completes; 25 requests per client
+    assert fn == "synthetic" and args == (100, 100, 4)
+    assert kw["replay_concurrency"] is None and kw["turns_per_session"] == 25 and kw["inter_turn_delay_ms"] == 0
+    assert kw["arrival_interval_ms"] == pytest.approx((100.0 + 99 * 10.0) / 4)  # fake prefill 100, decode 10
     assert "request_rate" not in kw and kw["arrival_speedup_ratio"] == 1.0
     assert out.derived["concurrency"] == 4 and out.derived["request_count"] == 100
+    assert out.derived["ramp"]["clients"] == 4 and out.derived["window_rule"] == "closed_loop"
 
 
 def test_kv_load_override(fake):
@@ -177,7 +183,7 @@ def test_kv_load_override(fake):
     wl = {"isl": 100, "osl": 100, "kv_load_ratio": 1.0, "num_request_ratio": 25}
     out = ev().evaluate(EvalRequest(agg_sample(replicas=1, used_gpus=2), wl, THROUGHPUT))
     fn, args, kw = fake.calls[0]
-    assert args == (100, 100, 200) and kw["replay_concurrency"] == 8 and kw["arrival_interval_ms"] is None
+    assert args == (100, 100, 8) and kw["turns_per_session"] == 25 and kw["replay_concurrency"] is None
     assert out.derived["concurrency"] == 8 and out.derived["kv_load_concurrency_capacity"] == 8
     assert out.derived["agg_kv_capacity_tokens"] == 1216
 
@@ -186,7 +192,7 @@ def test_kv_load_ratio_from_sample_under_pareto(fake):
     wl = {"isl": 100, "osl": 100, "kv_load_ratio": [0.0, 1.0], "num_request_ratio": 25}
     out = ev().evaluate(EvalRequest(agg_sample(replicas=1, kv_load_ratio=0.5), wl,
                                     {"target": "pareto", "sla": None, "pareto_objectives": None}))
-    assert out.derived["concurrency"] == 4 and fake.calls[0][2]["replay_concurrency"] == 4
+    assert out.derived["concurrency"] == 4 and fake.calls[0][1][2] == 4  # 4 ramped clients
 
 
 def test_request_rate(fake):
@@ -358,6 +364,7 @@ def test_a_bug_is_an_internal_error_with_traceback(fake, monkeypatch, caplog):
     monkeypatch.setattr(timing, "kv_capacity", lambda ident, **kw: timing.KvCapacity(64_000, 65536))
     monkeypatch.setattr(timing, "timing_table", lambda ident, **kw: timing.TimingTable("/x.npz", 10.0, "k"))
     monkeypatch.setattr(timing, "model_context_length", lambda model: 40960)
+    monkeypatch.setattr(timing, "table_estimators", lambda path: (lambda t: 100.0, lambda b, c: 10.0))
     out = ev().evaluate(EvalRequest(agg_sample(), wl, THROUGHPUT))
     assert out.status == "failed" and out.reason.startswith("internal error: TypeError")
 

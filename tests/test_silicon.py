@@ -134,3 +134,11 @@ def test_every_shipped_row_is_classified():
     assert cases and all(o.reason for o in out if isinstance(o, silicon.Inexpressible))
     assert {c.split for c in cases} == {"calibration", "heldout"}
     assert {r.model for r in rows} >= silicon.CALIBRATION_MODELS
+
+
+def test_batch_size_is_per_attention_dp_rank():
+    glm = {"model_path": "zhipuai/GLM-5", "precision": "fp8", "tp_size": "2", "attention_dp_size": "2",
+           "moe_tp_size": "1", "moe_ep_size": "4", "batch_size": "32", "silicon_data_source": "silicon_concurrency=64"}
+    case = mapped(**glm)
+    assert case.roles["agg"].max_num_seqs == 32  # 32 per rank x 2 ranks = the 64 clients
+    assert case.sample("0.24.0")["agg_max_num_seqs"] == 32

@@ -73,9 +73,10 @@ def score(outcome):
     return Scored(score=value, objectives=None, told_metrics={"objective": value})
 
 
-def run(sampler, evaluator, per_round=3, max_rounds=1, workers=1, journal=None, **kw):
+def run(sampler, evaluator, per_round=3, max_rounds=1, workers=1, journal=None, failure_breaker=5, **kw):
     return run_branch_study("agg", sampler, build, evaluator, score,
-                            StudySettings(per_round=per_round, max_rounds=max_rounds, workers=workers),
+                            StudySettings(per_round=per_round, max_rounds=max_rounds, workers=workers,
+                                          failure_breaker=failure_breaker),
                             journal=journal, **kw)
 
 
@@ -86,18 +87,20 @@ def test_scores_follow_the_evaluator_and_configs_carry_backend_version():
     assert all(r.used_gpus == 8 and r.config["backend_version"] == "0.24.0" for r in feasible)
 
 
-def test_every_trial_infeasible_gives_exactly_33_tells_at_per_round_3():
+def test_budget_counts_infeasible_trials():
+    """Issue 20: the budget (per_round x max_rounds) counts every trial, whatever its outcome
+    (Spica replaced non-feasible trials up to 10x per round: 33 tells for a budget of 3)."""
     over = CountingEvaluator(lambda s: EvalOutcome("infeasible", reason="over gpu_budget: used_gpus=64 > gpu_budget=32"))
-    result = run(ScriptedSampler(menu=range(1000)), over)
-    assert len(result.records) == 33
+    result = run(ScriptedSampler(menu=range(1000)), over, max_rounds=2)
+    assert len(result.records) == 6 and result.evaluated == 6
     assert all("over gpu_budget" in r.reason for r in result.records)
-    assert result.stalled
+    assert not result.stalled and result.stopped is None
 
 
 def test_unsupported_backend_never_reaches_the_evaluator():
     evaluator = CountingEvaluator()
-    result = run(ScriptedSampler(menu=range(1000), supported=False), evaluator)
-    assert len(result.records) == 33 and evaluator.calls == []
+    result = run(ScriptedSampler(menu=range(1000), supported=False), evaluator, max_rounds=2)
+    assert len(result.records) == 6 and evaluator.calls == []
     assert all("does not support" in r.reason for r in result.records)
 
 
@@ -106,8 +109,56 @@ def test_build_failure_is_recorded_not_raised():
         raise KeyError("agg_max_num_seqs")
     result = run_branch_study("agg", ScriptedSampler(menu=range(1000)), bad_build, CountingEvaluator(), score,
                               StudySettings(per_round=3, max_rounds=1))
-    assert len(result.records) == 33
+    assert len(result.records) == 3
     assert all(r.reason.startswith("candidate build failed: KeyError") for r in result.records)
+
+
+@pytest.mark.parametrize("status,reason", [
+    ("timed_out", "exceed runtime: replay > 5s"),
+    ("failed", "replay failed: ValueError: failed to parse line 5 as JSON"),
+])
+def test_budget_holds_under_timeouts_and_failures(status, reason):
+    """Issue 20 item 1: 2 rounds x 2 with every candidate timing out (or failing) runs 4 trials,
+    not 22, and every outcome is journalled so a resume replays none of them."""
+    journal = MemoryJournal()
+    evaluator = CountingEvaluator(lambda s: EvalOutcome(status, reason=reason, replay_seconds=5.0))
+    result = run(ScriptedSampler(menu=range(1000)), evaluator, per_round=2, max_rounds=2, journal=journal,
+                 failure_breaker=0)
+    assert len(result.records) == 4 and len(evaluator.calls) == 4
+    assert {r.status for r in result.records} == {status}
+    assert len(journal.outcomes) == 4
+    again = CountingEvaluator()
+    resumed = run(ScriptedSampler(menu=range(1000)), again, per_round=2, max_rounds=2, journal=journal,
+                  failure_breaker=0)
+    assert again.calls == []
+    assert [content_view(r.to_row()) for r in resumed.records] == [content_view(r.to_row()) for r in result.records]
+
+
+def test_circuit_breaker_stops_a_branch_whose_first_candidates_all_fail_alike():
+    evaluator = CountingEvaluator(lambda s: EvalOutcome(
+        "failed", reason=f"worker process died (exit code -9) on seqs={s['agg_max_num_seqs']}"))
+    result = run(ScriptedSampler(menu=range(1000)), evaluator, per_round=2, max_rounds=10, failure_breaker=5)
+    assert len(evaluator.calls) == 6  # the round that trips it finishes its batch
+    assert result.stopped.startswith("circuit breaker: the first 5 candidates all failed for the same reason")
+    assert "worker process died" in result.stopped
+
+
+def test_circuit_breaker_ignores_mixed_reasons_and_early_successes():
+    reasons = iter(["replay failed: A", "replay failed: B"] * 50)
+    mixed = run(ScriptedSampler(menu=range(1000)), CountingEvaluator(lambda s: EvalOutcome("failed", reason=next(reasons))),
+                per_round=2, max_rounds=5, failure_breaker=3)
+    assert mixed.stopped is None and len(mixed.records) == 10
+
+    calls = {"n": 0}
+
+    def first_ok(sample):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return EvalOutcome("feasible", report={"throughput": 1.0})
+        return EvalOutcome("failed", reason="replay failed: boom")
+    ok = run(ScriptedSampler(menu=range(1000)), CountingEvaluator(first_ok), per_round=2, max_rounds=5,
+             failure_breaker=3)
+    assert ok.stopped is None and len(ok.records) == 10
 
 
 def test_duplicates_in_a_batch_replay_once_and_replacements_fill_the_round():
@@ -181,3 +232,33 @@ def test_trial_numbers_are_sweep_wide_and_rows_round_trip():
     assert [r.trial for r in a.records + b.records] == [1, 2, 3, 4, 5, 6]
     row = b.records[0].to_row()
     assert TrialRecord.from_row(row).to_row() == row
+
+
+def test_time_budget_ends_the_branch_between_batches_with_no_round_cap():
+    """max_rounds None + a deadline: rounds continue until the clock passes the deadline; the
+    batch in progress finishes, so every record is complete (a valid anytime result)."""
+    now = {"t": 0.0}
+
+    def evaluator(requests):
+        now["t"] += 10.0 * len(requests)  # each replay takes 10 fake seconds
+        return [EvalOutcome("feasible", report={"throughput": r.sample["agg_max_num_seqs"]}) for r in requests]
+    snapshots = []
+    result = run_branch_study("agg", ScriptedSampler(menu=range(10_000)), build, evaluator, score,
+                              StudySettings(per_round=2, max_rounds=None, deadline=55.0, clock=lambda: now["t"]),
+                              on_round=lambda r: snapshots.append(len(r.records)))
+    assert result.out_of_time and not result.stalled
+    assert len(result.records) == 6 and now["t"] == 60.0  # 3 batches of 2: the third starts at t=40
+    assert snapshots == [2, 4, 6]
+    assert all(r.status == "feasible" for r in result.records)
+
+
+def test_a_journal_from_before_designers_were_recorded_still_resumes():
+    """Suggestions journalled as bare parameter dicts (older journals) are read back as such."""
+    journal = MemoryJournal()
+    first = run(ScriptedSampler(seed=3, menu=range(100)), CountingEvaluator(), max_rounds=2, journal=journal)
+    for key, (entries, seconds) in list(journal.suggestions.items()):
+        journal.suggestions[key] = ([e["parameters"] for e in entries], seconds)
+    again = CountingEvaluator()
+    resumed = run(ScriptedSampler(seed=99, menu=range(100)), again, max_rounds=2, journal=journal)
+    assert again.calls == []
+    assert [r.parameters for r in resumed.records] == [r.parameters for r in first.records]

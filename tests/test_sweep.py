@@ -22,17 +22,39 @@ CONFIG = {
 
 
 @pytest.mark.integration
-def test_a_stalled_branch_does_not_stop_the_next(tmp_path):
+def test_a_stopped_branch_does_not_stop_the_next(tmp_path):
+    """Every agg candidate fails: the circuit breaker stops agg with the reason; disagg still runs.
+    The budget (1 round x 2) counts the failures, so agg costs 2 replays, not 11 x per_round."""
+    data = {**CONFIG, "sweep": {**CONFIG["sweep"], "failure_breaker": 2}}
     events = []
-    result = run_sweep(SmartSearchConfig.from_dict(CONFIG), tmp_path, evaluator=AggFailsEvaluator(),
+    result = run_sweep(SmartSearchConfig.from_dict(data), tmp_path, evaluator=AggFailsEvaluator(),
                        vizier=VizierClient(), progress=events.append)
     agg, disagg = result.branches
-    assert agg.branch == "agg" and agg.stalled and agg.mode == "vizier"
-    assert len(agg.records) == 22  # 11 x per_round attempts, every one told infeasible
+    assert agg.branch == "agg" and agg.mode == "vizier" and not agg.stalled
+    assert agg.stopped and "injected" in agg.stopped and agg.stopped.startswith("circuit breaker")
     assert all("injected" in r.reason for r in agg.records)
-    # the 3-config agg pool is replayed once per config; every repeat is answered from the cache
-    assert sorted(r.status for r in agg.records).count("failed") == 3
-    assert {r.status for r in agg.records} == {"failed", "cached"}
+    assert [r.status for r in agg.records].count("failed") == 2 and agg.evaluated == 2
     assert disagg.mode == "exhaustive" and [r.status for r in disagg.records] == ["feasible"]
     assert [c.branch for c in result.merge.candidates] == ["disagg"]
-    assert {"event": "stalled", "branch": "agg", "rounds": 1} in events
+    assert {"event": "stopped", "branch": "agg", "reason": agg.stopped} in events
+    report = (tmp_path / "report.md").read_text()
+    assert "evaluated 2 of 3 points" in report and "evaluated 1 of 1 points" in report
+
+
+@pytest.mark.integration
+def test_a_time_budget_stop_writes_a_valid_anytime_result(tmp_path):
+    """sweep.time_budget with no max_rounds: rounds go on until the budget is spent; the ranking
+    is on disk after every batch, and the final outputs are written as usual."""
+    data = {**CONFIG, "sweep": {"time_budget": "3s", "candidates_per_round": 1, "parallel_evals": 1,
+                                "algorithm": "QUASI_RANDOM_SEARCH"}}
+    data["search_space"] = {**CONFIG["search_space"], "deployment_mode": ["disagg"],
+                            "decode_max_num_seqs": [256, 512, 1024]}
+    config = SmartSearchConfig.from_dict(data)
+    assert config.sweep.max_rounds is None and config.sweep.time_budget == 3.0
+    events = []
+    result = run_sweep(config, tmp_path, evaluator=AggFailsEvaluator(), vizier=VizierClient(),
+                       progress=events.append)
+    (disagg,) = result.branches
+    assert disagg.mode == "exhaustive"  # 3 points <= the default budget of 20 rounds
+    assert (tmp_path / "candidates.csv").read_text().count("\n") >= 2
+    assert (tmp_path / "ledger.parquet").exists() and (tmp_path / "report.md").exists()

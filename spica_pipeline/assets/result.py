@@ -184,7 +184,8 @@ def build_sweep_result(spec: SweepSpec) -> dg.AssetsDefinition:
             merge = merge_for_config(ledger, config)
         except SpicaError as err:
             raise fail(err) from None
-        candidates = arrow_safe(candidates_frame(merge.candidates, merge.objectives if merge.is_pareto else None))
+        candidates = arrow_safe(candidates_frame(merge.candidates, merge.objectives if merge.is_pareto else None,
+                                                     target=merge.target))
         # warm-start state for the next run (not deploy output): the ledger and each branch's space hash
         output_dir = sweep_storage.output_dir(spec.name)
         atomic_write_parquet(output_dir / "ledger.parquet", arrow_safe(ledger))

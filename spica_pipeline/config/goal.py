@@ -162,6 +162,11 @@ class OptimizationGoal(StrictModel):
     def is_pareto(self) -> bool:
         return self.target is Target.PARETO
 
+    def sla_thresholds(self) -> dict[str, float] | None:
+        """The set SLA thresholds (ms) by name, or None without an SLA: what the gate and the
+        steady-state window's goodput read."""
+        return self.sla.model_dump(exclude_none=True) if self.sla is not None else None
+
     @property
     def planner_target(self) -> PlannerTarget:
         return planner_target(self.target)

@@ -6,6 +6,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from spica_pipeline.config.deploy import DeploySettings
+from spica_pipeline.config.evaluation import EvaluationSettings
 from spica_pipeline.config.goal import OptimizationGoal, Target
 from spica_pipeline.config.search_space import SearchSpace
 from spica_pipeline.config.sweep import SweepConfig
@@ -28,6 +29,7 @@ class SmartSearchConfig(StrictModel):
     goal: OptimizationGoal = Field(default_factory=OptimizationGoal)
     sweep: SweepConfig = Field(default_factory=SweepConfig)
     deploy: DeploySettings = Field(default_factory=DeploySettings)
+    evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
 
     @model_validator(mode="before")
     @classmethod
@@ -36,7 +38,7 @@ class SmartSearchConfig(StrictModel):
         if not isinstance(data, dict):
             return data
         # An empty `goal:` or `sweep:` section (YAML null) means "all defaults".
-        data = {k: v for k, v in data.items() if not (k in ("goal", "sweep", "deploy") and v is None)}
+        data = {k: v for k, v in data.items() if not (k in ("goal", "sweep", "deploy", "evaluation") and v is None)}
         workload = data.get("workload")
         if (
             _goal_is_pareto(data.get("goal"))

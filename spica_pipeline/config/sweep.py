@@ -1,11 +1,32 @@
 """`sweep:`: run control (spec §2.8) plus our seeding, policy and algorithm choices."""
 
 import os
+import re
 from typing import Literal, get_args
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
-from spica_pipeline.config.types import NonNegInt, PosFloat, PosInt, StrictModel
+from spica_pipeline.config.types import Fraction, NonNegInt, PosFloat, PosInt, StrictModel
+
+DEFAULT_MAX_ROUNDS = 20
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*$")
+_UNIT_S = {None: 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: "str | int | float") -> float:
+    """'90', '90s', '10m', '1.5h' or a number of seconds -> seconds (> 0)."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as '10m', '90s' or '1h'")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ValueError(f"{value!r} is not a duration; use e.g. '10m', '90s' or '1h'")
+        seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"a duration must be > 0 seconds, got {value!r}")
+    return seconds
 
 # The Vizier designers a sweep may name: the one list (CLI help, Dagster launch config, the Vizier resource).
 Algorithm = Literal["DEFAULT", "GAUSSIAN_PROCESS_BANDIT", "RANDOM_SEARCH", "QUASI_RANDOM_SEARCH", "NSGA2"]
@@ -31,7 +52,17 @@ def resolve_algorithm(configured: str | None, explicit: str | None = None) -> st
 class SweepConfig(StrictModel):
     """How long and how wide a sweep runs; every random choice derives from `seed`."""
 
-    max_rounds: PosInt = 20
+    # Rounds of `per_round` trials per branch (the evaluation budget). Optional with a time budget:
+    # then the sweep evaluates until the time is spent; without either, 20.
+    max_rounds: PosInt | None = None
+    # Wall-clock budget for the studies, e.g. "10m" (seconds as a number); split over the branches.
+    time_budget: float | None = None
+    # Stop a branch when its first N trials all failed for the same reason (0: never).
+    failure_breaker: NonNegInt = 5
+    # Cost-aware asks: while model-based suggestions took more than this share of a branch's wall
+    # time, fill asks from the quasi-random designer (recorded per trial). The mix then depends on
+    # measured seconds; null keeps the configured algorithm for every ask (bit-identical reruns).
+    optimizer_share: Fraction | None = 0.25
     parallel_evals: PosInt = 16
     candidates_per_round: PosInt | None = None
     max_eval_seconds: PosFloat | None = 600.0
@@ -56,6 +87,22 @@ class SweepConfig(StrictModel):
         if v > 1:
             raise ValueError(f"max_replay_memory_share must be in (0, 1], got {v}")
         return v
+
+    @field_validator("time_budget", mode="before")
+    @classmethod
+    def _duration(cls, value):
+        return None if value is None else parse_duration(value)
+
+    @model_validator(mode="after")
+    def _default_rounds(self):
+        if self.max_rounds is None and self.time_budget is None:
+            object.__setattr__(self, "max_rounds", DEFAULT_MAX_ROUNDS)
+        return self
+
+    @property
+    def evaluation_budget(self) -> int | None:
+        """Trials per branch (every outcome counts), or None when only the time budget bounds it."""
+        return None if self.max_rounds is None else self.max_rounds * self.per_round
 
     @property
     def per_round(self) -> int:

@@ -34,6 +34,8 @@ class Workload(StrictModel):
     num_prefix_groups: NonNegInt = 0
     turns_per_session: PosInt = 1
     inter_turn_delay_ms: NonNegFloat = 0.0
+    isl_jitter: NonNegFloat = 0.0  # each request's ISL uniform in isl x (1 -+ isl_jitter); synthetic only
+    osl_jitter: NonNegFloat = 0.0  # same for OSL
     trace_path: str | None = None
     trace_format: Literal["mooncake"] = "mooncake"
     arrival_speedup_ratio: PosFloat = 1.0
@@ -61,6 +63,13 @@ class Workload(StrictModel):
             raise ValueError(f"shared_prefix_ratio must be in [0, 1], got {v}")
         return v
 
+    @field_validator("isl_jitter", "osl_jitter")
+    @classmethod
+    def _jitter(cls, v: float) -> float:
+        if v >= 1:
+            raise ValueError(f"a length jitter is a fraction in [0, 1), got {v}")
+        return v
+
     @field_validator("trace_path")
     @classmethod
     def _trace_path(cls, v: str | None) -> str | None:
@@ -72,6 +81,7 @@ class Workload(StrictModel):
     def _shape(self) -> "Workload":
         if self.is_trace:
             offenders = [f for f in SYNTHETIC_FIELDS if getattr(self, f) is not None]
+            offenders += [f for f in ("isl_jitter", "osl_jitter") if getattr(self, f)]
             if offenders:
                 raise ValueError(f"trace workload (trace_path set) must not set synthetic fields {offenders}")
             return self
@@ -84,7 +94,13 @@ class Workload(StrictModel):
         missing = [f for f in ("isl", "osl", "num_request_ratio") if getattr(self, f) is None]
         if missing:
             raise ValueError(f"a synthetic workload requires {missing}")
+        if self.has_jitter and self.turns_per_session > 1:
+            raise ValueError("isl_jitter/osl_jitter need turns_per_session: 1 (jittered requests are independent)")
         return self
+
+    @property
+    def has_jitter(self) -> bool:
+        return bool(self.isl_jitter or self.osl_jitter)
 
     # ---- derived quantities (spec §3.3) ------------------------------------------------------
 

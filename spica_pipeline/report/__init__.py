@@ -53,7 +53,7 @@ def write_outputs(
     m = merge_result
     paths: dict[str, Path] = {}
     paths["ledger"] = atomic_write_parquet(out / "ledger.parquet", arrow_safe(ledger_df))
-    table = candidates_frame(m.candidates, m.objectives if m.is_pareto else None)
+    table = candidates_frame(m.candidates, m.objectives if m.is_pareto else None, target=m.target)
     paths["candidates"] = atomic_write_parquet(out / "candidates.parquet", table)
     paths["candidates_csv"] = atomic_write_text(out / "candidates.csv", table.to_csv(index=False))
     paths["pareto_png"] = atomic_write_bytes(out / "pareto.png", pareto_png(m))

@@ -82,9 +82,22 @@ def deployment_dict(c: Candidate, rank: int, *, target: str | None = None) -> di
         "planner": planner,
         "load": {k: cfg[k] for k in LOAD_KEYS if k in cfg},
         "expected": {"goal": target, "score": c.score, "objectives": c.objectives, "metrics": c.metrics,
-                     **({"spread": c.spread} if c.spread else {})},
+                     **({"spread": c.spread} if c.spread else {}), **_bands(c, target)},
         "config": dict(cfg),
     }
+
+
+def _bands(c: Candidate, target: str | None) -> dict[str, Any]:
+    """P10-P90 bands of calibrated TTFT/TPOT and of the goal value (empty without a calibration profile)."""
+    from spica_pipeline.report.tables import goal_value
+    from spica_pipeline.search.calibration import bands
+
+    goal = target if target and target != "pareto" else None
+    found = bands(c.metrics, goal, goal_value(c, goal) if goal else None)
+    if not found:
+        return {}
+    return {"bands_p10_p90": {k: [float(lo), float(hi)] for k, (lo, hi) in found.items()},
+            "bands_note": "calibrated replay values; P10-P90 of calibration residuals (docs/fidelity.md)"}
 
 
 def deployment_yaml(c: Candidate, rank: int, *, target: str | None = None) -> str:

@@ -47,6 +47,29 @@ def _quality(c: Any) -> list[str]:
             _pct(router_spread_pct(c), signed=True)]
 
 
+def _range(v: float | None, band: tuple[float, float] | None) -> str:
+    if v is None or band is None:
+        return "–"
+    return f"{_num(v)} [{_num(band[0])}–{_num(band[1])}]"
+
+
+def _bands(c: Any, target: str) -> list[str]:
+    """Calibrated mean TTFT, mean TPOT and the goal value, each with its P10-P90 band."""
+    from spica_pipeline.search.calibration import bands
+
+    goal = goal_value(c, target) if target != "pareto" else None
+    b = bands(c.metrics, target if target != "pareto" else None, goal)
+    return [_range(c.metrics.get("calibrated_mean_ttft_ms"), b.get("ttft_ms")),
+            _range(c.metrics.get("calibrated_mean_tpot_ms"), b.get("tpot_ms")),
+            _range(goal, b.get("goal")) if target != "pareto" else "–"]
+
+
+BAND_HEADER = ["TTFT ms (cal.) [P10–P90]", "TPOT ms (cal.) [P10–P90]", "goal [P10–P90]"]
+BAND_NOTE = ("TTFT/TPOT (cal.): the replayed means corrected by the calibration profile (evaluation.calibration), "
+             "with the P10–P90 of calibration residuals for the candidate's (system, backend) slice, widened for "
+             "few rows or a fallback (docs/fidelity.md; measured by bench/bench_fidelity.py, "
+             "bench/results/fidelity_*.json); – when calibration is off.")
+
 QUALITY_HEADER = ["SLA met", "p90 TTFT ms", "p90 ITL ms", "router spread"]
 QUALITY_NOTE = ("SLA met: share of completed requests within goal.sla (– without an SLA); router spread: "
                 "std of output throughput over the KV-router repeats, as % of the mean (– for one replay). "
@@ -151,9 +174,11 @@ def render_report(
             rank = merge.rank_of(c)
             mark = " ★" if rec is not None and c is rec[0] else ""
             rows.append([f"{rank}{mark}", c.branch, *[_num((c.objectives or {}).get(o)) for o in merge.objectives],
-                         c.used_gpus, *_quality(c), describe_candidate(c, merge.target, with_value=False)])
-        lines += _table(["rank", "branch", *merge.objectives, "GPUs", *QUALITY_HEADER, "configuration"], rows)
-        lines += ["", "rank = `deploy/<rank>/`; ★ = the recommended point. " + QUALITY_NOTE]
+                         c.used_gpus, *_quality(c), *_bands(c, merge.target)[:2],
+                         describe_candidate(c, merge.target, with_value=False)])
+        lines += _table(["rank", "branch", *merge.objectives, "GPUs", *QUALITY_HEADER, *BAND_HEADER[:2],
+                         "configuration"], rows)
+        lines += ["", "rank = `deploy/<rank>/`; ★ = the recommended point. " + QUALITY_NOTE + " " + BAND_NOTE]
         lines += ["", f"Hypervolume: {merge.hypervolume:.6g} (reference point {tuple(round(r, 6) for r in merge.reference)};"
                   " origin for maximised objectives, 1.1 x worst observed for minimised ones)", ""]
     else:
@@ -164,11 +189,11 @@ def render_report(
             per_user, per_gpu = plot_axes(c)
             extra = [_num(c.metrics.get("fleet_gpus"))] if fleet else []
             rows.append([i, c.branch, fmt_value(goal_value(c, merge.target), merge.target), c.used_gpus, *extra,
-                         _num(per_gpu), _num(per_user), *_quality(c),
+                         _num(per_gpu), _num(per_user), *_quality(c), *_bands(c, merge.target),
                          describe_candidate(c, merge.target, with_value=False)])
         lines += _table(["#", "branch", merge.target, "GPUs", *(["fleet GPUs"] if fleet else []), "tok/s/GPU",
-                         "tok/s/user", *QUALITY_HEADER, "configuration"], rows)
-        lines += ["", "# = `deploy/<rank>/`. " + QUALITY_NOTE, ""]
+                         "tok/s/user", *QUALITY_HEADER, *BAND_HEADER, "configuration"], rows)
+        lines += ["", "# = `deploy/<rank>/`. " + QUALITY_NOTE + " " + BAND_NOTE, ""]
 
     if merge.is_pareto:
         lines += _fidelity_lines([(merge.rank_of(c), c) for c in merge.candidates])

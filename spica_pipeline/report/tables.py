@@ -157,8 +157,12 @@ def _cell(v: Any) -> Any:
     return v
 
 
-def candidates_frame(candidates: Sequence[Candidate], objectives: Sequence[str] | None = None) -> pd.DataFrame:
-    """One row per candidate in the given order: rank, branch, score/objectives, metrics, spread, cfg.*."""
+def candidates_frame(candidates: Sequence[Candidate], objectives: Sequence[str] | None = None,
+                     target: str | None = None) -> pd.DataFrame:
+    """One row per candidate in the given order: rank, branch, score/objectives, metrics, spread,
+    P10-P90 bands (calibrated TTFT/TPOT and the goal value, when a calibration profile was on), cfg.*."""
+    from spica_pipeline.search.calibration import bands
+
     rows = []
     for i, c in enumerate(candidates, start=1):
         per_user, per_gpu = plot_axes(c)
@@ -178,6 +182,9 @@ def candidates_frame(candidates: Sequence[Candidate], objectives: Sequence[str] 
             for s in SPREAD_STATS:
                 if s in stats:
                     row[f"spread.{metric}.{s}"] = stats[s]
+        goal = target if target and target != Target.PARETO else None
+        for name, (lo, hi) in bands(c.metrics, goal, goal_value(c, goal) if goal else None).items():
+            row[f"band.{name}.p10"], row[f"band.{name}.p90"] = lo, hi
         for k in ("fleet_replicas", "fleet_gpus", "replica_capacity"):
             if k in c.metrics:
                 row[k] = c.metrics[k]

@@ -76,6 +76,9 @@ class EvaluationBackend(abc.ABC):
         self._next_ticket = 0
         self._outstanding: set[int] = set()
         self._stash: list[Completion] = []  # completions evaluate_wave received for other tickets
+        # completions an implementation collected while submitting (it hands work to an idle worker
+        # at once); the next wait returns them before asking `_wait` for more
+        self._early: list[Completion] = []
 
     # ---- what an implementation provides --------------------------------------------------
 
@@ -124,7 +127,7 @@ class EvaluationBackend(abc.ABC):
             return done
         if not self._outstanding:
             return []
-        done = [c for c in self._wait(timeout) if c.ticket in self._outstanding]
+        done = [c for c in self._ready(timeout) if c.ticket in self._outstanding]
         self._outstanding.difference_update(c.ticket for c in done)
         return done
 
@@ -140,6 +143,7 @@ class EvaluationBackend(abc.ABC):
     def cancel(self, ticket: int) -> bool:
         """True when `ticket` was pending; a running candidate's worker is stopped and replaced."""
         self._stash = [c for c in self._stash if c.ticket != ticket]
+        self._early = [c for c in self._early if c.ticket != ticket]
         if ticket not in self._outstanding:
             return False
         self._outstanding.discard(ticket)
@@ -151,6 +155,7 @@ class EvaluationBackend(abc.ABC):
             return
         self._closed = True
         self._outstanding.clear()
+        self._early.clear()
         self._close()
 
     def evaluate_wave(self, requests: Sequence[EvalRequest]) -> list[EvalOutcome]:
@@ -173,8 +178,14 @@ class EvaluationBackend(abc.ABC):
             self._stash = others + self._stash
         return [r if r is not None else EvalOutcome("failed", reason="no result") for r in results]
 
+    def _ready(self, timeout: float | None) -> list[Completion]:
+        if self._early:
+            done, self._early = self._early, []
+            return done
+        return self._wait(timeout)
+
     def _wait_own(self) -> list[Completion]:
-        done = [c for c in self._wait(None) if c.ticket in self._outstanding]
+        done = [c for c in self._ready(None) if c.ticket in self._outstanding]
         self._outstanding.difference_update(c.ticket for c in done)
         return done
 
@@ -303,7 +314,6 @@ class EvaluationPool(EvaluationBackend):
         self._pool: list[_Worker] = []
         self._queue: deque[tuple[int, float | None]] = deque()  # (ticket, limit), in submit order
         self._requests: dict[int, EvalRequest] = {}
-        self._early: list[Completion] = []  # finished while submitting, returned by the next wait
         self._startup_failures = 0
         self.replaced = 0  # workers killed or lost and replaced (observability)
 
@@ -320,7 +330,6 @@ class EvaluationPool(EvaluationBackend):
         self._pool.clear()
         self._queue.clear()
         self._requests.clear()
-        self._early.clear()
 
     def _fill(self) -> None:
         while len(self._pool) < self.workers:
@@ -338,11 +347,10 @@ class EvaluationPool(EvaluationBackend):
         self._requests[ticket] = request
         self._queue.append((ticket, max_seconds))
         self._fill()
-        self._early.extend(self._pump(0.0))  # hand it to an idle worker now, not at the next wait
+        self._early.extend(self._wait(0.0))  # hand it to an idle worker now, not at the next wait
 
     def _cancel(self, ticket: int) -> None:
         self._requests.pop(ticket, None)
-        self._early = [c for c in self._early if c.ticket != ticket]
         self._queue = deque(item for item in self._queue if item[0] != ticket)
         for worker in self._pool:
             if worker.task is not None and worker.task.ticket == ticket:
@@ -351,12 +359,6 @@ class EvaluationPool(EvaluationBackend):
                 break
 
     def _wait(self, timeout: float | None) -> list[Completion]:
-        if self._early:
-            done, self._early = self._early, []
-            return done
-        return self._pump(timeout)
-
-    def _pump(self, timeout: float | None) -> list[Completion]:
         """Dispatch, then collect answers, deaths and deadlines until one completes or `timeout`."""
         end = None if timeout is None else time.monotonic() + timeout
         done: list[Completion] = []

@@ -136,7 +136,6 @@ class RayEvaluationPool(EvaluationBackend):
         self._actors: list[_Actor] = []
         self._queue: deque[_Item] = deque()
         self._requests: dict[int, EvalRequest] = {}
-        self._early: list[Completion] = []
         self._startup_failures = 0
         self.replaced = 0  # actors killed or lost and replaced
         self.retried = 0  # candidates retried after a lost actor
@@ -190,7 +189,6 @@ class RayEvaluationPool(EvaluationBackend):
         self._actors.clear()
         self._queue.clear()
         self._requests.clear()
-        self._early.clear()
         if self._owns_connection:
             ray.shutdown()
         self._ray = None
@@ -226,26 +224,19 @@ class RayEvaluationPool(EvaluationBackend):
         self._start()
         self._requests[ticket] = request
         self._queue.append(_Item(ticket, max_seconds))
-        self._early.extend(self._pump(0.0))
+        self._early.extend(self._wait(0.0))
 
     def _cancel(self, ticket: int) -> None:
         self._requests.pop(ticket, None)
-        self._early = [c for c in self._early if c.ticket != ticket]
         self._queue = deque(item for item in self._queue if item.ticket != ticket)
         for actor in self._actors:
             if actor.item is not None and actor.item.ticket == ticket:
                 self._replace(actor)
                 break
 
-    def _wait(self, timeout: float | None) -> list[Completion]:
-        if self._early:
-            done, self._early = self._early, []
-            return done
-        return self._pump(timeout)
-
     # ---- internals ---------------------------------------------------------------------------
 
-    def _pump(self, timeout: float | None) -> list[Completion]:
+    def _wait(self, timeout: float | None) -> list[Completion]:
         ray = self._ray
         end = None if timeout is None else time.monotonic() + timeout
         done: list[Completion] = []

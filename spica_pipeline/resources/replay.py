@@ -25,9 +25,8 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from spica_pipeline.config.goal import OptimizationGoal
 from spica_pipeline.errors import CandidateBuildError, InfeasibleKVCapacity, PerfModelError, SpicaError
-from spica_pipeline.search import scoring
+from spica_pipeline.search import measurement, scoring
 from spica_pipeline.search.engine_args import (
     EngineIdentity,
     KvCapacity,
@@ -169,11 +168,12 @@ class ReplayEvaluator(dg.ConfigurableResource, Evaluator):
         report, spread = summarise_repeats(summaries)
         if ticks:
             report["planner_total_ticks"] = statistics.fmean(ticks)
+        _calibrate(report, request, derived)
         outcome = EvalOutcome("feasible", report=report, spread=spread, derived=derived,
                               replay_seconds=replay_seconds, repeats=len(summaries))
 
         try:
-            scoring.require_goodput(OptimizationGoal.model_validate(request.goal or {}).objectives(), report)
+            scoring.require_goodput(request.goal.objectives(), report)
         except RuntimeError as exc:
             outcome.status, outcome.reason = "failed", str(exc)
             return outcome
@@ -220,8 +220,40 @@ class ReplayEvaluator(dg.ConfigurableResource, Evaluator):
             result = core.run_mocker_trace_replay(*call.args, **kwargs)
         else:
             result = core.run_mocker_synthetic_trace_replay(*call.args, **kwargs)
-        summary = result.summary if hasattr(result, "summary") else result
-        return dict(summary), (counter.ticks if counter is not None else None)
+        summary = dict(result.summary if hasattr(result, "summary") else result)
+        per_request = getattr(result, "per_request", None)
+        if per_request:  # measured like a benchmark client: the steady-state window (search/measurement.py)
+            summary = measurement.windowed_summary(summary, per_request, call.derived.get("window_rule"),
+                                                   request.goal.sla_thresholds())
+        return summary, (counter.ticks if counter is not None else None)
+
+
+def _calibrate(report: dict[str, Any], request: EvalRequest, derived: dict[str, Any]) -> None:
+    """Add calibrated metrics and P10-P90 bands beside the raw ones (request.context["calibration"]).
+
+    The profile was validated when the sweep built its context, so a failure here is a bug, not a
+    bad candidate: it propagates (and is recorded as an internal error by the caller's contract).
+    """
+    setting = (request.context or {}).get("calibration")
+    if not setting:
+        return
+    from spica_pipeline.resources.calibration import load_profile
+    from spica_pipeline.search import calibration
+    from spica_pipeline.search.deploy import role_replicas
+
+    profile, _ = load_profile(setting["setting"])
+    sample = request.sample
+    concurrency = derived.get("concurrency") or sample.get("concurrency")
+    if concurrency is None and report.get("request_throughput_rps") and report.get("mean_e2e_latency_ms"):
+        # open loop / trace: Little's law gives the mean number of requests in flight
+        concurrency = report["request_throughput_rps"] * report["mean_e2e_latency_ms"] / 1000.0
+    engines = {}
+    for phase, role in (("ttft", "prefill"), ("tpot", "decode")):
+        role = "agg" if sample.get("deployment_mode") == "agg" else role
+        engines[phase] = float(concurrency or 1) / max(1, role_replicas(sample, role) or 1)
+    widen = 1.5 if derived.get("fidelity_note") else 1.0  # a perf-data fallback was used: less certain
+    report.update(calibration.calibrate(report, profile, system=sample["hardware_sku"], backend=sample["backend"],
+                                        concurrency=engines, extra_widen=widen))
 
 
 def _rebuild_evaluator(cls: type, fields: dict[str, Any]) -> "ReplayEvaluator":
@@ -286,6 +318,24 @@ class ReplayFacts:
 
     def check_trace(self, path: str, context: int | None, block_size: int) -> None:
         _check_trace(path, context, block_size)
+
+    def step_estimators(self, timing_model: dict[str, Any]):
+        from spica_pipeline.resources import timing
+
+        return timing.table_estimators(timing_model["config"]["path"])
+
+    def write_trace(self, text: str) -> str:
+        from pathlib import Path
+
+        from spica_pipeline.resources.timing import default_cache_dir
+        from spica_pipeline.search.evaluation import spec_hash
+        from spica_pipeline.storage import atomic_write_text
+
+        root = Path(self.cache_dir) if self.cache_dir else default_cache_dir()
+        path = root / "traces" / f"generated-{spec_hash(text)}.jsonl"
+        if not path.exists():
+            atomic_write_text(path, text)
+        return str(path)
 
 
 _trace_checked: dict[tuple, None] = {}

@@ -288,3 +288,24 @@ def model_context_length(model: str) -> int | None:
         return model_facts(model).max_context_length
     except ModelHardwareError:
         return None
+
+
+def table_estimators(path: str | os.PathLike):
+    """(prefill_ms(tokens), decode_ms(batch, context)) read back from a cached NPZ, unscaled.
+
+    The same interpolation the replay applies (linear prefill, bilinear decode over (sum of
+    context, mean context)), for cheap a-priori estimates such as a closed loop's request cycle.
+    """
+    with np.load(path) as npz:
+        p_x, p_y = npz["prefill_isl"], npz["prefill_ttft_ms"] / TIME_SCALE
+        kv, ctx, itl = npz["decode_active_kv_tokens"], npz["decode_context_length"], npz["decode_itl"] / TIME_SCALE
+
+    def prefill_ms(tokens: int) -> float:
+        return float(np.interp(float(tokens), p_x, p_y))
+
+    def decode_ms(batch: int, context: int) -> float:
+        x, y = float(batch) * float(context), float(context)
+        per_ctx = np.array([np.interp(x, kv, itl[:, j]) for j in range(len(ctx))])
+        return float(np.interp(y, ctx, per_ctx))
+
+    return prefill_ms, decode_ms

@@ -13,6 +13,16 @@ starts, ~3000 jitted loss evaluations), the rest in 4 sequential acquisition opt
   * trial padding to a floor of 32 rows, so shapes repeat between rounds (fewer recompiles) and
     the persistent JAX compilation cache can serve later calls and later runs;
   * a quasi-random first batch for every algorithm (a GP has nothing to model yet; it costs ms).
+Compile once (`compile_once`): Vizier re-traced and re-compiled its acquisition optimiser for
+every suggestion, because the Eagle strategy's random sampler and projection are fresh objects
+hashed by identity in the jitted program's static part; the scipy ARD fit dispatched ~450 small
+programs; and padding / pending-trial joins compiled a small program per distinct trial count.
+Here the sampler and projection compare by shape bucket (one instance per bucket), the ARD fit is
+one jitted pure-JAX L-BFGS-B over all restarts, and padding and joins run in numpy. A process
+compiles each program once per shape bucket and reuses it across suggestions, rounds, branches
+and batches; history is still replayed statelessly, so determinism and resume are unchanged.
+Two objectives: GP-UCB-PE stays unpadded (padding changed its multi-metric acquisition values
+here), so each trial count still compiles its own programs.
 `Study.suggest_async` runs the next ask on a background thread while the current batch replays.
 
 vizier and jax are imported lazily: importing this module must not start JAX or set JAX_PLATFORMS.
@@ -108,14 +118,23 @@ class VizierClient(dg.ConfigurableResource):
     # per process (and once ever with the persistent cache) instead of once per suggestion.
     trial_padding: bool = True
     min_padded_trials: int = 32
-    # Drop compiled programs after each GP suggest (bounds RSS; the disk cache still serves).
-    clear_jax_cache: bool = True  # flat memory: GP-UCB-PE otherwise grows ~300 MB per call
+    # Pad multi-objective GP-UCB-PE as well (else every trial count compiles its own programs).
+    pad_multi_objective: bool = False
+    # Drop every compiled program before each GP suggest. Off: with `compile_once` the programs
+    # are reused, not re-made per call, so memory stays flat (bench_vizier --after-first --rss-suggests).
+    clear_jax_cache: bool = False
     # Persistent JAX compilation cache; empty string turns it off.
     jax_cache_dir: str = "~/.cache/spica-pipeline/jax"
     # GP-UCB-PE, single objective: one UCB point plus ONE joint pure-exploration optimisation for
     # the rest of the batch (Vizier's `optimize_set_acquisition_for_exploration`), instead of one
     # sequential optimisation (and one re-trace of the acquisition program) per suggestion.
     set_exploration: bool = False
+    # Compile once: stable acquisition-optimiser parts, numpy padding and pending joins (off: stock
+    # Vizier classes, e.g. to benchmark against them).
+    compile_once: bool = True
+    # ARD fit as ONE compiled program (pure-JAX L-BFGS-B over all restarts, compiled once per shape
+    # bucket) instead of scipy's L-BFGS-B driving ~450 separately dispatched loss evaluations.
+    jit_ard: bool = True
     # Batches come from a quasi-random designer until this many feasible trials exist.
     min_feasible_for_model: int = 1
 
@@ -184,15 +203,17 @@ class Study:
         count: int,
         history: Sequence[HistoryRow] = (),
         pending: Sequence[Mapping[str, Any]] = (),
+        algorithm: str | None = None,
     ) -> list[dict[str, Any]]:
         """`count` parameter dicts (decode them with `encoding.decode`). `pending` are parameters
         being evaluated right now (asked for but not yet in history): GP-UCB-PE explores away from
-        them, the others skip past them."""
+        them, the others skip past them. `algorithm` overrides the study's for this one call
+        (the cost-aware loop fills asks from QUASI_RANDOM_SEARCH); `last_designer` says who answered."""
         if count <= 0:
             return []
         t0 = time.perf_counter()
         try:
-            return self._suggest(count, list(history), list(pending))
+            return self._suggest(count, list(history), list(pending), algorithm)
         finally:
             self.last_suggest_seconds = time.perf_counter() - t0
 
@@ -210,7 +231,8 @@ class Study:
                 _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spica-vizier")
         return _executor.submit(self.suggest, count, list(history), [dict(p) for p in pending])
 
-    def _suggest(self, count: int, history: list[HistoryRow], pending: list[Mapping[str, Any]]) -> list[dict]:
+    def _suggest(self, count: int, history: list[HistoryRow], pending: list[Mapping[str, Any]],
+                 override: str | None = None) -> list[dict]:
         import jax
         from vizier import algorithms as vza
         from vizier import pyvizier as vz
@@ -225,7 +247,7 @@ class Study:
         n_seen = len(history) + len(pending)
         call_seed = derive_seed(self.seed, self.name, n_seen)
 
-        algo = self.algorithm
+        algo = override.upper() if override and override.upper() in ALGORITHMS else self.algorithm
         # Seed batch: no history at all (every algorithm), or too few feasible trials for a model.
         if n_seen == 0 or (algo != "RANDOM_SEARCH" and n_feasible < max(1, self.client.min_feasible_for_model)):
             algo = SEED_BATCH
@@ -284,29 +306,33 @@ class Study:
         multi = len(self.metrics) > 1
         from vizier._src.jax.optimizers import jaxopt_wrappers
 
-        kw: dict[str, Any] = {
-            "rng": rng,
-            "ard_random_restarts": c.ard_random_restarts,
-            "ard_optimizer": jaxopt_wrappers.JaxoptScipyLbfgsB(
-                jaxopt_wrappers.LbfgsBOptions(maxiter=c.ard_max_iterations, best_n=None)
-            ),
-        }
-        # GP-UCB-PE refuses trial padding for multi-objective problems.
-        if c.trial_padding and not (multi and algo == "DEFAULT"):
-            kw["padding_schedule"] = _floor_padding(c.min_padded_trials)
+        if c.jit_ard and c.compile_once:
+            ard = stable_ard_optimizer(c.ard_max_iterations)
+        else:
+            ard = jaxopt_wrappers.JaxoptScipyLbfgsB(
+                jaxopt_wrappers.LbfgsBOptions(maxiter=c.ard_max_iterations, best_n=None))
+        kw: dict[str, Any] = {"rng": rng, "ard_random_restarts": c.ard_random_restarts, "ard_optimizer": ard}
+        # Stock GP-UCB-PE refuses trial padding for multi-objective problems; the floor schedule
+        # keeps an empty history unpadded (what its check tests) and padded rows are masked.
+        if c.trial_padding and not (multi and algo == "DEFAULT" and not c.pad_multi_objective):
+            kw["padding_schedule"] = _floor_padding(c.min_padded_trials, numpy=c.compile_once)
         if algo == "DEFAULT":
             eagle = gp_ucb_pe.VizierGPUCBPEBandit.default_eagle_config
         else:
             eagle = es.EagleStrategyConfig()
         kw["acquisition_optimizer_factory"] = vb.VectorizedOptimizerFactory(
-            strategy_factory=es.VectorizedEagleStrategyFactory(eagle_config=eagle),
+            strategy_factory=es.VectorizedEagleStrategyFactory(
+                eagle_config=eagle, random_sampler_factory=stable_random_sampler,
+                projection_factory=stable_projection) if c.compile_once
+            else es.VectorizedEagleStrategyFactory(eagle_config=eagle),
             max_evaluations=c.acquisition_evaluations,
             suggestion_batch_size=25,
         )
         if algo == "DEFAULT":
             if c.set_exploration and not multi:
                 kw["config"] = gp_ucb_pe.UCBPEConfig(optimize_set_acquisition_for_exploration=True)
-            return gp_ucb_pe.VizierGPUCBPEBandit(problem, clear_jax_cache=c.clear_jax_cache, **kw)
+            cls = _ucb_pe_class() if c.compile_once else gp_ucb_pe.VizierGPUCBPEBandit
+            return cls(problem, clear_jax_cache=c.clear_jax_cache, **kw)
         if c.clear_jax_cache:
             import jax
 
@@ -362,6 +388,177 @@ class Study:
         return out
 
 
+# ----- compile once ---------------------------------------------------------------------------
+# Vizier's Eagle strategy keeps its random sampler and projection as static (hashed) parts of the
+# jitted acquisition optimiser. The stock ones are fresh objects hashed by identity, so every
+# acquisition optimisation (8 per suggest(8)) re-traced and re-compiled the whole optimiser (~20 s
+# of CPU each). These replacements compare by their shape bucket, and one instance is kept per
+# bucket, so the program compiled for a bucket is reused across suggestions, rounds and branches.
+_STABLE: dict[tuple, Any] = {}
+
+
+def _feature_bucket(converter) -> tuple:
+    from vizier._src.algorithms.optimizers import eagle_strategy as es
+
+    dims = es.compute_feature_dimensions_from_converter(converter)
+    return (dims.max_categorical_size, tuple(int(c) for c in dims.categorical_sizes),
+            int(dims.n_feature_dimensions_with_padding.continuous),
+            int(dims.n_feature_dimensions_with_padding.categorical))
+
+
+def _stable_classes():
+    if "classes" not in _STABLE:
+        from vizier._src.algorithms.optimizers import eagle_strategy as es
+
+        class StableRandomSampler(es.DefaultRandomSampler):
+            """DefaultRandomSampler that compares equal for equal feature shapes."""
+
+            def __init__(self, converter, bucket: tuple):
+                super().__init__(converter)
+                self.bucket = bucket
+
+            def __eq__(self, other):
+                return type(other) is type(self) and other.bucket == self.bucket
+
+            def __hash__(self):
+                return hash(("StableRandomSampler", self.bucket))
+
+        class StableProjection(es.DefaultProjection):
+            """DefaultProjection (a clip to [0, 1]); all instances are interchangeable."""
+
+            def __eq__(self, other):
+                return type(other) is type(self)
+
+            def __hash__(self):
+                return hash("StableProjection")
+
+        _STABLE["classes"] = (StableRandomSampler, StableProjection)
+    return _STABLE["classes"]
+
+
+def _ard_fit_impl(init_params, loss_fn, bounds, maxiter: int, maxls: int, tol: float):
+    import jax
+    import jaxopt
+
+    solver = jaxopt.LBFGSB(fun=loss_fn, maxls=maxls, tol=tol, maxiter=maxiter, has_aux=True)
+    # vmap, not lax.map: the restarts run as one batched loop (finished ones are masked), which
+    # halved the CPU time of a warm GP-UCB-PE suggest(8) here (4.5 -> 2.2 s at 9-20 trials)
+    params, state = jax.vmap(lambda p: solver.run(init_params=p, bounds=bounds))(init_params)
+    return state.value, params
+
+
+def stable_ard_optimizer(maxiter: int):
+    """An ARD optimiser (Vizier's `core.Optimizer` interface) that runs every random restart of
+    the L-BFGS-B fit inside one jitted program. The program's cache key is the loss function's
+    static structure and the array shapes, so with trial padding it compiles once per bucket."""
+    with _setup_lock:
+        key = ("ard", int(maxiter))
+        if key in _STABLE:
+            return _STABLE[key]
+    import attrs
+    import equinox as eqx
+    import jax.numpy as jnp
+    from vizier._src.jax.optimizers import core, jaxopt_wrappers
+
+    if "ard_fn" not in _STABLE:
+        _STABLE["ard_fn"] = eqx.filter_jit(_ard_fit_impl)
+    fit = _STABLE["ard_fn"]
+
+    @attrs.define(frozen=True)
+    class StableJaxLbfgsB(core.Optimizer):
+        maxiter: int = 50
+        maxls: int = 20
+        tol: float = 1e-8
+
+        def __call__(self, init_params, loss_fn, rng, *, constraints=None, best_n=None):
+            del rng  # L-BFGS-B is deterministic given the initial parameters
+            bounds = jaxopt_wrappers._get_bounds(jaxopt_wrappers._unbatch_params(init_params)[0], constraints)
+            losses, all_params = fit(init_params, loss_fn, bounds, self.maxiter, self.maxls, self.tol)
+            losses = jnp.where(jnp.isfinite(losses), losses, jnp.inf)
+            return core.get_best_params(losses, all_params, best_n=best_n), {"loss": losses[jnp.newaxis, :]}
+
+        @property
+        def best_n(self) -> int:
+            return 1
+
+    opt = StableJaxLbfgsB(maxiter=int(maxiter))
+    with _setup_lock:
+        return _STABLE.setdefault(key, opt)
+
+
+def _ucb_pe_class():
+    """GP-UCB-PE whose pending-trial conditioning joins the arrays in numpy. Vizier joins the
+    unpadded arrays with jnp ops, compiling a small program per distinct (trials, pending) count."""
+    if "ucb_pe" not in _STABLE:
+        import copy
+
+        import numpy as np
+        from vizier._src.algorithms.designers import gp_ucb_pe
+        from vizier._src.jax import stochastic_process_model as sp
+        from vizier._src.jax import types
+
+        def unpad(x):
+            return np.asarray(x.padded_array)[tuple(slice(0, int(d)) for d in np.asarray(x._original_shape))]
+
+        class StableUCBPE(gp_ucb_pe.VizierGPUCBPEBandit):
+            def __attrs_post_init__(self):
+                # The stock check refuses any trial padding with several metrics (its probe is a
+                # one-row label array). Padded rows are masked (labels filled with -inf for the
+                # hypervolume scalarisation), so run the checks unpadded and pad afterwards.
+                from vizier.pyvizier import converters
+                from vizier.pyvizier.converters import padding
+
+                schedule = self._padding_schedule
+                self._padding_schedule = padding.PaddingSchedule()
+                super().__attrs_post_init__()
+                self._padding_schedule = schedule
+                self._converter = converters.TrialToModelInputConverter.from_problem(
+                    self._problem, scale=True, max_discrete_indices=0,
+                    flip_sign_for_minimization_metrics=True, padding_schedule=schedule)
+
+            def _get_predictive_all_features(self, pending_features, data, model, noise_is_high):
+                import equinox as eqx
+
+                pad = self._padding_schedule
+                all_features = types.ModelInput(
+                    continuous=pad.pad_features(np.concatenate(
+                        [unpad(data.features.continuous), unpad(pending_features.continuous)], axis=0)),
+                    categorical=pad.pad_features(np.concatenate(
+                        [unpad(data.features.categorical), unpad(pending_features.categorical)], axis=0)),
+                )
+                labels = unpad(data.labels)
+                dummy = np.zeros((unpad(pending_features.continuous).shape[0], labels.shape[-1]), labels.dtype)
+                all_data = types.ModelData(features=all_features,
+                                           labels=pad.pad_labels(np.concatenate([labels, dummy], axis=0)))
+                if noise_is_high:
+                    pe_params = dict(copy.deepcopy(model.params))
+                    pe_params["observation_noise_variance"] = np.array([1e-10])
+                    pe_model = sp.StochasticProcessWithCoroutine(model.coroutine, pe_params)
+                else:
+                    pe_model = model
+                return sp.UniformEnsemblePredictive(
+                    predictives=eqx.filter_jit(pe_model.precompute_predictive)(all_data))
+
+        _STABLE["ucb_pe"] = StableUCBPE
+    return _STABLE["ucb_pe"]
+
+
+def stable_random_sampler(converter):
+    bucket = _feature_bucket(converter)
+    with _setup_lock:
+        key = ("sampler", bucket)
+        if key not in _STABLE:
+            _STABLE[key] = _stable_classes()[0](converter, bucket)
+        return _STABLE[key]
+
+
+def stable_projection(converter):
+    with _setup_lock:
+        if "projection" not in _STABLE:
+            _STABLE["projection"] = _stable_classes()[1](converter)
+        return _STABLE["projection"]
+
+
 def _acquisition_value(suggestion) -> float:
     """The acquisition value GP-UCB-PE records in the suggestion metadata (NaN elsewhere)."""
     try:
@@ -371,10 +568,11 @@ def _acquisition_value(suggestion) -> float:
         return float("nan")
 
 
-def _floor_padding(min_trials: int):
+def _floor_padding(min_trials: int, numpy: bool = True):
     """A PaddingSchedule whose trial axis is padded to max(min_trials, next power of two).
     Padded rows are masked out by Vizier's GP (PaddedArray), so results do not change."""
     import attrs
+    import numpy as np
     from vizier.pyvizier.converters import padding
 
     global _FloorPadding
@@ -383,22 +581,49 @@ def _floor_padding(min_trials: int):
         @attrs.define(frozen=True, kw_only=True, hash=True, eq=True)
         class FloorPadding(padding.PaddingSchedule):
             _min_trials: int = 32
+            _numpy: bool = True
 
             def _pad_trailing_dims(self, array, padding_types):
-                out = super()._pad_trailing_dims(array, padding_types)
-                n_axis = len(array.shape) - len(padding_types)  # the trial axis
-                n = out.padded_array.shape[n_axis]
-                if n == 0 or n >= self._min_trials:
-                    return out
-                shape = list(out.padded_array.shape)
-                shape[n_axis] = self._min_trials
-                return type(out).from_array(array, tuple(shape), fill_value=out.fill_value)
+                if not self._numpy:
+                    out = super()._pad_trailing_dims(array, padding_types)
+                    n_axis = len(array.shape) - len(padding_types)
+                    n = out.padded_array.shape[n_axis]
+                    if n == 0 or n >= self._min_trials:
+                        return out
+                    shape = list(out.padded_array.shape)
+                    shape[n_axis] = self._min_trials
+                    return type(out).from_array(array, tuple(shape), fill_value=out.fill_value)
+                # Same shapes as the stock schedule, but padded in numpy: jnp.pad would compile a
+                # small XLA program for every distinct trial count (dozens per suggest).
+                array = np.asarray(array)
+                k = len(padding_types)
+                shape = list(array.shape[:-k] + padding._padded_dimensions(array.shape[-k:], padding_types))
+                n_axis = len(array.shape) - k  # the trial axis
+                if 0 < shape[n_axis] < self._min_trials:
+                    shape[n_axis] = self._min_trials
+                fill = self._int_default if np.issubdtype(array.dtype, np.integer) else np.nan
+                return _numpy_padded(array, tuple(shape), fill)
 
         _FloorPadding = FloorPadding
-    return _FloorPadding(num_trials=padding.PaddingType.POWERS_OF_2, min_trials=min_trials)
+    return _FloorPadding(num_trials=padding.PaddingType.POWERS_OF_2, min_trials=min_trials, numpy=numpy)
 
 
 _FloorPadding = None
+
+
+def _numpy_padded(array, shape: tuple, fill):
+    """`PaddedArray.from_array` computed in numpy (no per-shape XLA program)."""
+    import numpy as np
+    from vizier._src.jax import types
+
+    spec = [(0, new - old) for old, new in zip(array.shape, shape)]
+    return types.PaddedArray(
+        padded_array=np.pad(array, spec, constant_values=fill),
+        fill_value=fill,
+        _original_shape=array.shape,
+        _mask=np.pad(np.ones_like(array, dtype=bool), spec, constant_values=False),
+        _nopadding_done=tuple(array.shape) == tuple(shape),
+    )
 
 
 def _to_problem(encoding: SearchEncoding, metrics: Sequence[tuple[str, str]]):

@@ -11,13 +11,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 
 from spica_pipeline.config import OptimizationGoal, SmartSearchConfig, target_direction
+from spica_pipeline.config.sweep import DEFAULT_MAX_ROUNDS
 from spica_pipeline.search import scoring
 from spica_pipeline.search.branches import BranchSpace
 from spica_pipeline.search.encoding import SearchEncoding, build_encoding, enumerate_space
 from spica_pipeline.config.types import is_finite_number
 from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest
 from spica_pipeline.search.model_hw import latest_backend_version
-from spica_pipeline.search.sample import unroll_sample
+from spica_pipeline.search.sample import router_repeats_for, unroll_sample
 from spica_pipeline.search.shapes import ParallelConfig
 from spica_pipeline.search.study import HistoryItem, Proposal, Scored, StudySettings, selection_key
 
@@ -60,7 +61,8 @@ def finite_points(encoding: SearchEncoding) -> int | None:
 
 def plan_branch(branch: BranchSpace, config: SmartSearchConfig) -> BranchPlan:
     encoding = build_encoding(branch)
-    budget = config.sweep.max_rounds * config.sweep.per_round
+    # Only a time budget: a space a default trial budget would cover is still enumerated.
+    budget = config.sweep.evaluation_budget or DEFAULT_MAX_ROUNDS * config.sweep.per_round
     size = finite_points(encoding)
     if config.sweep.policy == "thorough":
         return BranchPlan(branch, encoding, size, budget, True, f"policy thorough: all {size} points")
@@ -72,9 +74,12 @@ def plan_branch(branch: BranchSpace, config: SmartSearchConfig) -> BranchPlan:
     return BranchPlan(branch, encoding, size, budget, False, f"{why}: Vizier {config.sweep.algorithm}")
 
 
-def study_settings(config: SmartSearchConfig) -> StudySettings:
-    return StudySettings(per_round=config.sweep.per_round, max_rounds=config.sweep.max_rounds,
-                         workers=config.sweep.eval_workers)
+def study_settings(config: SmartSearchConfig, deadline: float | None = None) -> StudySettings:
+    """The study loop's settings from `sweep:`; `deadline` (time.monotonic seconds) ends the branch."""
+    sweep = config.sweep
+    return StudySettings(per_round=sweep.per_round, max_rounds=sweep.max_rounds, workers=sweep.eval_workers,
+                         failure_breaker=sweep.failure_breaker, deadline=deadline,
+                         optimizer_share=sweep.optimizer_share)
 
 
 def branch_seed(config: SmartSearchConfig, mode: str) -> int:
@@ -90,7 +95,10 @@ def branch_seed(config: SmartSearchConfig, mode: str) -> int:
 class SuggestingStudy(Protocol):
     """The optimizer side of a study (resources/vizier.Study): parameter dicts for `count` trials."""
 
-    def suggest(self, count: int, history: Sequence[Any] = ...) -> list[dict[str, Any]]: ...
+    last_designer: str  # the designer that answered the last `suggest`
+
+    def suggest(self, count: int, history: Sequence[Any] = ..., pending: Sequence[dict[str, Any]] = ...,
+                algorithm: str | None = ...) -> list[dict[str, Any]]: ...
 
 
 class StudySampler:
@@ -107,6 +115,20 @@ class StudySampler:
             raise RuntimeError("an exhaustive branch has no optimizer study to ask")
         items = [(h.parameters, h.metrics, h.infeasible_reason) for h in history]
         return [dict(p) for p in self.study.suggest(count, items)]
+
+    def suggest_pending(self, count: int, history: list[HistoryItem], pending: list[dict[str, Any]],
+                        cheap: bool) -> tuple[list[dict[str, Any]], str]:
+        """The asynchronous loop's ask: in-flight trials as pending; `cheap` fills from the
+        quasi-random designer (the cost-aware policy). Returns the designer that answered."""
+        if self.study is None:
+            raise RuntimeError("an exhaustive branch has no optimizer study to ask")
+        items = [(h.parameters, h.metrics, h.infeasible_reason) for h in history]
+        out = self.study.suggest(count, items, pending, algorithm="QUASI_RANDOM_SEARCH" if cheap else None)
+        return [dict(p) for p in out], self.study.last_designer
+
+    @property
+    def designer(self) -> str:
+        return getattr(self.study, "last_designer", "") or "vizier"
 
     def propose(self, parameters: dict[str, Any], taken: Collection[tuple[str, ParallelConfig]] = ()) -> Proposal:
         return propose(self.encoding, parameters, taken)
@@ -161,7 +183,7 @@ def candidate_builder(config: SmartSearchConfig, load_predictor: "LoadPredictorR
             sample["concurrency"] = config.workload.concurrency
         if "kv_load_ratio" in selection:  # searched (a range) or injected as a constant (a scalar)
             sample["kv_load_ratio"] = float(selection["kv_load_ratio"])
-        ctx = dict(context, router_repeats=repeats if sample.get("router_mode") == "kv_router" else 1)
+        ctx = dict(context, router_repeats=router_repeats_for(sample, repeats))
         return EvalRequest(sample=sample, workload=workload, goal=goal, context=ctx)
 
     return build
@@ -177,7 +199,7 @@ def study_metrics(goal: OptimizationGoal) -> list[tuple[str, str]]:
 def scorer(goal: OptimizationGoal) -> Callable[[EvalOutcome], Scored]:
     """Turn a feasible report into the score, objectives and what the optimizer is told."""
     names = goal.objective_names()
-    sla = goal.sla.model_dump(exclude_none=True) if goal.sla else None
+    sla = goal.sla_thresholds()
 
     def score(outcome: EvalOutcome) -> Scored:
         report = outcome.report or {}

@@ -11,6 +11,7 @@ Fidelity rules (replay-notes §2-3): every role gets an AIC-derived timing table
 prefill args, and kv_router replays are repeated because routing ties are broken randomly.
 """
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -19,6 +20,7 @@ from spica_pipeline.config.goal import OptimizationGoal, planner_target
 from spica_pipeline.config.precision import precision_of
 from spica_pipeline.config.workload import Workload
 from spica_pipeline.errors import CandidateBuildError, InfeasibleKVCapacity
+from spica_pipeline.search import measurement
 from spica_pipeline.search.deploy import DeploymentPlan, active_roles, build_deployment_plan, role_replicas, role_shape
 from spica_pipeline.search.evaluation import EvalRequest
 from spica_pipeline.search.kv_load import resolve_kv_load
@@ -102,6 +104,15 @@ class EngineFacts(Protocol):
 
     def check_trace(self, path: str, context: int | None, block_size: int) -> None: ...
 
+    def step_estimators(self, timing_model: dict[str, Any]) -> tuple[Callable[[int], float],
+                                                                     Callable[[int, int], float]]:
+        """(prefill_ms(tokens), decode_ms(batch, context)) of an engine's timing table."""
+        ...
+
+    def write_trace(self, text: str) -> str:
+        """Store a generated Mooncake trace (content-addressed) and return its path."""
+        ...
+
 
 @dataclass(frozen=True)
 class ReplaySettings:
@@ -180,7 +191,7 @@ def build_replay_call(request: EvalRequest, settings: ReplaySettings, facts: Eng
     kwargs: dict[str, Any] = {
         "router_mode": plan.router_mode,
         "router_config": router_config(plan),
-        "capture_per_request": False,
+        "capture_per_request": True,  # the steady-state window is cut from per-request records
     }
     if plan.deployment_mode == "agg":
         kwargs.update(extra_engine_args=engines["agg"], num_workers=plan.num_workers)
@@ -204,6 +215,21 @@ def build_replay_call(request: EvalRequest, settings: ReplaySettings, facts: Eng
                       num_prefix_groups=int(workload.num_prefix_groups),
                       inter_turn_delay_ms=float(workload.inter_turn_delay_ms))
         derived["request_count"] = args[2]
+        if interval is None and cap and int(workload.turns_per_session) == 1:
+            loop = ramped_closed_loop(plan, engines, workload, int(cap), args[2], facts)
+            args = (args[0], args[1], loop.clients)
+            kwargs.update(replay_concurrency=None, arrival_interval_ms=max(loop.interval_ms, 1e-3),
+                          turns_per_session=loop.turns, inter_turn_delay_ms=0.0)
+            derived["ramp"] = loop.to_dict()
+            derived["request_count"] = loop.request_count
+        if workload.has_jitter:  # per-request lengths need a generated trace
+            function, args = "trace", ([jittered_trace_path(workload, derived, interval, context, settings, facts)],)
+            for key in ("arrival_interval_ms", "turns_per_session", "shared_prefix_ratio", "num_prefix_groups",
+                        "inter_turn_delay_ms"):
+                kwargs.pop(key, None)
+            kwargs.update(replay_concurrency=None if derived.get("ramp") else kwargs.get("replay_concurrency"),
+                          trace_block_size=int(settings.trace_block_size), trace_format="mooncake")
+    derived["window_rule"] = measurement.window_kind(plan.is_static, bool(derived.get("ramp")))
     controllers = [k for k in ("replay_concurrency", "arrival_interval_ms") if kwargs.get(k) is not None]
     if function == "synthetic" and len(controllers) != 1:
         raise CandidateBuildError(f"a synthetic replay needs exactly one load controller, got {controllers}")
@@ -219,6 +245,43 @@ def build_replay_call(request: EvalRequest, settings: ReplaySettings, facts: Eng
         except ImportError as exc:
             raise CandidateBuildError(str(exc), detail=_one_line(exc)) from exc
     return ReplayCall(function, args, kwargs, repeats, derived, policy_factory=policy_factory)
+
+
+def ramped_closed_loop(plan: DeploymentPlan, engines: dict[str, dict[str, Any]], workload: Workload, clients: int,
+                       requested: int, facts: EngineFacts) -> measurement.ClosedLoop:
+    """c ramped clients spaced one estimated request cycle / c apart (timing from the role tables)."""
+    first = engines["agg"] if "agg" in engines else engines["prefill"]
+    last = engines["agg"] if "agg" in engines else engines["decode"]
+    prefill_ms, _ = facts.step_estimators(first["engine"]["timing_model"])
+    _, decode_ms = facts.step_estimators(last["engine"]["timing_model"])
+    ranks = max(1, (plan.num_workers if "agg" in engines else plan.num_decode_workers) * int(last.get("dp_size", 1)))
+    batch = min(-(-clients // ranks), int(last["engine"]["max_num_seqs"]))
+    cycle = measurement.cycle_estimate_ms(int(workload.isl or 0), int(workload.osl or 0), batch,
+                                          prefill_ms=prefill_ms, decode_ms=decode_ms)
+    return measurement.closed_loop(clients, requested, cycle)
+
+
+def jittered_trace_path(workload: Workload, derived: dict[str, Any], interval: float | None, context: int | None,
+                        settings: ReplaySettings, facts: EngineFacts) -> str:
+    """The Mooncake trace of a jittered workload, seeded by the workload alone (every candidate of
+    a sweep sees the same requests), stored by the facts."""
+    from spica_pipeline.search.evaluation import canonical_json, spec_hash
+
+    isl, osl = int(workload.isl or 0), int(workload.osl or 0)
+    if context is not None:
+        check_context(math.ceil(isl * (1 + workload.isl_jitter)), math.ceil(osl * (1 + workload.osl_jitter)),
+                      int(context))
+    seed = int(spec_hash(workload.model_dump(mode="json")), 16) % (2 ** 31)
+    ramp = derived.get("ramp")
+    loop = measurement.ClosedLoop(ramp["clients"], ramp["turns"], ramp["interval_ms"], ramp["cycle_ms"]) \
+        if ramp else None
+    records = measurement.jittered_trace(
+        isl=isl, osl=osl, isl_jitter=float(workload.isl_jitter), osl_jitter=float(workload.osl_jitter), seed=seed,
+        loop=loop, request_count=int(derived.get("request_count") or 1), interval_ms=float(interval or 0.0),
+        shared_prefix_ratio=float(workload.shared_prefix_ratio), num_prefix_groups=int(workload.num_prefix_groups),
+        block_size=int(settings.trace_block_size))
+    derived["jitter_seed"] = seed
+    return facts.write_trace("".join(canonical_json(r) + "\n" for r in records))
 
 
 def engine_identity(sample: dict[str, Any], role: str, args: dict[str, Any]) -> EngineIdentity:

@@ -42,6 +42,9 @@ class TrialRecord:
     replay_seconds: float = 0.0
     optimizer_seconds: float = 0.0
     projection: dict[str, Any] | None = None
+    # who proposed it: the Vizier designer that answered the ask (e.g. DEFAULT, or the cheap
+    # QUASI_RANDOM_SEARCH filling in while the model would cost too much), or "exhaustive"
+    designer: str | None = None
 
     def to_row(self) -> dict[str, Any]:
         """Flat row: nested fields as canonical JSON strings (Parquet- and journal-friendly)."""

@@ -8,6 +8,7 @@ from typing import Any
 
 from spica_pipeline.config import presets
 from spica_pipeline.config.search_space import SearchSpace
+from spica_pipeline.errors import SpicaError
 from spica_pipeline.search.shapes import DisaggShape, ParallelConfig, RoleShape
 
 PINNED_SCALARS = (
@@ -154,3 +155,32 @@ def unroll_sample(
         if winner is not None:
             sample.update(presets.expand_load_predictor(winner))
     return sample
+
+
+def router_has_choice(sample: dict[str, Any]) -> bool:
+    """Whether a KV router can route differently between repeats of this candidate.
+
+    With one worker per role (one replica and no attention-DP ranks) and no planner scaling, every
+    request has exactly one destination, so repeated kv_router replays return the same numbers
+    (spread 0 on every such candidate seen): one replay is enough."""
+    from spica_pipeline.search.policies import is_static
+
+    mode = sample.get("deployment_mode")
+    roles = ("",) if mode == "agg" else ("prefill_", "decode_")
+    for prefix in roles:
+        if int(sample.get(f"{prefix}replicas") or 1) > 1 or int(sample.get(f"{prefix}attention_dp") or 1) > 1:
+            return True
+    policy = sample.get("planner_scaling_policy")
+    if policy is None:
+        return False
+    try:
+        return not is_static(policy)
+    except (ValueError, SpicaError):  # an unreadable policy: keep the repeats, the replay reports the error
+        return True
+
+
+def router_repeats_for(sample: dict[str, Any], repeats: int) -> int:
+    """Replays per candidate: `repeats` for a KV router that has a choice, else 1."""
+    if sample.get("router_mode") != "kv_router" or not router_has_choice(sample):
+        return 1
+    return max(1, int(repeats))

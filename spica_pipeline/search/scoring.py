@@ -17,6 +17,7 @@ from spica_pipeline.config.goal import (
     objectives_for,
     target_direction,
 )
+from spica_pipeline.search.calibration import REPORT_KEYS as CALIBRATION_KEYS
 
 Direction = Literal["max", "min"]
 
@@ -36,6 +37,7 @@ METRIC_KEYS: tuple[str, ...] = (
     "p90_itl_ms",
     "completed_requests",
     "goodput_completed_requests",
+    *CALIBRATION_KEYS,  # calibrated values and P10-P90 band multipliers (search/calibration.py)
 )
 
 

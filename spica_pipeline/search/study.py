@@ -11,6 +11,7 @@ No Dagster and no I/O here: the caller supplies the sampler, the candidate build
 evaluator, the scorer and the journal.
 """
 
+import itertools
 import time
 from collections import Counter
 from collections.abc import Collection
@@ -57,6 +58,17 @@ class Sampler(Protocol):
     def suggest(self, count: int, history: list[HistoryItem]) -> list[dict[str, Any]]: ...
 
     def propose(self, parameters: dict[str, Any], taken: Collection[tuple[str, ParallelConfig]] = ()) -> Proposal: ...
+
+
+class Backend(Protocol):
+    """What the asynchronous driver needs from an evaluation backend (resources.pool's
+    EvaluationBackend): `submit` returns a ticket, `wait` returns finished (ticket, outcome)s."""
+
+    workers: int
+
+    def submit(self, request: EvalRequest) -> int: ...
+
+    def wait(self, timeout: float | None = None) -> list[Any]: ...  # items with .ticket and .outcome
 
 
 def selection_key(selection: dict[str, Any]) -> str:
@@ -113,9 +125,26 @@ class Scored:
 
 @dataclass
 class StudySettings:
+    """`per_round` x `max_rounds` is the branch's evaluation budget. It counts every trial whatever
+    its outcome (feasible, infeasible, failed, timed out, unsupported); only a trial that reuses an
+    earlier trial's outcome (a cache hit or a duplicate in the batch) is free. `failure_breaker`:
+    stop the branch when its first N counted trials all failed for the same reason (0: off)."""
+
     per_round: int
-    max_rounds: int
+    max_rounds: int | None  # None: until `deadline` (or a stall)
     workers: int = 1
+    failure_breaker: int = 5
+    deadline: float | None = None  # in `clock` seconds: no new trial starts after it
+    clock: Callable[[], float] = time.monotonic
+    # Asynchronous dispatch: suggestion k is asked with trials < k - lag as history and the
+    # trials in [k - lag, k) as pending (None: 2 x workers). Fixed by position, never by timing.
+    lag: int | None = None
+    # Keep model-based suggestions at most this share of the branch's wall time by filling asks
+    # from the cheap designer while over it (None: always the configured designer).
+    optimizer_share: float | None = 0.25
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and self.clock() >= self.deadline
 
 
 @dataclass
@@ -130,6 +159,9 @@ class BranchOutcome:
     optimizer_seconds: float = 0.0
     replay_seconds: float = 0.0
     counts: Counter = field(default_factory=Counter)
+    evaluated: int = 0  # trials counted against the budget
+    out_of_time: bool = False  # the time budget ended the branch
+    stopped: str | None = None  # why the branch stopped early (circuit breaker), else None
 
 
 class TrialCounter:
@@ -147,7 +179,7 @@ def run_branch_study(
     branch: str,
     sampler: Sampler,
     build: Callable[[dict[str, Any], ParallelConfig], EvalRequest],
-    evaluate_wave: Callable[[list[EvalRequest]], list[EvalOutcome]],
+    evaluate_wave: Callable[[list[EvalRequest]], list[EvalOutcome]] | None,
     score: Callable[[EvalOutcome], Scored],
     settings: StudySettings,
     *,
@@ -157,13 +189,20 @@ def run_branch_study(
     exhaustive_points: Iterable[Proposal] | None = None,
     on_record: Callable[[TrialRecord], None] | None = None,
     on_round: Callable[[BranchOutcome], None] | None = None,
+    backend: Backend | None = None,
 ) -> BranchOutcome:
-    """Run one branch: Vizier rounds, or every point of `exhaustive_points` when given."""
+    """Run one branch: Vizier suggestions, or every point of `exhaustive_points` when given.
+
+    With a `backend`, dispatch is asynchronous (`_AsyncDriver`: a free worker gets the next
+    suggestion at once); with only `evaluate_wave`, rounds of waves (the barrier path)."""
     loop = _BranchLoop(branch, sampler, build, evaluate_wave, score, settings,
                        journal or MemoryJournal(), counter or TrialCounter(), on_record)
     loop.history.extend(warm_history)
     if exhaustive_points is not None:
         loop.result.mode = "exhaustive"
+    if backend is not None:
+        _AsyncDriver(loop, backend, exhaustive_points).run(on_round)
+    elif exhaustive_points is not None:
         loop.run_exhaustive(iter(exhaustive_points), on_round)
     else:
         loop.run_rounds(on_round)
@@ -186,16 +225,22 @@ class _BranchLoop:
         # spec_hash -> the record that first produced it in this run (the dedup cache)
         self.seen: dict[str, TrialRecord] = {}
         self.taken: set[tuple[str, ParallelConfig]] = set()  # point keys already proposed in this branch
+        self._first_failures: list[str] = []
+        self._breaker_done = False
+        self.designer = "exhaustive"  # who produced the proposals of the batch in progress
 
     # -- the two drivers ---------------------------------------------------------------------
 
     def run_rounds(self, on_round) -> None:
         per_round = self.settings.per_round
         cap = ATTEMPT_FACTOR * per_round
-        for round_no in range(1, self.settings.max_rounds + 1):
+        rounds = itertools.count(1) if self.settings.max_rounds is None else range(1, self.settings.max_rounds + 1)
+        for round_no in rounds:
+            if self.result.stopped or self._out_of_time():
+                break
             unique = attempts = 0
             asks = 0
-            while unique < per_round and attempts < cap:
+            while unique < per_round and attempts < cap and not self._out_of_time():
                 count = min(per_round - unique, cap - attempts)
                 parameters, seconds = self._suggest(round_no, asks, count)
                 asks += 1
@@ -212,6 +257,8 @@ class _BranchLoop:
             self.result.rounds = round_no
             if on_round:
                 on_round(self.result)
+            if self.result.stopped or self.result.out_of_time:
+                break
             if unique < per_round:
                 self.result.stalled = True
                 break
@@ -219,7 +266,7 @@ class _BranchLoop:
     def run_exhaustive(self, points, on_round) -> None:
         per_round = max(1, self.settings.per_round)
         round_no = 0
-        while True:
+        while not self._out_of_time():
             batch = [p for _, p in zip(range(per_round), points)]
             if not batch:
                 break
@@ -229,6 +276,11 @@ class _BranchLoop:
             if on_round:
                 on_round(self.result)
 
+    def _out_of_time(self) -> bool:
+        if self.settings.out_of_time():
+            self.result.out_of_time = True
+        return self.result.out_of_time
+
     # -- one ask batch -----------------------------------------------------------------------
 
     def _suggest(self, round_no: int, ask_no: int, count: int) -> tuple[list[dict[str, Any]], float]:
@@ -237,43 +289,68 @@ class _BranchLoop:
             "branch": self.branch, "round": round_no, "ask": ask_no, "count": count,
             "history": [[h.parameters, h.metrics, h.infeasible_reason] for h in self.history],
         }))
-        cached = self.journal.get_suggestions(key)
-        if cached is not None:
-            return cached, 0.0
-        start = time.perf_counter()
-        suggestions = list(self.sampler.suggest(count, list(self.history)))
-        seconds = time.perf_counter() - start
-        self.journal.put_suggestions(key, suggestions, seconds)
-        self.result.optimizer_seconds += seconds
+        suggestions, seconds, self.designer = self._ask(key, count, list(self.history), [], False)
         return suggestions, seconds
 
+    def _ask(self, key: str, count: int, history: list[HistoryItem], pending: list[dict[str, Any]],
+             cheap: bool) -> tuple[list[dict[str, Any]], float, str]:
+        """(suggestions, seconds, designer): journalled under `key`, so a resume reads back the
+        very answer (and designer) the interrupted run got."""
+        cached = self.journal.get_suggestions(key)
+        if cached is not None:
+            if cached and not all(set(e) == {"designer", "parameters"} for e in cached):
+                return [dict(e) for e in cached], 0.0, ""  # a journal written before designers were recorded
+            return [e["parameters"] for e in cached], 0.0, (cached[0]["designer"] if cached else "")
+        start = time.perf_counter()
+        ask = getattr(self.sampler, "suggest_pending", None)
+        if ask is not None:
+            suggestions, designer = ask(count, history, pending, cheap)
+        else:
+            suggestions, designer = self.sampler.suggest(count, history), getattr(self.sampler, "designer", "sampler")
+        suggestions = [dict(p) for p in suggestions]
+        seconds = time.perf_counter() - start
+        self.journal.put_suggestions(key, [{"designer": designer, "parameters": p} for p in suggestions], seconds)
+        self.result.optimizer_seconds += seconds
+        return suggestions, seconds, designer
+
+    def _new_record(self, round_no: int, source: str, proposal: Proposal, opt_share: float,
+                    designer: str) -> tuple[TrialRecord, EvalRequest | None]:
+        """A numbered trial record, plus its request when it needs one (None: already decided:
+        unsupported, or the candidate build failed)."""
+        rec = TrialRecord(
+            branch=self.branch, trial=self.counter.next(), round=round_no, source=source,
+            status="pending", reason=None, spec_hash=None, parameters=proposal.parameters,
+            selection=proposal.selection, parallel_config=proposal.parallel_config.to_dict(),
+            used_gpus=proposal.parallel_config.used_gpus, projection=proposal.projection,
+            optimizer_seconds=opt_share, designer=designer,
+        )
+        if not proposal.supported:
+            self._finish(rec, "unsupported", proposal.unsupported_reason
+                         or f"backend '{proposal.selection.get('backend')}' does not support this "
+                            "parallel config")
+            return rec, None
+        try:
+            request = self.build(proposal.selection, proposal.parallel_config)
+        except Exception as exc:  # a bad candidate never aborts the sweep
+            self._finish(rec, "failed", f"candidate build failed: {type(exc).__name__}: {_one_line(exc)}")
+            return rec, None
+        rec.spec_hash = request.spec_hash
+        rec.config = dict(request.sample)
+        return rec, request
+
     def _run_batch(self, round_no: int, source: str, proposals: list[Proposal], opt_share: float) -> int:
-        """Triage, evaluate and record one batch; returns the number of new feasible replays."""
+        """Triage, evaluate and record one batch; returns the number of trials it counted against
+        the budget (every trial except cache hits and in-batch duplicates)."""
         records: list[TrialRecord] = []
         primaries: dict[str, int] = {}  # spec_hash -> index of its first record in this batch
         todo: list[tuple[int, EvalRequest]] = []
         duplicates: list[tuple[int, int]] = []  # (record index, primary index)
         for proposal in proposals:
-            rec = TrialRecord(
-                branch=self.branch, trial=self.counter.next(), round=round_no, source=source,
-                status="pending", reason=None, spec_hash=None, parameters=proposal.parameters,
-                selection=proposal.selection, parallel_config=proposal.parallel_config.to_dict(),
-                used_gpus=proposal.parallel_config.used_gpus, projection=proposal.projection,
-                optimizer_seconds=opt_share,
-            )
+            rec, request = self._new_record(round_no, source, proposal, opt_share,
+                                            "exhaustive" if source == "exhaustive" else self.designer)
             records.append(rec)
-            if not proposal.supported:
-                self._finish(rec, "unsupported", proposal.unsupported_reason
-                             or f"backend '{proposal.selection.get('backend')}' does not support this "
-                                "parallel config")
+            if request is None:
                 continue
-            try:
-                request = self.build(proposal.selection, proposal.parallel_config)
-            except Exception as exc:  # a bad candidate never aborts the sweep
-                self._finish(rec, "failed", f"candidate build failed: {type(exc).__name__}: {_one_line(exc)}")
-                continue
-            rec.spec_hash = request.spec_hash
-            rec.config = dict(request.sample)
             earlier = self.seen.get(rec.spec_hash)
             if earlier is not None:
                 self._copy_cached(rec, earlier)
@@ -283,42 +360,70 @@ class _BranchLoop:
                 primaries[rec.spec_hash] = len(records) - 1
                 todo.append((len(records) - 1, request))
 
-        unique = self._evaluate(records, todo)
+        self._evaluate(records, todo)
         for index, primary in duplicates:
             self._copy_cached(records[index], records[primary])
+        counted = 0
         for rec in records:
-            self._emit(rec)
-        return unique
+            counted += self._commit(rec)
+        return counted
 
-    def _evaluate(self, records: list[TrialRecord], todo: list[tuple[int, EvalRequest]]) -> int:
-        unique = 0
+    def _commit(self, rec: TrialRecord) -> int:
+        """Count (unless it reused an earlier outcome), feed the breaker, emit; returns 1 if counted."""
+        counted = rec.status != "cached"
+        if counted:
+            self.result.evaluated += 1
+            self._breaker(rec)
+        self._emit(rec)
+        return int(counted)
+
+    def _breaker(self, rec: TrialRecord) -> None:
+        """Circuit breaker: the first N counted trials of the branch all failed the same way."""
+        n = self.settings.failure_breaker
+        if n <= 0 or self.result.stopped or self._breaker_done:
+            return
+        if rec.status not in ("failed", "timed_out"):
+            self._breaker_done = True  # something worked (or was merely infeasible): never trip
+            return
+        self._first_failures.append(_reason_class(rec.reason or rec.status))
+        if len(self._first_failures) >= n:
+            self._breaker_done = True
+            if len(set(self._first_failures)) == 1:
+                self.result.stopped = (f"circuit breaker: the first {n} candidates all failed for the same "
+                                       f"reason: {rec.reason or rec.status}")
+
+    def _from_journal(self, rec: TrialRecord) -> bool:
+        """Resolve `rec` from the journal if its spec was evaluated before (True if so)."""
+        journalled = self.journal.get_outcome(rec.spec_hash)
+        if journalled is None:
+            return False
+        trial, outcome = journalled
+        self._apply(rec, outcome)
+        if trial != rec.trial:  # an earlier sweep in this directory already replayed this exact spec
+            rec.status, rec.reason = "cached", _cached_reason(outcome.status, trial)
+            rec.replay_seconds = 0.0
+        # else: resume, the very same trial finished before the interruption
+        self.seen[rec.spec_hash] = rec
+        return True
+
+    def _record_outcome(self, rec: TrialRecord, outcome: EvalOutcome) -> None:
+        # every outcome, time-outs and failures included: a resume never pays for it again
+        self.journal.put_outcome(rec.trial, rec.spec_hash, outcome)
+        self.result.replay_seconds += outcome.replay_seconds
+        self._apply(rec, outcome)
+        self.seen[rec.spec_hash] = rec
+
+    def _evaluate(self, records: list[TrialRecord], todo: list[tuple[int, EvalRequest]]) -> None:
         pending: list[tuple[int, EvalRequest]] = []
         for index, request in todo:
-            rec = records[index]
-            journalled = self.journal.get_outcome(rec.spec_hash)
-            if journalled is not None:
-                trial, outcome = journalled
-                if trial == rec.trial:  # resume: the very same trial finished before the interruption
-                    unique += self._apply(rec, outcome)
-                else:  # an earlier sweep in this directory already replayed this exact spec
-                    self._apply(rec, outcome)
-                    rec.status, rec.reason = "cached", _cached_reason(outcome.status, trial)
-                    rec.replay_seconds = 0.0
-                self.seen[rec.spec_hash] = rec
-            else:
+            if not self._from_journal(records[index]):
                 pending.append((index, request))
         wave_size = max(1, self.settings.workers)
         for start in range(0, len(pending), wave_size):
             wave = pending[start:start + wave_size]
             outcomes = self.evaluate_wave([request for _, request in wave])
             for (index, _), outcome in zip(wave, outcomes):
-                rec = records[index]
-                if outcome.status != "timed_out":  # a timeout may pass on a quieter machine
-                    self.journal.put_outcome(rec.trial, rec.spec_hash, outcome)
-                self.result.replay_seconds += outcome.replay_seconds
-                unique += self._apply(rec, outcome)
-                self.seen[rec.spec_hash] = rec
-        return unique
+                self._record_outcome(records[index], outcome)
 
     def _apply(self, rec: TrialRecord, outcome: EvalOutcome) -> int:
         rec.replay_seconds = outcome.replay_seconds
@@ -361,11 +466,215 @@ class _BranchLoop:
             self.on_record(rec)
 
 
+@dataclass
+class _Slot:
+    """One trial of the asynchronous driver, in trial order."""
+
+    rec: TrialRecord
+    done: bool = False
+    primary: int | None = None  # index of the slot whose outcome this duplicate copies
+
+
+class _AsyncDriver:
+    """No idle workers: when a worker frees up, the next suggestion goes out.
+
+    Determinism without barriers: suggestion k (k-th trial of the branch) is asked with exactly
+    the trials before k - lag as history and the trials in [k - lag, k) as pending, whatever has
+    actually finished. The ask waits only when a trial older than that window is still running.
+    So the suggestions, hence the ledger, depend on the seed and the outcomes, never on timing;
+    the journal memoises each ask by (position, count, history, pending), so a resume is exact.
+    Records are emitted in trial order as soon as every earlier trial is resolved.
+
+    Cost-aware asks: while model-based suggest time exceeds `optimizer_share` of the branch's
+    wall time, asks are filled from the sampler's cheap designer. The choice is recorded on each
+    trial (`designer`) and in the journal, so a resume repeats it exactly.
+    """
+
+    def __init__(self, loop: "_BranchLoop", backend: Backend, points: Iterable[Proposal] | None):
+        self.loop = loop
+        self.backend = backend
+        self.points = None if points is None else iter(points)
+        st = loop.settings
+        self.workers = max(1, min(int(getattr(backend, "workers", st.workers) or 1), st.workers or 1))
+        self.lag = st.lag if st.lag is not None else 2 * self.workers
+        # an exhaustive branch covers its whole space (the plan chose it because it fits)
+        self.budget = None if (st.max_rounds is None or points is not None) else st.max_rounds * st.per_round
+        self.slots: list[_Slot] = []
+        self.inflight: dict[int, int] = {}  # ticket -> slot index
+        self.waiting_dups: dict[int, list[int]] = {}  # primary slot -> duplicate slots
+        self.committed = 0
+        self.reported = 0  # committed trials already handed to on_round
+        self.counted = 0  # trials dispatched that count against the budget
+        self.free_streak = 0  # consecutive proposals that reused an earlier outcome
+        self.queue: list[tuple[dict[str, Any] | Proposal, str, float]] = []
+        self.asks = 0
+        self.model_seconds = 0.0
+        self.started = st.clock()
+
+    # -- main loop ---------------------------------------------------------------------------
+
+    def run(self, on_round) -> None:
+        loop, st = self.loop, self.loop.settings
+        cap = (ATTEMPT_FACTOR - 1) * max(1, st.per_round)
+        try:
+            while not loop.result.stopped and not loop._out_of_time():
+                if self.budget is not None and self.counted >= self.budget:
+                    break
+                if self.free_streak >= cap:
+                    loop.result.stalled = True
+                    break
+                if not self.queue and not self._refill(on_round):
+                    break
+                item, designer, share = self.queue.pop(0)
+                self._dispatch(item, designer, share)
+                self._commit_ready(on_round)
+            self._drain(on_round)
+        finally:
+            loop.result.rounds = self.asks
+
+    def _refill(self, on_round) -> bool:
+        """Queue the next batch of proposals; False when there is nothing more to propose."""
+        loop, st = self.loop, self.loop.settings
+        count = max(1, st.per_round)
+        if self.budget is not None:
+            count = min(count, self.budget - self.counted)
+        if self.points is not None:
+            batch = [p for _, p in zip(range(count), self.points)]
+            self.queue = [(p, "exhaustive", 0.0) for p in batch]
+            self.asks += bool(batch)
+            return bool(batch)
+        k = len(self.slots)
+        need = max(0, k - self.lag)
+        while any(not self.slots[i].done for i in range(need)):
+            if not self.inflight:  # an unresolved trial with nothing running: a driver bug
+                raise RuntimeError(f"branch {loop.branch}: trial slot unresolved with no evaluation in flight")
+            self._collect(block=True)
+        self._commit_ready(on_round)  # every slot before `need` is done, so committed >= need
+        # loop.history = warm history + committed trials in order; keep those before `need`
+        history = list(loop.history[:len(loop.history) - (self.committed - need)])
+        pending = [self.slots[i].rec.parameters for i in range(need, k)]
+        cheap = (st.optimizer_share is not None and self.model_seconds > 0
+                 and self.model_seconds > st.optimizer_share * (st.clock() - self.started))
+        key = spec_hash(json_safe({
+            "v": 2, "branch": loop.branch, "position": k, "count": count,
+            "history": [[h.parameters, h.metrics, h.infeasible_reason] for h in history],
+            "pending": pending,
+        }))
+        t0 = st.clock()
+        suggestions, seconds, designer = loop._ask(key, count, history, pending, cheap)
+        if seconds and designer not in _CHEAP_DESIGNERS:  # a fresh model-based ask (not a journal hit)
+            self.model_seconds += st.clock() - t0
+        if not suggestions:
+            return False
+        self.asks += 1
+        share = seconds / len(suggestions)
+        self.queue = [(p, designer, share) for p in suggestions]
+        return True
+
+    # -- one trial -----------------------------------------------------------------------------
+
+    def _dispatch(self, item, designer: str, share: float) -> None:
+        loop = self.loop
+        if isinstance(item, Proposal):
+            proposal, source = item, "exhaustive"
+        else:
+            proposal, source = loop.sampler.propose(item, loop.taken), "vizier"
+            loop.taken.add(point_key(proposal.selection, proposal.parallel_config))
+        rec, request = loop._new_record(self.asks, source, proposal, share, designer)
+        index = len(self.slots)
+        slot = _Slot(rec)
+        self.slots.append(slot)
+        if request is None:  # unsupported or build failure: decided, and counted
+            slot.done = True
+            self._count()
+            return
+        earlier = loop.seen.get(rec.spec_hash)
+        if earlier is not None:
+            loop._copy_cached(rec, earlier)
+            slot.done = True
+            self.free_streak += 1
+            return
+        primary = self._inflight_primary(rec.spec_hash)
+        if primary is not None:
+            slot.primary = primary
+            self.waiting_dups.setdefault(primary, []).append(index)
+            self.free_streak += 1
+            return
+        if loop._from_journal(rec):
+            slot.done = True
+            if rec.status != "cached":
+                self._count()
+            else:
+                self.free_streak += 1
+            return
+        while len(self.inflight) >= self.workers:
+            self._collect(block=True)
+        self.inflight[self.backend.submit(request)] = index
+        self._count()
+
+    def _count(self) -> None:
+        self.counted += 1
+        self.free_streak = 0
+
+    def _inflight_primary(self, spec: str) -> int | None:
+        for index in self.inflight.values():
+            if self.slots[index].rec.spec_hash == spec:
+                return index
+        return None
+
+    def _collect(self, block: bool) -> None:
+        if not self.inflight:
+            return
+        for completion in self.backend.wait(None if block else 0):
+            index = self.inflight.pop(completion.ticket, None)
+            if index is None:
+                continue
+            slot = self.slots[index]
+            self.loop._record_outcome(slot.rec, completion.outcome)
+            slot.done = True
+            for dup in self.waiting_dups.pop(index, []):
+                self.loop._copy_cached(self.slots[dup].rec, slot.rec)
+                self.slots[dup].done = True
+
+    def _commit_ready(self, on_round) -> None:
+        """Emit resolved trials in trial order (the ledger never depends on completion order)."""
+        self._collect(block=False)
+        while self.committed < len(self.slots) and self.slots[self.committed].done:
+            self.loop._commit(self.slots[self.committed].rec)
+            self.committed += 1
+        # the anytime result: after every `per_round` newly committed trials
+        if on_round and self.committed - self.reported >= max(1, self.loop.settings.per_round):
+            self._report(on_round)
+
+    def _report(self, on_round) -> None:
+        self.reported = self.committed
+        self.loop.result.rounds = self.asks
+        on_round(self.loop.result)
+
+    def _drain(self, on_round) -> None:
+        while self.inflight:
+            self._collect(block=True)
+        self._commit_ready(None)
+        if on_round and self.committed > self.reported:
+            self._report(on_round)
+
+
+_CHEAP_DESIGNERS = ("QUASI_RANDOM_SEARCH", "RANDOM_SEARCH", "sampler", "exhaustive")
+
+
 def _cached_reason(status: str, trial: int, reason: str | None = None) -> str:
     base = f"{status} (same spec as trial {trial})"
     if status == "cached" and reason:
         return reason
     return base if status == "feasible" or not reason else f"{base}: {reason}"
+
+
+def _reason_class(reason: str) -> str:
+    """A failure reason with its numbers blanked, so 'died (exit code -9)' on two candidates with
+    different shapes counts as the same reason."""
+    import re
+
+    return re.sub(r"\d+(\.\d+)?", "#", " ".join(reason.split()))[:200]
 
 
 def _one_line(exc: BaseException) -> str:

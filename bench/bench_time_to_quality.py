@@ -1,0 +1,327 @@
+"""Time to quality: wall seconds and evaluations until the incumbent reaches 95 / 99 / 100 % of the
+exhaustive optimum (or of the exhaustive front's hypervolume), per algorithm, on finite spaces.
+
+Spaces (bench/spaces/): goodput_agg (scalar goal), pareto_disagg (Pareto goal), trace_agg (a
+Mooncake trace workload). Each space's exhaustive truth is every point replayed once; outcomes are
+cached by `EvalRequest.spec_hash` in bench/.cache/<space>.<config hash>.outcomes.json, and the truth
+summary next to it, so reruns and every algorithm/seed reuse them (no replay twice).
+
+Algorithms:
+  ours        the sweep's default: GP-UCB-PE with compile-once programs, asynchronous dispatch
+              (in-flight trials pending), cost-aware fill (optimizer <= 25 % of wall time);
+  spica       Spica-style: stock Vizier DEFAULT settings (75,000 acquisition evaluations, ARD 500
+              iterations, no padding, stock classes, compile caches cleared), barrier rounds of
+              candidates_per_round, duplicates re-asked (up to 10x replacements per round);
+  RANDOM_SEARCH, QUASI_RANDOM_SEARCH  the same asynchronous loop with that designer.
+
+Replays run from the cache on `--workers` simulated workers (parallel_evals, default 2): each
+candidate sleeps its recorded replay seconds (x --replay-scale), so wall time is what the sweep
+would take with those replays, and the optimizer's CPU time is real. A run stops at 100 % or at
+its evaluation budget (--budget-frac of the space, at least the space's max_rounds x per_round).
+The first GP suggest of the process compiles programs; a warm-up suggest pays that before any
+timed run, and its seconds are reported as "warm_up_s".
+
+Output (--out, default bench/results/time_to_quality[_quick].json):
+  {"spaces": {"<name>": {"<algorithm>": {"median_wall_s_to_99": x, "median_evals_to_99": n,
+                                          "seeds_reaching_99": k, ...}}}, ...}
+A run that never reached a level counts as its budget (evaluations) and its wall time for the
+median; `seeds_reaching_*` says how many got there.
+
+usage:
+  .venv/bin/python bench/bench_time_to_quality.py [--quick] [--spaces goodput_agg,pareto_disagg,trace_agg]
+      [--algorithms ours,spica,RANDOM_SEARCH,QUASI_RANDOM_SEARCH] [--seeds 5] [--spica-seeds 5]
+      [--workers 2] [--budget-frac 0.5] [--replay-scale 1.0] [--out PATH]
+--quick: 2 seeds, Spica-style 1 seed on the first space only (a stock GP-UCB-PE suggest takes
+30-90 s of CPU on 2 busy cores). The >= 10^5-point, 10-minute-budget comparison of the issue is
+not implemented here.
+"""
+
+import argparse
+import json
+import math
+import os
+import platform
+import queue
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("DYN_LOG", "warn")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_sample_efficiency import (  # noqa: E402
+    LEVELS,
+    CachingEvaluator,
+    OutcomeCache,
+    evals_to_reach,
+    exhaustive_truth,
+    incumbent_series,
+    prepare_space,
+    with_sweep,
+)
+
+from spica_pipeline.resources.pool import Completion, EvaluationBackend  # noqa: E402
+from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, canonical_json, spec_hash  # noqa: E402
+from spica_pipeline.search.study import MemoryJournal, TrialCounter  # noqa: E402
+
+SPACES_DIR = ROOT / "bench" / "spaces"
+CACHE_DIR = ROOT / "bench" / ".cache"
+RESULTS = ROOT / "bench" / "results"
+ALGORITHMS = ("ours", "spica", "RANDOM_SEARCH", "QUASI_RANDOM_SEARCH")
+
+
+class CachedReplayBackend(EvaluationBackend):
+    """`workers` threads that answer each candidate from the truth cache after sleeping its
+    recorded replay seconds (sleeping costs no CPU, so the optimizer's CPU time stays real).
+    A spec missing from the cache is replayed for real and cached."""
+
+    def __init__(self, evaluator: CachingEvaluator, workers: int, scale: float = 1.0):
+        super().__init__(workers, None)
+        self.evaluator = evaluator
+        self.scale = scale
+        self.todo: "queue.Queue[tuple[int, EvalRequest] | None]" = queue.Queue()
+        self.done: "queue.Queue[Completion]" = queue.Queue()
+        self.threads = [threading.Thread(target=self._work, daemon=True) for _ in range(workers)]
+        for t in self.threads:
+            t.start()
+
+    def _work(self) -> None:
+        while True:
+            item = self.todo.get()
+            if item is None:
+                return
+            ticket, request = item
+            outcome = self.evaluator.cache.get(request.spec_hash)
+            if outcome is None:
+                outcome = self.evaluator.evaluate(request)
+            else:
+                time.sleep(max(0.0, outcome.replay_seconds) * self.scale)
+            self.done.put(Completion(ticket, request, outcome))
+
+    def _submit(self, ticket, request, max_seconds):
+        self.todo.put((ticket, request))
+
+    def _wait(self, timeout):
+        out = []
+        try:
+            out.append(self.done.get(timeout=timeout) if timeout != 0 else self.done.get_nowait())
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                out.append(self.done.get_nowait())
+            except queue.Empty:
+                return out
+
+    def _cancel(self, ticket):
+        pass
+
+    def _close(self):
+        for _ in self.threads:
+            self.todo.put(None)
+
+
+class ReachedTarget(Exception):
+    """Raised from on_record once the incumbent reaches 100 %: the run has its answer."""
+
+
+def space_key(config) -> str:
+    return spec_hash(json.loads(canonical_json(config.model_dump(mode="json"))))
+
+
+def cached_truth(name: str, config, prepared, evaluator) -> dict[str, Any]:
+    path = CACHE_DIR / f"{name}.{space_key(config)}.truth.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    truth = exhaustive_truth(config, prepared, evaluator)
+    evaluator.cache.save()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(truth, default=str))
+    return truth
+
+
+def vizier_for(algorithm: str):
+    from spica_pipeline.resources.vizier import VizierClient
+
+    if algorithm == "spica":  # stock Vizier GP-UCB-PE settings and classes
+        return VizierClient(algorithm="DEFAULT", compile_once=False, acquisition_evaluations=75000,
+                            ard_max_iterations=500, trial_padding=False, clear_jax_cache=True, jax_cache_dir="")
+    return VizierClient(algorithm="DEFAULT" if algorithm == "ours" else algorithm)
+
+
+def run_one(name: str, config, prepared, evaluator, algorithm: str, seed: int, optimum: float, budget: int,
+            workers: int, scale: float) -> dict[str, Any]:
+    from spica_pipeline.search.branch_plan import BranchPlan, plan_branch
+    from spica_pipeline.sweep import run_branch
+
+    algo = "DEFAULT" if algorithm in ("ours", "spica") else algorithm
+    overrides: dict[str, Any] = dict(algorithm=algo, seed=seed, policy="rapid", parallel_evals=workers,
+                                     optimizer_share=0.25 if algorithm == "ours" else None)
+    per_round = config.sweep.per_round
+    overrides["max_rounds"] = max(1, math.ceil(budget / per_round))
+    cfg = with_sweep(config, **overrides)
+    plan = plan_branch(prepared.branches[0], cfg)
+    plan = BranchPlan(plan.branch, plan.encoding, plan.finite_size, plan.budget, False, "benchmark: rapid")
+    records: list[Any] = []
+    reach: dict[float, tuple[int, float]] = {}
+    started = time.perf_counter()
+
+    def on_record(rec) -> None:
+        records.append(rec)
+        series = incumbent_series(records, config)
+        if not series:
+            return
+        for level in LEVELS:
+            if level not in reach and series[-1] >= optimum * level * (1 - 1e-9):
+                reach[level] = (len(series), time.perf_counter() - started)
+        if 1.0 in reach:
+            raise ReachedTarget
+
+    backend = CachedReplayBackend(evaluator, workers, scale)
+    outcome = None
+    try:
+        if algorithm == "spica":
+            outcome = run_branch(plan, cfg, prepared.load_predictor, evaluate_wave=backend.evaluate_wave,
+                                 vizier=vizier_for(algorithm), journal=MemoryJournal(), counter=TrialCounter(),
+                                 on_record=on_record)
+        else:
+            outcome = run_branch(plan, cfg, prepared.load_predictor, evaluate_wave=None, backend=backend,
+                                 vizier=vizier_for(algorithm), journal=MemoryJournal(), counter=TrialCounter(),
+                                 on_record=on_record)
+    except ReachedTarget:
+        pass
+    finally:
+        backend.close()
+    wall = time.perf_counter() - started
+    series = incumbent_series(records, config)
+    evals = len(series)
+    designers: dict[str, int] = {}
+    for r in records:
+        designers[r.designer or "-"] = designers.get(r.designer or "-", 0) + 1
+    opt_s = sum(r.optimizer_seconds for r in records)
+    run = {"algorithm": algorithm, "seed": seed, "trials": len(records), "evaluations": evals,
+           "wall_s": round(wall, 2), "optimizer_s": round(opt_s, 2),
+           "optimizer_share_of_wall": round(opt_s / wall, 4) if wall > 0 else None,
+           "final_ratio": round(series[-1] / optimum, 6) if series else 0.0, "designers": designers,
+           "stalled": bool(outcome.stalled) if outcome is not None else False}
+    for level in LEVELS:
+        pct = int(level * 100)
+        hit = reach.get(level)
+        run[f"evals_to_{pct}"] = hit[0] if hit else None
+        run[f"wall_s_to_{pct}"] = round(hit[1], 2) if hit else None
+    return run
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for algo in dict.fromkeys(r["algorithm"] for r in runs):
+        mine = [r for r in runs if r["algorithm"] == algo]
+        row: dict[str, Any] = {"seeds": len(mine)}
+        for level in LEVELS:
+            pct = int(level * 100)
+            row[f"median_evals_to_{pct}"] = statistics.median(
+                r[f"evals_to_{pct}"] if r[f"evals_to_{pct}"] is not None else r["evaluations"] for r in mine)
+            row[f"median_wall_s_to_{pct}"] = round(statistics.median(
+                r[f"wall_s_to_{pct}"] if r[f"wall_s_to_{pct}"] is not None else r["wall_s"] for r in mine), 2)
+            row[f"seeds_reaching_{pct}"] = sum(1 for r in mine if r[f"evals_to_{pct}"] is not None)
+        row["median_optimizer_share_of_wall"] = statistics.median(r["optimizer_share_of_wall"] or 0 for r in mine)
+        out[algo] = row
+    return out
+
+
+def warm_up(config, prepared) -> float:
+    """One GP suggest with a small history (pays the compiles), outside the timed runs."""
+    from spica_pipeline.search.branch_plan import plan_branch, study_metrics
+
+    plan = plan_branch(prepared.branches[0], config)
+    study = vizier_for("ours").open_study(plan.encoding, study_metrics(config.goal), seed=12345)
+    first = study.suggest(3, [])
+    if config.goal.is_pareto:
+        names = [m for m, _ in study_metrics(config.goal)]
+        hist = [(p, {n: 1.0 + i + j for j, n in enumerate(names)}, None) for i, p in enumerate(first)]
+    else:
+        hist = [(p, {"objective": float(i + 1)}, None) for i, p in enumerate(first)]
+    t0 = time.perf_counter()
+    study.suggest(config.sweep.per_round, hist)
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--spaces", default="goodput_agg,pareto_disagg,trace_agg")
+    ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    ap.add_argument("--seeds", type=int, default=None)
+    ap.add_argument("--spica-seeds", type=int, default=None)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--budget-frac", type=float, default=0.5)
+    ap.add_argument("--replay-scale", type=float, default=1.0)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    seeds = args.seeds if args.seeds is not None else (2 if args.quick else 5)
+    spica_seeds = args.spica_seeds if args.spica_seeds is not None else (1 if args.quick else seeds)
+    algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    spaces = [s.strip() for s in args.spaces.split(",") if s.strip()]
+    out = Path(args.out) if args.out else RESULTS / ("time_to_quality_quick.json" if args.quick
+                                                      else "time_to_quality.json")
+    from spica_pipeline.resources.replay import ReplayEvaluator
+
+    result: dict[str, Any] = {
+        "benchmark": "time_to_quality", "quick": args.quick, "argv": sys.argv[1:],
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": platform.node(),
+        "cpus": os.cpu_count(), "loadavg_at_start": os.getloadavg(), "workers": args.workers,
+        "replay_scale": args.replay_scale, "budget_frac": args.budget_frac, "seeds": seeds,
+        "spica_seeds": spica_seeds, "spaces": {}, "details": {},
+    }
+    started = time.perf_counter()
+
+    def write(complete: bool) -> None:
+        result["complete"] = complete
+        result["wall_seconds"] = round(time.perf_counter() - started, 1)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        tmp.replace(out)
+
+    for index, name in enumerate(spaces):
+        config, prepared = prepare_space(SPACES_DIR / f"{name}.yaml")
+        cache = OutcomeCache(CACHE_DIR / f"{name}.{space_key(config)}.outcomes.json")
+        evaluator = CachingEvaluator(ReplayEvaluator(), cache)
+        print(f"[{name}] exhaustive truth ...", flush=True)
+        truth = cached_truth(name, config, prepared, evaluator)
+        optimum = truth["optimum"]
+        budget = max(config.sweep.max_rounds * config.sweep.per_round,
+                     math.ceil(args.budget_frac * truth["points"]))
+        print(f"[{name}] {truth['points']} points, optimum {optimum:.6g} ({truth['measure']}), "
+              f"budget {budget} evaluations", flush=True)
+        warm = warm_up(config, prepared) if any(a != "spica" for a in algorithms) else None
+        runs: list[dict[str, Any]] = []
+        detail = {"points": truth["points"], "optimum": optimum, "measure": truth["measure"], "budget": budget,
+                  "truth_replay_seconds": truth.get("replay_seconds"), "warm_up_s": warm, "runs": runs}
+        result["details"][name] = detail
+        for seed in range(seeds):
+            for algorithm in algorithms:
+                if algorithm == "spica" and (seed >= spica_seeds or (args.quick and index > 0)):
+                    continue
+                run = run_one(name, config, prepared, evaluator, algorithm, seed, optimum, budget, args.workers,
+                              args.replay_scale)
+                cache.save()
+                runs.append(run)
+                print(f"[{name}] {algorithm} seed {seed}: evals to 95/99/100% = {run['evals_to_95']}/"
+                      f"{run['evals_to_99']}/{run['evals_to_100']} (of {run['evaluations']}), wall to 99% "
+                      f"{run['wall_s_to_99']}s, optimizer share {run['optimizer_share_of_wall']}", flush=True)
+                result["spaces"][name] = summarise(runs)
+                write(False)
+    write(True)
+    print(json.dumps(result["spaces"], indent=1))
+    print(f"wrote {out} in {result['wall_seconds']}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

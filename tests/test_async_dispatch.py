@@ -1,0 +1,171 @@
+"""Asynchronous dispatch of the study loop with a simulated backend (issue 15 items 3-4).
+
+`SimBackend` subclasses the real `EvaluationBackend` interface and runs candidates on simulated
+workers: each request takes `duration(sample)` simulated seconds, and `wait` returns the one
+finishing first. So completion order is fully controlled, and time is a number, not a sleep.
+"""
+
+import pytest
+from test_study import CountingEvaluator, ScriptedSampler, build, score
+
+from spica_pipeline.resources.pool import Completion, EvaluationBackend
+from spica_pipeline.search.evaluation import EvalOutcome
+from spica_pipeline.search.ledger import content_view
+from spica_pipeline.search.study import MemoryJournal, Proposal, StudySettings, TrialCounter, run_branch_study
+
+SHAPE = ScriptedSampler().shape
+
+
+class SimBackend(EvaluationBackend):
+    def __init__(self, workers, duration=lambda sample: 1.0, outcome=None, kill_after=None):
+        super().__init__(workers, None)
+        self.duration = duration
+        self.outcome = outcome or (lambda s: EvalOutcome("feasible", report={"throughput": s["agg_max_num_seqs"]},
+                                                          replay_seconds=duration(s)))
+        self.now = 0.0
+        self.running = {}  # ticket -> (finish time, request)
+        self.submitted = []  # (time, seqs)
+        self.completed = []  # seqs, in completion order
+        self.kill_after = kill_after
+
+    def _submit(self, ticket, request, max_seconds):
+        assert len(self.running) < self.workers, "more candidates in flight than workers"
+        self.submitted.append((self.now, request.sample["agg_max_num_seqs"]))
+        self.running[ticket] = (self.now + self.duration(request.sample), request)
+
+    def _wait(self, timeout):
+        if timeout == 0 and all(t > self.now for t, _ in self.running.values()):
+            return []
+        ticket = min(self.running, key=lambda k: (self.running[k][0], k))
+        finish, request = self.running.pop(ticket)
+        self.now = max(self.now, finish)
+        if self.kill_after is not None and len(self.completed) >= self.kill_after:
+            raise KeyboardInterrupt("simulated kill")
+        self.completed.append(request.sample["agg_max_num_seqs"])
+        return [Completion(ticket, request, self.outcome(request.sample))]
+
+    def _cancel(self, ticket):
+        self.running.pop(ticket, None)
+
+    def _close(self):
+        pass
+
+
+class DesignerSampler(ScriptedSampler):
+    """ScriptedSampler that also answers `suggest_pending` and names its designer; a model ask
+    costs `model_cost` simulated seconds on `clock`."""
+
+    def __init__(self, clock=None, model_cost=0.0, **kw):
+        super().__init__(**kw)
+        self.clock = clock
+        self.model_cost = model_cost
+        self.asks = []
+
+    def suggest_pending(self, count, history, pending, cheap):
+        self.asks.append((len(history), len(pending), cheap))
+        if not cheap and self.clock is not None:
+            self.clock["t"] += self.model_cost
+        out = self.suggest(count, history + [None] * len(pending))  # seeded by position
+        return out, "QUASI_RANDOM_SEARCH" if cheap else "DEFAULT"
+
+
+def run_async(sampler, backend, per_round=2, max_rounds=4, journal=None, counter=None, **kw):
+    # the cost-aware fill measures real seconds: off unless a test drives it with a fake clock
+    kw.setdefault("optimizer_share", None)
+    settings = StudySettings(per_round=per_round, max_rounds=max_rounds, workers=backend.workers,
+                             failure_breaker=kw.pop("failure_breaker", 5), **kw)
+    return run_branch_study("agg", sampler, build, None, score, settings, journal=journal,
+                            counter=counter, backend=backend)
+
+
+def rows(result):
+    return [content_view(r.to_row()) for r in result.records]
+
+
+def test_a_free_worker_gets_the_next_trial_without_waiting_for_a_slow_one():
+    # trial 1 takes 10 s; the second worker keeps going meanwhile (no round barrier)
+    backend = SimBackend(2, duration=lambda s: 10.0 if s["agg_max_num_seqs"] == 0 else 1.0)
+    result = run_async(DesignerSampler(batches=[[0, 1]], menu=range(1, 1000)), backend, per_round=2,
+                       max_rounds=3)
+    assert result.evaluated == 6 and len(backend.submitted) == 6
+    times = [t for t, _ in backend.submitted]
+    assert times[:2] == [0.0, 0.0] and max(times[2:5]) < 10.0  # dispatched while trial 1 still ran
+    trials = [r.trial for r in result.records]
+    assert trials == sorted(trials)  # the ledger is in trial order, not completion order
+
+
+def test_the_ledger_does_not_depend_on_completion_order():
+    fast_first = SimBackend(2, duration=lambda s: 1.0 + (s["agg_max_num_seqs"] % 7))
+    slow_first = SimBackend(2, duration=lambda s: 9.0 - (s["agg_max_num_seqs"] % 7))
+    a = run_async(DesignerSampler(seed=5, menu=range(500)), fast_first, max_rounds=6)
+    b = run_async(DesignerSampler(seed=5, menu=range(500)), slow_first, max_rounds=6)
+    assert fast_first.completed != slow_first.completed and rows(a) == rows(b)
+    assert [s for _, s in fast_first.submitted] == [s for _, s in slow_first.submitted]
+
+
+def test_pending_trials_are_passed_to_the_designer_within_the_lag_window():
+    sampler = DesignerSampler(menu=range(500))
+    run_async(sampler, SimBackend(2), per_round=2, max_rounds=4, lag=2)
+    # ask k sees trials < k - 2 as history and the 2 before as pending
+    assert sampler.asks == [(0, 0, False), (0, 2, False), (2, 2, False), (4, 2, False)]
+
+
+@pytest.mark.parametrize("kill_after", [0, 1, 3, 5, 8])
+def test_kill_then_resume_gives_an_equal_ledger_and_no_duplicate_replays(kill_after):
+    clean = run_async(DesignerSampler(seed=11, menu=range(60)), SimBackend(2, duration=lambda s: 1 + s["agg_max_num_seqs"] % 3),
+                      max_rounds=5)
+    journal = MemoryJournal()
+    first = SimBackend(2, duration=lambda s: 1 + s["agg_max_num_seqs"] % 3, kill_after=kill_after)
+    with pytest.raises(KeyboardInterrupt):
+        run_async(DesignerSampler(seed=11, menu=range(60)), first, max_rounds=5, journal=journal)
+    second = SimBackend(2, duration=lambda s: 1 + s["agg_max_num_seqs"] % 3)
+    resumed = run_async(DesignerSampler(seed=11, menu=range(60)), second, max_rounds=5, journal=journal)
+    assert rows(resumed) == rows(clean)
+    assert not set(first.completed) & {s for _, s in second.submitted}  # nothing finished is redone
+
+
+def test_budget_counts_every_outcome_and_a_deadline_stop_leaves_complete_records():
+    backend = SimBackend(2, outcome=lambda s: EvalOutcome("timed_out", reason="exceed runtime: replay > 1s"))
+    result = run_async(DesignerSampler(menu=range(1000)), backend, per_round=2, max_rounds=2, failure_breaker=0)
+    assert len(result.records) == 4 and len(backend.submitted) == 4
+
+    clock = SimBackend(2)
+    snapshots = []
+    result = run_branch_study(
+        "agg", DesignerSampler(menu=range(1000)), build, None, score,
+        StudySettings(per_round=2, max_rounds=None, workers=2, deadline=5.5, clock=lambda: clock.now,
+                      optimizer_share=None),
+        backend=clock, on_round=lambda r: snapshots.append([x.status for x in r.records]))
+    assert result.out_of_time and 10 <= result.evaluated <= 14  # 2 workers x 1 s until t = 5.5
+    assert all(status in ("feasible", "cached") for snap in snapshots for status in snap)  # none pending
+    assert snapshots[-1] == [r.status for r in result.records]
+
+
+def test_the_designer_is_recorded_on_every_trial_and_cheap_fill_caps_the_optimizer_share():
+    backend = SimBackend(2, duration=lambda s: 1.0)
+    clock = {"t": 0.0}
+    sampler = DesignerSampler(clock=clock, model_cost=4.0, menu=range(1000))
+    result = run_async(sampler, backend, per_round=2, max_rounds=12,
+                       clock=lambda: clock["t"] + backend.now, optimizer_share=0.25)
+    designers = [r.designer for r in result.records]
+    assert all(d in ("DEFAULT", "QUASI_RANDOM_SEARCH") for d in designers)
+    assert "DEFAULT" in designers and "QUASI_RANDOM_SEARCH" in designers
+    model = sum(1 for _, _, cheap in sampler.asks if not cheap) * 4.0
+    assert model <= 0.25 * (clock["t"] + backend.now) + 4.0  # within one ask of the share
+
+
+def test_exhaustive_points_dispatch_asynchronously_too():
+    points = [Proposal({"seqs": s}, {"deployment_mode": "agg", "backend": "vllm", "agg_max_num_seqs": s}, SHAPE)
+              for s in range(1, 8)]
+    backend = SimBackend(3)
+    result = run_branch_study("agg", ScriptedSampler(), build, None, score,
+                              StudySettings(per_round=3, max_rounds=1, workers=3),
+                              exhaustive_points=points, backend=backend, counter=TrialCounter())
+    assert sorted(backend.completed) == list(range(1, 8)) and result.mode == "exhaustive"
+    assert {r.designer for r in result.records} == {"exhaustive"}
+
+
+def test_barrier_path_records_the_designer_too():
+    result = run_branch_study("agg", DesignerSampler(menu=range(100)), build, CountingEvaluator(), score,
+                              StudySettings(per_round=2, max_rounds=2))
+    assert {r.designer for r in result.records} == {"DEFAULT"}
