@@ -131,7 +131,13 @@ class ReachedTarget(Exception):
 
 
 def space_key(config) -> str:
-    return spec_hash(json.loads(canonical_json(config.model_dump(mode="json"))))
+    """Identity of a space's truth: the config minus the sweep knobs that change how it is searched
+    (seed, algorithm, budgets, cost-aware settings), so adding a sweep knob keeps the cached truth.
+    The outcome cache is keyed by each request's spec hash anyway (stale specs simply miss)."""
+    data = json.loads(canonical_json(config.model_dump(mode="json")))
+    sweep = data.pop("sweep", {})
+    data["sweep"] = {k: sweep.get(k) for k in ("router_repeats", "max_eval_seconds")}
+    return spec_hash(data)
 
 
 def cached_truth(name: str, config, prepared, evaluator) -> dict[str, Any]:
@@ -262,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-frac", type=float, default=0.5)
     ap.add_argument("--replay-scale", type=float, default=1.0)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--truth-only", action="store_true", help="compute (or read) the cached truths and stop")
     args = ap.parse_args(argv)
     seeds = args.seeds if args.seeds is not None else (2 if args.quick else 5)
     spica_seeds = args.spica_seeds if args.spica_seeds is not None else (1 if args.quick else seeds)
@@ -294,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
         evaluator = CachingEvaluator(ReplayEvaluator(), cache)
         print(f"[{name}] exhaustive truth ...", flush=True)
         truth = cached_truth(name, config, prepared, evaluator)
+        if args.truth_only:
+            print(f"[{name}] {truth['points']} points, optimum {truth['optimum']}, replay {truth.get('replay_seconds')} s")
+            continue
         optimum = truth["optimum"]
         budget = max(config.sweep.max_rounds * config.sweep.per_round,
                      math.ceil(args.budget_frac * truth["points"]))
@@ -317,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{run['wall_s_to_99']}s, optimizer share {run['optimizer_share_of_wall']}", flush=True)
                 result["spaces"][name] = summarise(runs)
                 write(False)
+    if args.truth_only:
+        return 0
     write(True)
     print(json.dumps(result["spaces"], indent=1))
     print(f"wrote {out} in {result['wall_seconds']}s")

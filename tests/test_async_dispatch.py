@@ -70,7 +70,7 @@ class DesignerSampler(ScriptedSampler):
 
 
 def run_async(sampler, backend, per_round=2, max_rounds=4, journal=None, counter=None, **kw):
-    # the cost-aware fill measures real seconds: off unless a test drives it with a fake clock
+    # cost-aware fill off unless a test asks for it: these tests script the designer's answers
     kw.setdefault("optimizer_share", None)
     settings = StudySettings(per_round=per_round, max_rounds=max_rounds, workers=backend.workers,
                              failure_breaker=kw.pop("failure_breaker", 5), **kw)
@@ -141,11 +141,11 @@ def test_budget_counts_every_outcome_and_a_deadline_stop_leaves_complete_records
     assert snapshots[-1] == [r.status for r in result.records]
 
 
-def test_the_designer_is_recorded_on_every_trial_and_cheap_fill_caps_the_optimizer_share():
+def test_the_designer_is_recorded_on_every_trial_and_measured_cheap_fill_caps_the_optimizer_share():
     backend = SimBackend(2, duration=lambda s: 1.0)
     clock = {"t": 0.0}
     sampler = DesignerSampler(clock=clock, model_cost=4.0, menu=range(1000))
-    result = run_async(sampler, backend, per_round=2, max_rounds=12,
+    result = run_async(sampler, backend, per_round=2, max_rounds=12, cost_aware="measured",
                        clock=lambda: clock["t"] + backend.now, optimizer_share=0.25)
     designers = [r.designer for r in result.records]
     assert all(d in ("DEFAULT", "QUASI_RANDOM_SEARCH") for d in designers)
@@ -169,3 +169,54 @@ def test_barrier_path_records_the_designer_too():
     result = run_branch_study("agg", DesignerSampler(menu=range(100)), build, CountingEvaluator(), score,
                               StudySettings(per_round=2, max_rounds=2))
     assert {r.designer for r in result.records} == {"DEFAULT"}
+
+
+def _default_cost_aware_run(run_no):
+    """One run with the DEFAULT cost-aware settings, where every timing differs from run to run: the
+    designer's model asks take a random number of (fake) seconds, and replay durations vary."""
+    import random
+
+    jitter = random.Random(1000 + run_no)
+    clock = {"t": 0.0}
+    sampler = DesignerSampler(seed=3, menu=range(2000), clock=clock)
+    sampler.model_cost = (0.05, 25.0)[run_no] * jitter.uniform(0.5, 1.5)  # fast vs slow machine
+    backend = SimBackend(2, duration=lambda s: jitter.uniform(0.01, 5.0))
+    settings = StudySettings(per_round=4, max_rounds=15, workers=2, replay_estimate_s=2.0,
+                             clock=lambda: clock["t"] + backend.now)  # cost_aware / optimizer_share: defaults
+    result = run_branch_study("agg", sampler, build, None, score, settings, backend=backend)
+    return result, sampler
+
+
+def test_default_cost_aware_fill_gives_the_same_ledger_whatever_the_timings():
+    assert StudySettings(per_round=1, max_rounds=1).cost_aware == "predicted"
+    (a, sampler_a), (b, sampler_b) = _default_cost_aware_run(0), _default_cost_aware_run(1)
+    assert rows(a) == rows(b)  # designer column included
+    assert [cheap for _, _, cheap in sampler_a.asks] == [cheap for _, _, cheap in sampler_b.asks]
+    designers = [r.designer for r in a.records]
+    assert "DEFAULT" in designers and "QUASI_RANDOM_SEARCH" in designers
+
+
+def test_predicted_cost_keeps_the_model_within_its_share_of_predicted_wall_time():
+    from spica_pipeline.search import cost
+
+    sampler = DesignerSampler(seed=4, menu=range(2000))
+    backend = SimBackend(2)
+    settings = StudySettings(per_round=4, max_rounds=20, workers=2, replay_estimate_s=1.0)
+    result = run_branch_study("agg", sampler, build, None, score, settings, backend=backend)
+    model = 0.0
+    for history, pending, cheap in sampler.asks:
+        if not cheap and history:  # the first ask (no history) is a seed batch, never charged
+            model += cost.predicted_ask_seconds(history + pending, 4)
+    replays = len(result.records) * 1.0 / 2
+    assert 0 < model <= 0.25 * (model + replays)
+    # cheaper replays leave less room for the model: fewer model asks
+    cheap_run = DesignerSampler(seed=4, menu=range(2000))
+    run_branch_study("agg", cheap_run, build, None, score,
+                     StudySettings(per_round=4, max_rounds=20, workers=2, replay_estimate_s=0.05),
+                     backend=SimBackend(2))
+    assert sum(not c for *_, c in cheap_run.asks) < sum(not c for *_, c in sampler.asks)
+
+
+def test_an_unknown_cost_aware_mode_is_refused():
+    with pytest.raises(ValueError, match="cost_aware"):
+        StudySettings(per_round=1, max_rounds=1, cost_aware="sometimes")

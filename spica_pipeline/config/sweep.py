@@ -59,9 +59,10 @@ class SweepConfig(StrictModel):
     time_budget: float | None = None
     # Stop a branch when its first N trials all failed for the same reason (0: never).
     failure_breaker: NonNegInt = 5
-    # Cost-aware asks: while model-based suggestions took more than this share of a branch's wall
-    # time, fill asks from the quasi-random designer (recorded per trial). The mix then depends on
-    # measured seconds; null keeps the configured algorithm for every ask (bit-identical reruns).
+    # Cost-aware asks: while model-based suggestions would take more than this share of a branch's
+    # wall time, fill asks from the quasi-random designer (recorded per trial). Judged from
+    # predicted seconds (search/cost.py), never a clock, so the same seed gives the same ledger;
+    # null keeps the configured algorithm for every ask.
     optimizer_share: Fraction | None = 0.25
     parallel_evals: PosInt = 16
     candidates_per_round: PosInt | None = None

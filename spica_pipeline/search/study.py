@@ -18,11 +18,13 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
+from spica_pipeline.search import cost
 from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, canonical_json, json_safe, spec_hash
 from spica_pipeline.search.ledger import TrialRecord
 from spica_pipeline.search.shapes import ParallelConfig
 
 ATTEMPT_FACTOR = 11  # a round asks for its batch plus up to 10x replacements (spec §6.4)
+COST_AWARE_MODES = ("predicted", "measured", "off")
 
 
 @dataclass
@@ -142,6 +144,18 @@ class StudySettings:
     # Keep model-based suggestions at most this share of the branch's wall time by filling asks
     # from the cheap designer while over it (None: always the configured designer).
     optimizer_share: float | None = 0.25
+    # How that share is judged. "predicted" (default): from predicted seconds only (search/cost.py:
+    # fitted suggest cost by history size and batch, `replay_estimate_s` per trial), so the same seed
+    # gives the same ledger. "measured": from the seconds the suggests and the branch actually took
+    # (adapts to the machine; two fresh runs may differ; a resume still repeats the journal).
+    # "off": always the configured designer.
+    cost_aware: str = "predicted"
+    replay_estimate_s: float = cost.DEFAULT_REPLAY_S  # predicted seconds of one trial's replay(s)
+    objectives: int = 1  # metrics the designer models (two objectives cost more per suggest)
+
+    def __post_init__(self) -> None:
+        if self.cost_aware not in COST_AWARE_MODES:
+            raise ValueError(f"cost_aware: expected one of {list(COST_AWARE_MODES)}, got {self.cost_aware!r}")
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and self.clock() >= self.deadline
@@ -485,9 +499,12 @@ class _AsyncDriver:
     the journal memoises each ask by (position, count, history, pending), so a resume is exact.
     Records are emitted in trial order as soon as every earlier trial is resolved.
 
-    Cost-aware asks: while model-based suggest time exceeds `optimizer_share` of the branch's
-    wall time, asks are filled from the sampler's cheap designer. The choice is recorded on each
-    trial (`designer`) and in the journal, so a resume repeats it exactly.
+    Cost-aware asks: while model-based suggest time would exceed `optimizer_share` of the branch's
+    wall time, asks are filled from the sampler's cheap designer. By default ("predicted") both
+    times are predictions (search/cost.py) from positions, history sizes and a fixed per-trial
+    replay estimate, never from a clock, so the choice is a function of the seed and the outcomes;
+    "measured" compares measured seconds instead. The choice is recorded on each trial
+    (`designer`) and in the journal, so a resume repeats it exactly.
     """
 
     def __init__(self, loop: "_BranchLoop", backend: Backend, points: Iterable[Proposal] | None):
@@ -508,7 +525,8 @@ class _AsyncDriver:
         self.free_streak = 0  # consecutive proposals that reused an earlier outcome
         self.queue: list[tuple[dict[str, Any] | Proposal, str, float]] = []
         self.asks = 0
-        self.model_seconds = 0.0
+        self.model_seconds = 0.0  # measured seconds of fresh model-based asks ("measured")
+        self.predicted_model_s = 0.0  # predicted seconds of every model-based ask so far ("predicted")
         self.started = st.clock()
 
     # -- main loop ---------------------------------------------------------------------------
@@ -553,8 +571,8 @@ class _AsyncDriver:
         # loop.history = warm history + committed trials in order; keep those before `need`
         history = list(loop.history[:len(loop.history) - (self.committed - need)])
         pending = [self.slots[i].rec.parameters for i in range(need, k)]
-        cheap = (st.optimizer_share is not None and self.model_seconds > 0
-                 and self.model_seconds > st.optimizer_share * (st.clock() - self.started))
+        ask_s = cost.predicted_ask_seconds(len(history) + len(pending), count, st.objectives)
+        cheap = self._cheap(k + count, ask_s)
         key = spec_hash(json_safe({
             "v": 2, "branch": loop.branch, "position": k, "count": count,
             "history": [[h.parameters, h.metrics, h.infeasible_reason] for h in history],
@@ -562,14 +580,26 @@ class _AsyncDriver:
         }))
         t0 = st.clock()
         suggestions, seconds, designer = loop._ask(key, count, history, pending, cheap)
-        if seconds and designer not in _CHEAP_DESIGNERS:  # a fresh model-based ask (not a journal hit)
-            self.model_seconds += st.clock() - t0
+        if designer not in _CHEAP_DESIGNERS:
+            self.predicted_model_s += ask_s  # journal hit or not: the prediction is the same
+            if seconds:  # a fresh model-based ask (not a journal hit)
+                self.model_seconds += st.clock() - t0
         if not suggestions:
             return False
         self.asks += 1
         share = seconds / len(suggestions)
         self.queue = [(p, designer, share) for p in suggestions]
         return True
+
+    def _cheap(self, trials_after: int, ask_s: float) -> bool:
+        """Whether the next ask goes to the cheap designer (see the class docstring)."""
+        st = self.loop.settings
+        if st.optimizer_share is None or st.cost_aware == "off":
+            return False
+        if st.cost_aware == "measured":
+            return self.model_seconds > 0 and self.model_seconds > st.optimizer_share * (st.clock() - self.started)
+        return not cost.model_ask_fits(self.predicted_model_s, ask_s, trials_after, st.replay_estimate_s,
+                                       self.workers, st.optimizer_share)
 
     # -- one trial -----------------------------------------------------------------------------
 

@@ -1,0 +1,61 @@
+"""Predicted costs for the cost-aware study loop: deterministic, so the same seed gives the same ledger.
+
+The default cost-aware policy (`sweep.cost_aware: predicted`) decides whether an ask goes to the
+model-based designer or to the cheap quasi-random fill from *predicted* seconds only: a fitted cost
+of a model-based suggest (this module) and a per-trial replay estimate fixed before the branch starts
+(the caller's, from the workload's request count). No clock is read, so two fresh runs of the same
+config and seed make the same choices; `cost_aware: measured` uses measured seconds instead (adapts
+to the machine, not reproducible across fresh runs).
+
+Constants and where they come from (2 cores, 2026-12-04):
+  * GP-UCB-PE suggest(8), one objective, after the process's first call (compile-once programs), CPU
+    seconds, median of 3: 2.21 at 8 history rows, 2.39 at 16, 3.05 at 32
+    (bench/results/vizier_after_first.jsonl, `bench/bench_vizier.py --after-first`). Least squares:
+    1.88 + 0.036 x rows. Time grows with the batch through the sequential acquisition optimisations
+    (one per suggestion); half of a suggest(8) is assumed to be that part, so a batch of `count`
+    costs (0.5 + 0.5 x count / 8) of the suggest(8) figure.
+  * Two objectives: multi-objective GP-UCB-PE is not padded, so a new trial count can compile new
+    programs; MULTI_OBJECTIVE_FACTOR charges that (an assumption, see docs/performance.md for what
+    was measured).
+  * A replay: 10,000 requests took 1.3 s of wall time (shared/reference replay-notes §1.11, also in
+    config/limits.py), i.e. 0.13 ms per request, plus ~3 ms of fixed cost per replay (a 200-request
+    replay took 29 ms through ReplayEvaluator, bench/results/evaluator_quick.json).
+The first GP suggest of a process compiles its programs (~77 s of CPU here, once; the persistent JAX
+cache serves later processes); it is not charged to any branch, because it is paid once per process,
+not per study, and charging it would make the choice depend on what ran before in the process.
+"""
+
+ASK_BASE_S = 1.88  # suggest(8) CPU seconds at 0 rows (fit above)
+ASK_PER_ROW_S = 0.036  # per history + pending row
+ASK_REFERENCE_BATCH = 8
+MULTI_OBJECTIVE_FACTOR = 2.0
+REPLAY_FIXED_S = 0.003
+REPLAY_PER_REQUEST_S = 0.00013
+DEFAULT_REPLAY_S = 0.5  # when the caller has no request count: the middle of issue 15's 0.07-3.2 s
+
+
+def predicted_ask_seconds(rows: int, count: int, objectives: int = 1) -> float:
+    """CPU seconds of one model-based suggest of `count` with `rows` trials (history + pending)."""
+    batch = 0.5 + 0.5 * max(1, count) / ASK_REFERENCE_BATCH
+    seconds = (ASK_BASE_S + ASK_PER_ROW_S * max(0, rows)) * batch
+    return seconds * (MULTI_OBJECTIVE_FACTOR if objectives > 1 else 1.0)
+
+
+def predicted_replay_seconds(requests: float | None, repeats: int = 1) -> float:
+    """Seconds of one candidate's replay(s) for `requests` requests each (None: DEFAULT_REPLAY_S)."""
+    if requests is None or requests <= 0:
+        return DEFAULT_REPLAY_S
+    return max(1, repeats) * (REPLAY_FIXED_S + REPLAY_PER_REQUEST_S * float(requests))
+
+
+def model_ask_fits(model_seconds: float, ask_seconds: float, trials_after: int, replay_seconds: float,
+                   workers: int, share: float) -> bool:
+    """True when a model-based ask keeps predicted optimizer time within `share` of predicted wall
+    time: (model so far + this ask) <= share x (that + the replays of every trial up to the end of
+    this batch, spread over the workers)."""
+    model = model_seconds + ask_seconds
+    replays = trials_after * replay_seconds / max(1, workers)
+    return model <= share * (model + replays)
+
+
+__all__ = ["model_ask_fits", "predicted_ask_seconds", "predicted_replay_seconds"]
