@@ -295,6 +295,8 @@ def _resolve_algorithm(config: Any) -> str:
 
 def _with_overrides(config: Any, args: argparse.Namespace) -> Any:
     """Apply --seed/--policy/--algorithm/--executor/--ray-address/--time-budget and validate again (e.g. thorough + a float range)."""
+    from pydantic import ValidationError
+
     from spica_pipeline.config import SmartSearchConfig, render_validation_error
 
     overrides = {k: v for k, v in (("seed", args.seed), ("policy", args.policy),
@@ -307,8 +309,10 @@ def _with_overrides(config: Any, args: argparse.Namespace) -> Any:
     data.setdefault("sweep", {}).update(overrides)
     try:
         return SmartSearchConfig.from_dict(data)
-    except Exception as err:  # pydantic ValidationError
-        return _fail(f"invalid config {args.config}: {render_validation_error(err) if hasattr(err, 'errors') else err}")
+    except ValidationError as err:
+        return _fail(f"invalid config {args.config}: {render_validation_error(err)}")
+    except Exception as err:
+        return _fail(f"invalid config {args.config}: {err}")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

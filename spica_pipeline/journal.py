@@ -19,7 +19,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable, get_args
+from typing import IO, Any, Callable, get_args
 
 from spica_pipeline.errors import JournalError, OutputDirError, SpicaError
 from spica_pipeline.search.evaluation import EvalOutcome, Status, canonical_json, json_safe
@@ -316,7 +316,7 @@ class RunLock:
 
     def __init__(self, output_dir: str | os.PathLike) -> None:
         self.dir = Path(output_dir)
-        self._fh = None
+        self._fh: IO[str] | None = None
 
     def __enter__(self) -> "RunLock":
         check_output_dir(self.dir)

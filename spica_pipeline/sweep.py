@@ -98,7 +98,7 @@ def check_workload(config: SmartSearchConfig) -> list[str]:
                                   "of the model (search_space.context_length or the model's own): input and "
                                   "output must both fit")
         return []
-    trace = read_mooncake_trace(config.workload.trace_path,
+    trace = read_mooncake_trace(workload.trace_path,
                                 max_input_length=resolve_max_seq_len(space.model_name, space.context_length))
     check_resource_limits(config, trace)
     return list(trace.warnings)

@@ -10,7 +10,7 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping, TypeAlias
 
 import dagster as dg
 import pandas as pd
@@ -97,13 +97,18 @@ def candidates_table(candidates: pd.DataFrame, objectives: list[str] | None) -> 
                                   schema=dg.TableSchema(columns=[dg.TableColumn(c, types[c]) for c in cols]))
 
 
+# The branch_study input of the downstream assets: {mode: ledger}, or the frame itself when the
+# asset has one partition (the asset parameters stay `Any`: Dagster turns a hint into a type check).
+BranchStudies: TypeAlias = "pd.DataFrame | Mapping[str, pd.DataFrame] | None"
+
+
 def _sweep_inputs(spec: SweepSpec) -> dict[str, dg.AssetIn]:
     return {"filtered_config": dg.AssetIn(spec.key("filtered_config")),
             "branch_spaces": dg.AssetIn(spec.key("branch_spaces")),
             "branch_study": dg.AssetIn(spec.key("branch_study"), metadata={"allow_missing_partitions": True})}
 
 
-def as_ledgers(spec: SweepSpec, branch_study: Any) -> dict[str, pd.DataFrame]:
+def as_ledgers(spec: SweepSpec, branch_study: BranchStudies) -> dict[str, pd.DataFrame]:
     """The branch_study input as {mode: ledger}: Dagster hands a single-partition asset over as the
     frame itself."""
     if isinstance(branch_study, pd.DataFrame):
@@ -123,7 +128,7 @@ class MergedInputs:
 
 
 def merged_inputs(context: dg.AssetExecutionContext, spec: SweepSpec, filtered_config: pd.DataFrame,
-                  branch_spaces: pd.DataFrame, branch_study: Any) -> MergedInputs:
+                  branch_spaces: pd.DataFrame, branch_study: BranchStudies) -> MergedInputs:
     """The merge's inputs rebuilt from the stored stage outputs."""
     from spica_pipeline.search.branches import BranchSpace
 

@@ -2,12 +2,15 @@
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import ValidationError
 
 from spica_pipeline.errors import ConfigError
+
+if TYPE_CHECKING:
+    from spica_pipeline.config.model import SmartSearchConfig
 
 MAX_CONFIG_BYTES = 1 << 20  # a sweep config is a page of YAML; refuse anything near a megabyte
 MAX_ALIASES = 64  # anchors are fine for sharing a list or two, not for building bombs
@@ -169,7 +172,7 @@ def parse_yaml_text(text: str, path: str | Path = "<string>") -> Any:
         loader.dispose()
 
 
-def load_config(path: str | Path) -> "SmartSearchConfig":  # noqa: F821
+def load_config(path: str | Path) -> "SmartSearchConfig":
     """Read, parse and validate a config file; every failure is one `ConfigError` line."""
     from spica_pipeline.config.model import SmartSearchConfig
 
@@ -203,7 +206,7 @@ def load_config(path: str | Path) -> "SmartSearchConfig":  # noqa: F821
     return validate_config(data, path)
 
 
-def validate_config(data: dict[str, Any], where: str | Path) -> "SmartSearchConfig":  # noqa: F821
+def validate_config(data: dict[str, Any], where: str | Path) -> "SmartSearchConfig":
     """A parsed config mapping, validated; any failure is one `ConfigError` line naming `where`."""
     from spica_pipeline.config.model import SmartSearchConfig
 

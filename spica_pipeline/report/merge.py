@@ -160,20 +160,21 @@ def _candidate(row: Mapping[str, Any], target: str, objectives: Sequence[str]) -
         config = {**config, "used_gpus": int(row["used_gpus"])}
     report = _loads(row.get("report"))
     spread = _loads(row.get("spread"), {}) or {}
-    extra = {"branch": str(row.get("branch")), "spread": spread,
-             "spec_hash": str(row["spec_hash"]) if _present(row.get("spec_hash")) else None}
+    branch = str(row.get("branch"))
+    spec_hash = str(row["spec_hash"]) if _present(row.get("spec_hash")) else None
     if report is not None:
         cand = Candidate.from_report(config, report, target, objectives if target == Target.PARETO else None,
-                                     **extra)
+                                     branch=branch, spread=spread, spec_hash=spec_hash)
     elif target == Target.PARETO:
         # No stored report: fall back to the objective vector the study recorded.
-        cand = Candidate.pareto(config, _loads(row.get("objectives")), {}, **extra)
+        cand = Candidate.pareto(config, _loads(row.get("objectives")), {}, branch=branch, spread=spread,
+                                spec_hash=spec_hash)
     else:
         s = row.get("score")
-        if not _present(s):
+        if s is None or not _present(s):
             raise ValueError(f"ledger row {row.get('spec_hash')!r}: feasible without report or score")
         cand = Candidate(config=config, used_gpus=int(config.get("used_gpus", 0)), score=float(s),
-                         metrics={}, branch=extra["branch"], spec_hash=extra["spec_hash"], spread=spread)
+                         metrics={}, branch=branch, spec_hash=spec_hash, spread=spread)
     if _present(row.get("used_gpus")):
         cand.used_gpus = int(row["used_gpus"])
     return cand
@@ -202,9 +203,10 @@ def merge_candidates(
         raise ValueError(f"ledger is missing column(s) {missing}")
     target = scoring._name(goal_target)
     is_pareto = target == Target.PARETO
+    dirs: dict[str, str]
     if is_pareto:
         objs = [t.value for t in objectives_for(target, objectives)]
-        dirs = dict(directions) if directions else scoring.directions_for(objs)
+        dirs = dict(directions) if directions else dict(scoring.directions_for(objs))
         if list(dirs) != objs:
             dirs = {o: dirs.get(o) or scoring.direction(o) for o in objs}
     else:

@@ -32,7 +32,7 @@ from spica_pipeline.resources.pool import (
     timed_out_outcome,
     warm_up,
 )
-from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest
+from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, Evaluator
 
 log = logging.getLogger("spica_pipeline.ray_pool")
 
@@ -45,7 +45,7 @@ MAX_RETRIES = 1
 class EvaluatorActor:
     """One warm worker: holds the evaluator, answers one candidate at a time (wrapped by ray.remote)."""
 
-    def __init__(self, evaluator: Any):
+    def __init__(self, evaluator: Evaluator):
         self.evaluator = evaluator
         warm_up(evaluator)
 
@@ -98,7 +98,7 @@ def loopback_only() -> None:
     os.environ[LOOPBACK_ENV] = "0"
     constants = sys.modules.get("ray._private.ray_constants")
     if constants is not None:  # ray was imported before: its node-address rule reads this flag
-        constants.ENABLE_RAY_CLUSTER = False
+        setattr(constants, "ENABLE_RAY_CLUSTER", False)
 
 
 def _ray():
@@ -123,7 +123,7 @@ class RayEvaluationPool(EvaluationBackend):
         (`ray.is_initialized()`) is used as it is and left connected.
     """
 
-    def __init__(self, evaluator: Any, workers: int, max_eval_seconds: float | None = None, *,
+    def __init__(self, evaluator: Evaluator, workers: int, max_eval_seconds: float | None = None, *,
                  address: str | None = None, num_cpus: int | None = None):
         super().__init__(workers, max_eval_seconds)
         self.evaluator = evaluator

@@ -242,6 +242,8 @@ def _calibrate(report: dict[str, Any], request: EvalRequest, derived: dict[str, 
     from spica_pipeline.search.deploy import role_replicas
 
     profile, _ = load_profile(setting["setting"])
+    if profile is None:  # the sweep records only a setting that names a profile
+        return
     sample = request.sample
     concurrency = derived.get("concurrency") or sample.get("concurrency")
     if concurrency is None and report.get("request_throughput_rps") and report.get("mean_e2e_latency_ms"):

@@ -355,8 +355,9 @@ class Study:
             good = None
             if reason is None and metrics is not None:
                 vals = {m: metrics.get(m) for m in names}
-                if all(isinstance(v, (int, float)) and math.isfinite(v) for v in vals.values()):
-                    good = {m: float(v) for m, v in vals.items()}
+                nums = {m: float(v) for m, v in vals.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+                if len(nums) == len(vals):
+                    good = nums
                 else:
                     reason = "non-finite or missing metric"
             rows.append((params, good, reason or (None if good else "infeasible")))
@@ -394,7 +395,7 @@ class Study:
 # acquisition optimisation (8 per suggest(8)) re-traced and re-compiled the whole optimiser (~20 s
 # of CPU each). These replacements compare by their shape bucket, and one instance is kept per
 # bucket, so the program compiled for a bucket is reused across suggestions, rounds and branches.
-_STABLE: dict[tuple, Any] = {}
+_STABLE: dict[Any, Any] = {}  # keys: (kind, shape) tuples and class-name strings
 
 
 def _feature_bucket(converter) -> tuple:
@@ -608,7 +609,7 @@ def _floor_padding(min_trials: int, numpy: bool = True):
     return _FloorPadding(num_trials=padding.PaddingType.POWERS_OF_2, min_trials=min_trials, numpy=numpy)
 
 
-_FloorPadding = None
+_FloorPadding: Any = None
 
 
 def _numpy_padded(array, shape: tuple, fill):

@@ -59,7 +59,8 @@ def shape_prefix(sample: dict[str, Any], role: str) -> str:
 def role_shape(sample: dict[str, Any], role: str) -> tuple[int, int, int, int, int]:
     """(tp, pp, attention_dp, moe_tp, moe_ep) of one role; missing dimensions default to 1."""
     p = shape_prefix(sample, role)
-    return tuple(int(sample.get(f"{p}{k}") or 1) for k in ("tp", "pp", "attention_dp", "moe_tp", "moe_ep"))
+    tp, pp, dp, moe_tp, moe_ep = (int(sample.get(f"{p}{k}") or 1) for k in ("tp", "pp", "attention_dp", "moe_tp", "moe_ep"))
+    return tp, pp, dp, moe_tp, moe_ep
 
 
 def role_replicas(sample: dict[str, Any], role: str) -> int:
@@ -163,7 +164,7 @@ def build_deployment_plan(
     None). `num_gpu_blocks` is deliberately absent: capacity is the evaluator's business.
     Raises ValueError for an 'sla' planner target without both ttft_ms and itl_ms.
     """
-    mode = sample.get("deployment_mode")
+    mode = str(sample["deployment_mode"])  # every unrolled sample names its mode
     roles = active_roles(sample)
     args = {role: _engine_args(sample, role) for role in roles}
     router_mode = sample.get("router_mode") or "round_robin"

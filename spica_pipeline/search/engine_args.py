@@ -81,8 +81,12 @@ class KvCapacity:
 class TimingRef(Protocol):
     """How engine args reference a timing table (`resources.timing.TimingTable`)."""
 
-    speedup_ratio: float
-    fidelity_note: str | None  # set when the table uses substitute perf data (search/perf_data.py)
+    @property
+    def speedup_ratio(self) -> float: ...
+
+    @property
+    def fidelity_note(self) -> str | None:
+        """Set when the table uses substitute perf data (search/perf_data.py)."""
 
     def timing_model(self) -> dict[str, Any]: ...
 
@@ -238,10 +242,12 @@ def build_replay_call(request: EvalRequest, settings: ReplaySettings, facts: Eng
     if plan.router_mode == "kv_router":
         repeats = max(1, int(request.context.get("router_repeats", settings.router_repeats)))
     derived["benchmark_granularity"] = settings.benchmark_granularity
-    policy_factory = None
+    policy_factory: Callable[..., Any] | None = None
     if not plan.is_static:  # imported here so a missing planner fails the build, not the replay
         try:
-            from spica_pipeline.search.planner import build_scaling_policy as policy_factory
+            from spica_pipeline.search.planner import build_scaling_policy
+
+            policy_factory = build_scaling_policy
         except ImportError as exc:
             raise CandidateBuildError(str(exc), detail=_one_line(exc)) from exc
     return ReplayCall(function, args, kwargs, repeats, derived, policy_factory=policy_factory)
