@@ -1,5 +1,4 @@
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -117,14 +116,11 @@ def test_content_hash(tmp_path):
         trace_content_hash(tmp_path / "x")
 
 
-def test_4k_lines_fast(tmp_path):
+def test_4k_lines(tmp_path):
     rows = [_row(i * 10, 4000 + i % 100, 200) for i in range(4000)]
     p = _write(tmp_path, rows)
-    t0 = time.perf_counter()
     t = read_mooncake_trace(p)
-    elapsed = time.perf_counter() - t0
     assert t.n_requests == 4000
-    assert elapsed < 1.0, elapsed
 
 
 def test_real_trace():
