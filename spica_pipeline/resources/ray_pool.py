@@ -170,8 +170,12 @@ def _send_token_if_available() -> None:
 
 
 def _short(exc: BaseException) -> str:
-    """One line: the exception type and the first line of its message (Ray's are pages long)."""
-    text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    """One line: the exception type and the first line of its message (Ray's are pages long); a
+    message "...:" followed by a remote traceback keeps that traceback's last line (its error)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    if len(lines) > 1 and text.endswith(":"):
+        text += " " + (lines[-1] if lines[1].startswith("Traceback") else lines[1])
     return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
 
 
@@ -242,18 +246,26 @@ class RayEvaluationPool(EvaluationBackend):
         client = address.startswith("ray://")
         if client:
             _send_token_if_available()
-        try:
-            ray.init(address=address, **quiet)
-        except _BUGS:
-            raise
-        except Exception as err:
-            ray.shutdown()
-            todo = "check that the cluster runs and that this driver's ray version matches the cluster's"
-            if client:
-                todo += (" (a cluster with token authentication, Ray's default, also needs its token here: "
-                         "RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)")
-            raise BackendStartError(f"cannot connect to Ray at {address} ({self.address_source}): {_short(err)}",
-                                    todo) from err
+        for attempt in (1, 2):
+            try:
+                ray.init(address=address, **quiet)
+                return
+            except _BUGS:
+                raise
+            except Exception as err:
+                ray.shutdown()
+                # the client server answered, but its server for this driver did not come up within
+                # Ray's 30 s (a busy head): once more, as for a local Ray
+                if client and attempt == 1 and isinstance(err, ConnectionAbortedError):
+                    log.warning("Ray Client at %s refused the session (%s); trying once more", address,
+                                _short(err))
+                    continue
+                todo = "check that the cluster runs and that this driver's ray version matches the cluster's"
+                if client:
+                    todo += (" (a cluster with token authentication, Ray's default, also needs its token here: "
+                             "RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)")
+                raise BackendStartError(
+                    f"cannot connect to Ray at {address} ({self.address_source}): {_short(err)}", todo) from err
 
     def _start_local(self, ray: Any, quiet: dict[str, Any]) -> None:
         """Start a Ray of our own; a raylet has a fixed 30 s to register, which a busy host can miss
