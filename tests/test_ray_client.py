@@ -25,6 +25,7 @@ import pytest
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 
+from ray_fakes import watchdog  # noqa: E402
 from reliability_fakes import FaultyEvaluator  # noqa: E402
 
 from spica_pipeline.config import SmartSearchConfig  # noqa: E402
@@ -88,6 +89,23 @@ def stop(proc: subprocess.Popen, temp: str) -> None:
     shutil.rmtree(temp, ignore_errors=True)
 
 
+def die_with_parent() -> None:
+    """In the `ray start` child: SIGTERM when the test process dies, even by SIGKILL or the
+    watchdog, so the head (its own session) is never left running (Linux; elsewhere a no-op)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+@pytest.fixture(scope="module", autouse=True)
+def bounded():
+    """This module takes 2-3 min here; 15 min means a hang (started before the head fixture)."""
+    yield from watchdog(900)
+
+
 @pytest.fixture(scope="module")
 def head():
     """(address "ray://127.0.0.1:PORT", the `ray start` process) of a head with 2 CPUs."""
@@ -108,7 +126,7 @@ def head():
     log_path = Path(temp) / "ray-start.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=temp,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=die_with_parent)
     try:
         deadline = time.monotonic() + 150
         while READY not in log_path.read_text() or not accepts(client_port):
