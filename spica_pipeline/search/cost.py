@@ -9,11 +9,13 @@ to the machine, not reproducible across fresh runs).
 
 Constants and where they come from (2 cores, 2026-12-04):
   * GP-UCB-PE suggest(8), one objective, after the process's first call (compile-once programs), CPU
-    seconds, median of 3: 2.21 at 8 history rows, 2.39 at 16, 3.05 at 32
-    (bench/results/vizier_after_first.jsonl, `bench/bench_vizier.py --after-first`). Least squares:
-    1.88 + 0.036 x rows. Time grows with the batch through the sequential acquisition optimisations
-    (one per suggestion); half of a suggest(8) is assumed to be that part, so a batch of `count`
-    costs (0.5 + 0.5 x count / 8) of the suggest(8) figure.
+    seconds, median of 3 (bench/results/vizier_after_first.json, `bench/bench_vizier.py --after-first
+    --count 8 --ns 8,16,32,64,100`): 1.8 at 8 history rows, 1.8 at 16, 2.6 at 32 (all padded to
+    32 rows), 10.9 at 64 (64 rows), 32.2 at 100 (128 rows). The cost follows the padded trial
+    bucket (max(32, next power of two), VizierClient's padding): ASK_S_AT_32 x (bucket / 32) **
+    ASK_BUCKET_EXPONENT fits 2.3 / 8.6 / 32 s for 32 / 64 / 128 rows. A batch of `count` is charged
+    (0.5 + 0.5 x count / 8) of the suggest(8) figure: one sequential acquisition optimisation per
+    suggestion, assumed to be half of a suggest(8) (not measured separately).
   * Two objectives: multi-objective GP-UCB-PE is not padded, so a new trial count can compile new
     programs; MULTI_OBJECTIVE_FACTOR charges that (an assumption, see docs/performance.md for what
     was measured).
@@ -25,8 +27,9 @@ cache serves later processes); it is not charged to any branch, because it is pa
 not per study, and charging it would make the choice depend on what ran before in the process.
 """
 
-ASK_BASE_S = 1.88  # suggest(8) CPU seconds at 0 rows (fit above)
-ASK_PER_ROW_S = 0.036  # per history + pending row
+ASK_S_AT_32 = 2.3  # suggest(8) CPU seconds with the trial axis padded to 32 rows (fit above)
+ASK_BUCKET_EXPONENT = 1.9  # growth per padded bucket: x 2 ** 1.9 = x 3.7 per doubling
+MIN_BUCKET = 32  # VizierClient.min_padded_trials
 ASK_REFERENCE_BATCH = 8
 MULTI_OBJECTIVE_FACTOR = 2.0
 REPLAY_FIXED_S = 0.003
@@ -36,8 +39,9 @@ DEFAULT_REPLAY_S = 0.5  # when the caller has no request count: the middle of is
 
 def predicted_ask_seconds(rows: int, count: int, objectives: int = 1) -> float:
     """CPU seconds of one model-based suggest of `count` with `rows` trials (history + pending)."""
+    bucket = max(MIN_BUCKET, 1 << max(0, int(rows) - 1).bit_length())
     batch = 0.5 + 0.5 * max(1, count) / ASK_REFERENCE_BATCH
-    seconds = (ASK_BASE_S + ASK_PER_ROW_S * max(0, rows)) * batch
+    seconds = ASK_S_AT_32 * (bucket / MIN_BUCKET) ** ASK_BUCKET_EXPONENT * batch
     return seconds * (MULTI_OBJECTIVE_FACTOR if objectives > 1 else 1.0)
 
 

@@ -1,0 +1,23 @@
+"""search/cost.py: the predictions the default cost-aware fill decides on (no clock involved)."""
+
+from spica_pipeline.search import cost
+
+
+def test_suggest_cost_follows_the_padded_trial_bucket_and_the_batch():
+    p = cost.predicted_ask_seconds
+    assert p(0, 8) == p(8, 8) == p(32, 8)  # one 32-row bucket
+    assert p(32, 8) < p(33, 8) == p(64, 8) < p(65, 8)  # each doubling of the bucket costs more
+    assert p(16, 4) < p(16, 8) < p(16, 16)
+    assert p(16, 8, objectives=2) > p(16, 8)
+
+
+def test_replay_estimate_grows_with_requests_and_repeats():
+    r = cost.predicted_replay_seconds
+    assert r(None) == r(0) == cost.DEFAULT_REPLAY_S
+    assert r(240) < r(10_000) and r(240, repeats=3) == 3 * r(240)
+
+
+def test_the_share_rule():
+    # 2 s of model time against 6 s of replays per worker: 25 % exactly fits, a little more does not
+    assert cost.model_ask_fits(0.0, 2.0, trials_after=12, replay_seconds=1.0, workers=2, share=0.25)
+    assert not cost.model_ask_fits(0.1, 2.0, trials_after=12, replay_seconds=1.0, workers=2, share=0.25)
