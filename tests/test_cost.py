@@ -19,5 +19,12 @@ def test_replay_estimate_grows_with_requests_and_repeats():
 
 def test_the_share_rule():
     # 2 s of model time against 6 s of replays per worker: 25 % exactly fits, a little more does not
-    assert cost.model_ask_fits(0.0, 2.0, trials_after=12, replay_seconds=1.0, workers=2, share=0.25)
-    assert not cost.model_ask_fits(0.1, 2.0, trials_after=12, replay_seconds=1.0, workers=2, share=0.25)
+    assert cost.model_ask_fits(0.0, 2.0, replay_seconds=12.0, workers=2, share=0.25)
+    assert not cost.model_ask_fits(0.1, 2.0, replay_seconds=12.0, workers=2, share=0.25)
+
+
+def test_a_finished_trial_is_predicted_from_the_request_count_its_outcome_records():
+    f = cost.outcome_replay_seconds
+    assert f(None, {"request_count": 1896}, 1, 9.9) == cost.predicted_replay_seconds(1896)
+    assert f({"num_requests": 240.0}, {}, 3, 9.9) == cost.predicted_replay_seconds(240, 3)
+    assert f(None, None, 0, 9.9) == 9.9  # a failure without a request count: the a-priori estimate

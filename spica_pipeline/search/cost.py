@@ -3,7 +3,8 @@
 The default cost-aware policy (`sweep.cost_aware: predicted`) decides whether an ask goes to the
 model-based designer or to the cheap quasi-random fill from *predicted* seconds only: a fitted cost
 of a model-based suggest (this module) and a per-trial replay estimate fixed before the branch starts
-(the caller's, from the workload's request count). No clock is read, so two fresh runs of the same
+(each finished trial's from the request count its outcome records; the caller's a-priori estimate
+for trials still running). No clock is read, so two fresh runs of the same
 config and seed make the same choices; `cost_aware: measured` uses measured seconds instead (adapts
 to the machine, not reproducible across fresh runs).
 
@@ -52,14 +53,23 @@ def predicted_replay_seconds(requests: float | None, repeats: int = 1) -> float:
     return max(1, repeats) * (REPLAY_FIXED_S + REPLAY_PER_REQUEST_S * float(requests))
 
 
-def model_ask_fits(model_seconds: float, ask_seconds: float, trials_after: int, replay_seconds: float,
-                   workers: int, share: float) -> bool:
+def outcome_replay_seconds(report: dict | None, derived: dict | None, repeats: int, fallback: float) -> float:
+    """Predicted seconds of a finished trial's replay(s), from the request count its outcome
+    records (`derived.request_count`, else the report's `num_requests`): a function of the outcome,
+    not of how long it took, so it is the same in every run. `fallback` when neither is known."""
+    requests = (derived or {}).get("request_count") or (report or {}).get("num_requests")
+    if not isinstance(requests, (int, float)) or requests <= 0:
+        return fallback
+    return predicted_replay_seconds(float(requests), max(1, int(repeats or 1)))
+
+
+def model_ask_fits(model_seconds: float, ask_seconds: float, replay_seconds: float, workers: int,
+                   share: float) -> bool:
     """True when a model-based ask keeps predicted optimizer time within `share` of predicted wall
-    time: (model so far + this ask) <= share x (that + the replays of every trial up to the end of
-    this batch, spread over the workers)."""
+    time: (model so far + this ask) <= share x (that + `replay_seconds`, the predicted replays of
+    every trial up to the end of this batch, spread over the workers)."""
     model = model_seconds + ask_seconds
-    replays = trials_after * replay_seconds / max(1, workers)
-    return model <= share * (model + replays)
+    return model <= share * (model + replay_seconds / max(1, workers))
 
 
-__all__ = ["model_ask_fits", "predicted_ask_seconds", "predicted_replay_seconds"]
+__all__ = ["model_ask_fits", "outcome_replay_seconds", "predicted_ask_seconds", "predicted_replay_seconds"]
