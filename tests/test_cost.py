@@ -3,10 +3,10 @@
 from spica_pipeline.search import cost
 
 
-def test_suggest_cost_follows_the_padded_trial_bucket_and_the_batch():
+def test_suggest_cost_is_flat_for_few_rows_then_grows_and_scales_with_the_batch():
     p = cost.predicted_ask_seconds
-    assert p(0, 8) == p(8, 8) == p(32, 8)  # one 32-row bucket
-    assert p(32, 8) < p(33, 8) == p(64, 8) < p(65, 8)  # each doubling of the bucket costs more
+    assert p(0, 8) == p(8, 8) == p(16, 8) == cost.ASK_FLOOR_S
+    assert p(16, 8) < p(32, 8) < p(64, 8) < p(100, 8)  # the GP's linear algebra
     assert p(16, 4) < p(16, 8) < p(16, 16)
     assert p(16, 8, objectives=2) > p(16, 8)
 

@@ -10,39 +10,43 @@ to the machine, not reproducible across fresh runs).
 
 Constants and where they come from (2 cores, 2026-12-04):
   * GP-UCB-PE suggest(8), one objective, after the process's first call (compile-once programs), CPU
-    seconds, median of 3 (bench/results/vizier_after_first.json, `bench/bench_vizier.py --after-first
-    --count 8 --ns 8,16,32,64,100`): 1.8 at 8 history rows, 1.8 at 16, 2.6 at 32 (all padded to
-    32 rows), 10.9 at 64 (64 rows), 32.2 at 100 (128 rows). The cost follows the padded trial
-    bucket (max(32, next power of two), VizierClient's padding): ASK_S_AT_32 x (bucket / 32) **
-    ASK_BUCKET_EXPONENT fits 2.3 / 8.6 / 32 s for 32 / 64 / 128 rows. A batch of `count` is charged
+    seconds, median of 3 (bench/results/vizier_after_first_1obj.json, `bench/bench_vizier.py
+    --after-first --count 8 --ns 8,16,32,64,100`, load average 2-3): 1.95 at 8 history rows, 1.63 at
+    16, 2.59 at 32, 10.9 at 64, 32.2 at 100. Flat up to ~32 rows, then roughly quadratic-to-cubic
+    (the GP's linear algebra): max(ASK_FLOOR_S, ASK_S_AT_32 x (rows / 32) ** ASK_EXPONENT) gives
+    2.0 / 2.0 / 2.6 / 11.9 / 32 s at those rows. A batch of `count` is charged
     (0.5 + 0.5 x count / 8) of the suggest(8) figure: one sequential acquisition optimisation per
-    suggestion, assumed to be half of a suggest(8) (not measured separately).
+    suggestion, assumed to be half of a suggest(8) (not measured separately). Crossing a padding
+    bucket (32, 64, 128 rows) compiles that bucket's programs once per process (60-130 s of CPU
+    here); like the first call, that is not charged.
   * Two objectives: multi-objective GP-UCB-PE is not padded, so a new trial count can compile new
     programs; MULTI_OBJECTIVE_FACTOR charges that (an assumption, see docs/performance.md for what
     was measured).
-  * A replay: 10,000 requests took 1.3 s of wall time (shared/reference replay-notes §1.11, also in
-    config/limits.py), i.e. 0.13 ms per request, plus ~3 ms of fixed cost per replay (a 200-request
-    replay took 29 ms through ReplayEvaluator, bench/results/evaluator_quick.json).
+  * A replay: the exhaustive truths of bench_time_to_quality (2026-12-04, load average 2-5) took a
+    median 0.20 ms per request on goodput_agg (135 replays of 240 requests, median 47 ms) and 0.32 ms
+    on pareto_disagg (142 closed-loop replays, median 1,424 requests, 0.52 s); the replay notes
+    give 0.13 ms (10,000 requests in 1.3 s, shared/reference replay-notes §1.11). 0.25 ms per
+    request plus ~3 ms per replay (a 200-request replay took 29 ms through ReplayEvaluator,
+    bench/results/evaluator_quick.json).
 The first GP suggest of a process compiles its programs (~77 s of CPU here, once; the persistent JAX
 cache serves later processes); it is not charged to any branch, because it is paid once per process,
 not per study, and charging it would make the choice depend on what ran before in the process.
 """
 
-ASK_S_AT_32 = 2.3  # suggest(8) CPU seconds with the trial axis padded to 32 rows (fit above)
-ASK_BUCKET_EXPONENT = 1.9  # growth per padded bucket: x 2 ** 1.9 = x 3.7 per doubling
-MIN_BUCKET = 32  # VizierClient.min_padded_trials
+ASK_FLOOR_S = 2.0  # suggest(8) CPU seconds with few rows (fit above)
+ASK_S_AT_32 = 2.6  # ... at 32 rows
+ASK_EXPONENT = 2.2  # growth beyond: x 2 ** 2.2 = x 4.6 per doubling of the rows
 ASK_REFERENCE_BATCH = 8
 MULTI_OBJECTIVE_FACTOR = 2.0
 REPLAY_FIXED_S = 0.003
-REPLAY_PER_REQUEST_S = 0.00013
+REPLAY_PER_REQUEST_S = 0.00025
 DEFAULT_REPLAY_S = 0.5  # when the caller has no request count: the middle of issue 15's 0.07-3.2 s
 
 
 def predicted_ask_seconds(rows: int, count: int, objectives: int = 1) -> float:
     """CPU seconds of one model-based suggest of `count` with `rows` trials (history + pending)."""
-    bucket = max(MIN_BUCKET, 1 << max(0, int(rows) - 1).bit_length())
     batch = 0.5 + 0.5 * max(1, count) / ASK_REFERENCE_BATCH
-    seconds = ASK_S_AT_32 * (bucket / MIN_BUCKET) ** ASK_BUCKET_EXPONENT * batch
+    seconds = max(ASK_FLOOR_S, ASK_S_AT_32 * (max(0, rows) / 32) ** ASK_EXPONENT) * batch
     return seconds * (MULTI_OBJECTIVE_FACTOR if objectives > 1 else 1.0)
 
 
