@@ -19,9 +19,11 @@ Constants and where they come from (2 cores, 2026-12-04):
     suggestion, assumed to be half of a suggest(8) (not measured separately). Crossing a padding
     bucket (32, 64, 128 rows) compiles that bucket's programs once per process (60-130 s of CPU
     here); like the first call, that is not charged.
-  * Two objectives: multi-objective GP-UCB-PE is not padded, so a new trial count can compile new
-    programs; MULTI_OBJECTIVE_FACTOR charges that (an assumption, see docs/performance.md for what
-    was measured).
+  * Two objectives: multi-objective GP-UCB-PE is not padded (padding changed its acquisition
+    values in an earlier check), so every new trial count compiles its own programs: 61 s and
+    134 s of CPU at the first suggest with 8 and 16 history rows, then ~1 s for a repeat at the same
+    count (bench/results/vizier_after_first_2obj.json). In a study every ask has a new count, so an
+    ask is charged MULTI_OBJECTIVE_ASK_S.
   * A replay: the exhaustive truths of bench_time_to_quality (2026-12-04, load average 2-5) took a
     median 0.20 ms per request on goodput_agg (135 replays of 240 requests, median 47 ms) and 0.32 ms
     on pareto_disagg (142 closed-loop replays, median 1,424 requests, 0.52 s); the replay notes
@@ -37,7 +39,7 @@ ASK_FLOOR_S = 2.0  # suggest(8) CPU seconds with few rows (fit above)
 ASK_S_AT_32 = 2.6  # ... at 32 rows
 ASK_EXPONENT = 2.2  # growth beyond: x 2 ** 2.2 = x 4.6 per doubling of the rows
 ASK_REFERENCE_BATCH = 8
-MULTI_OBJECTIVE_FACTOR = 2.0
+MULTI_OBJECTIVE_ASK_S = 100.0  # two objectives: a compile per ask (61-134 s measured)
 REPLAY_FIXED_S = 0.003
 REPLAY_PER_REQUEST_S = 0.00025
 DEFAULT_REPLAY_S = 0.5  # when the caller has no request count: the middle of issue 15's 0.07-3.2 s
@@ -46,8 +48,9 @@ DEFAULT_REPLAY_S = 0.5  # when the caller has no request count: the middle of is
 def predicted_ask_seconds(rows: int, count: int, objectives: int = 1) -> float:
     """CPU seconds of one model-based suggest of `count` with `rows` trials (history + pending)."""
     batch = 0.5 + 0.5 * max(1, count) / ASK_REFERENCE_BATCH
-    seconds = max(ASK_FLOOR_S, ASK_S_AT_32 * (max(0, rows) / 32) ** ASK_EXPONENT) * batch
-    return seconds * (MULTI_OBJECTIVE_FACTOR if objectives > 1 else 1.0)
+    if objectives > 1:
+        return MULTI_OBJECTIVE_ASK_S
+    return max(ASK_FLOOR_S, ASK_S_AT_32 * (max(0, rows) / 32) ** ASK_EXPONENT) * batch
 
 
 def predicted_replay_seconds(requests: float | None, repeats: int = 1) -> float:
