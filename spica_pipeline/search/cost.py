@@ -10,7 +10,7 @@ to the machine, not reproducible across fresh runs).
 
 Constants and where they come from (2 cores, 2026-12-04):
   * GP-UCB-PE suggest(8), one objective, after the process's first call (compile-once programs), CPU
-    seconds, median of 3 (bench/results/vizier_after_first_1obj.json, `bench/bench_vizier.py
+    seconds, median of 3 (bench/results/vizier_after_first.json, `bench/bench_vizier.py
     --after-first --count 8 --ns 8,16,32,64,100`, load average 2-3): 1.95 at 8 history rows, 1.63 at
     16, 2.59 at 32, 10.9 at 64, 32.2 at 100. Flat up to ~32 rows, then roughly quadratic-to-cubic
     (the GP's linear algebra): max(ASK_FLOOR_S, ASK_S_AT_32 x (rows / 32) ** ASK_EXPONENT) gives
@@ -22,7 +22,7 @@ Constants and where they come from (2 cores, 2026-12-04):
   * Two objectives: multi-objective GP-UCB-PE is not padded (padding changed its acquisition
     values in an earlier check), so every new trial count compiles its own programs: 61 s and
     134 s of CPU at the first suggest with 8 and 16 history rows, then ~1 s for a repeat at the same
-    count (bench/results/vizier_after_first_2obj.json). In a study every ask has a new count, so an
+    count (bench/results/vizier_after_first.json). In a study every ask has a new count, so an
     ask is charged MULTI_OBJECTIVE_ASK_S.
   * A replay: the exhaustive truths of bench_time_to_quality (2026-12-04, load average 2-5) took a
     median 0.20 ms per request on goodput_agg (135 replays of 240 requests, median 47 ms) and 0.32 ms
