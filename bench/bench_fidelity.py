@@ -5,19 +5,30 @@ evaluator can express (`spica_pipeline.search.silicon`; the rest are counted wit
 replays each through `ReplayEvaluator` pinned to the row (1 model = the AIC checkpoint of the
 row's precision, the row's system/backend/parallel shape/worker counts, round robin, closed loop at
 the row's concurrency with its ISL/OSL, max_num_batched_tokens 8192) and compares mean TTFT and
-mean TPOT with the measured ones. AIC's own estimate on the same rows and the same perf database:
-agg = `backend.run_agg(batch = concurrency per attention-DP rank, ctx_tokens = 8192)`; disagg =
-prefill `run_static(static_ctx, batch 1)` for TTFT and decode `run_static(static_gen, batch =
-concurrency per decode rank)` for TPOT.
+mean TPOT with the measured ones. Each row is replayed twice:
+
+* "ours": as the benchmark client that measured it (`--client together`, default): every client
+  starts at t=0, 10 x concurrency requests, every request counted - AIC's eval runners
+  (genai-perf `--concurrency c --request-count 10c`, SGLang bench_serving `--max-concurrency c
+  --num-prompts 10c`);
+* "sweep": as sweeps measure (ramped clients, steady-state window, search/measurement.py); the
+  calibration profile is fitted on and applied to this one ("calibrated"), because that is what
+  it corrects in a sweep.
+
+A row whose recorded shape AIC refuses is replayed on the nearest deployment the engine could have
+run (`silicon.nearest_deployments`), with a fidelity_note. AIC's own estimate on the same rows and
+the same perf database: agg = `backend.run_agg(batch = concurrency per attention-DP rank,
+ctx_tokens = 8192)`; disagg = prefill `run_static(static_ctx, batch 1)` for TTFT and decode
+`run_static(static_gen, batch = concurrency per decode rank)` for TPOT.
 
 Errors are fractions: APE = |pred - silicon| / silicon; MdAPE = median APE, p90 = P90 of APE,
 bias = median of (pred - silicon) / silicon (signed). Reported per split (calibration / heldout,
-the binding rule in search/silicon.py), overall and by model, backend, system and mode.
+the binding rule in search/silicon.py), overall and by model, backend, system, mode and load.
 
 usage:
   DYN_LOG=warn .venv/bin/python bench/bench_fidelity.py [--split calibration|heldout|all]
       [--models M1,M2] [--systems S1,S2] [--max-rows N] [--ids ID1,ID2] [--quick] [--json PATH]
-      [--request-ratio 6] [--no-aic] [--stability]
+      [--client together|ramp] [--request-ratio R] [--no-aic] [--no-sweep] [--stability] [--build-only]
 --quick: a stratified subset (one row per (model, backend, system, mode) stratum, lowest and
 highest concurrency alternating, at most 24 rows, concurrency <= 256), a few minutes on 2 cores.
 """
@@ -47,7 +58,16 @@ GOAL = {"target": "throughput", "sla": None, "pareto_objectives": None}
 MNBT = 8192
 QUICK_MAX_ROWS = 24
 QUICK_MAX_CONCURRENCY = 256
-GROUPS = ("model", "backend", "system", "mode")
+GROUPS = ("model", "backend", "system", "mode", "load")
+LOAD_BUCKETS = ((8, "c<=8"), (32, "c9-32"), (128, "c33-128"), (512, "c129-512"))
+
+
+def load_bucket(concurrency: int | None) -> str:
+    """The concurrency bucket a row is reported under (TTFT error depends strongly on load)."""
+    for top, name in LOAD_BUCKETS:
+        if (concurrency or 0) <= top:
+            return name
+    return "c>512"
 
 
 def silicon_csv_path() -> Path:
@@ -132,8 +152,48 @@ def aic_estimate(case: silicon.SiliconCase, version: str) -> tuple[float, float]
 # ---- one row -----------------------------------------------------------------------------------
 
 
+def build_case(evaluator, case: silicon.SiliconCase, version: str, request_ratio: float) -> dict[str, Any]:
+    """--build-only: build the row's replay arguments (timing tables, KV capacity) without replaying,
+    to count cheaply which rows can evaluate and why the others cannot."""
+    from spica_pipeline.errors import InfeasibleKVCapacity, SpicaError
+
+    r = case.row
+    rec: dict[str, Any] = {"id": r.id, "line": r.line, "split": case.split, "model": r.model,
+                           "aic_model": case.aic_model, "backend": r.backend, "system": r.system, "mode": r.mode,
+                           "concurrency": r.concurrency, "db_version": version}
+
+    def attempt(c: silicon.SiliconCase, fraction: float) -> tuple[str, str | None, dict[str, Any]]:
+        derived: dict[str, Any] = {}
+        try:
+            evaluator.prepare(EvalRequest(c.sample(version, max_num_batched_tokens=MNBT, memory_fraction=fraction),
+                                          c.workload(request_ratio), GOAL, {"closed_loop_client": "together"}),
+                              derived)
+            return "buildable", None, derived
+        except InfeasibleKVCapacity as exc:
+            return "infeasible", str(exc), derived
+        except SpicaError as exc:
+            return "failed", "candidate build failed: " + (getattr(exc, "detail", None) or str(exc)), derived
+
+    status, reason, derived = attempt(case, 0.9)
+    note = None
+    if status != "buildable":
+        for near, fraction, near_note in silicon.nearest_deployments(case, reason or ""):
+            s2, _, d2 = attempt(near, fraction)
+            if s2 == "buildable":
+                status, derived, note = s2, d2, near_note
+                break
+    rec["status"] = status
+    if status != "buildable":
+        rec["reason"] = reason
+    notes = [n for n in (derived.get("fidelity_note"), note) if n]
+    if notes:
+        rec["fidelity_note"] = "; ".join(notes)
+    return rec
+
+
 def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ratio: float,
-                  with_aic: bool, stability: bool = False) -> dict[str, Any]:
+                  with_aic: bool, stability: bool = False, client: str = "together",
+                  client_gap_cycles: float | None = None, with_sweep: bool = True) -> dict[str, Any]:
     r = case.row
     rec: dict[str, Any] = {
         "id": r.id, "line": r.line, "split": case.split, "model": r.model, "aic_model": case.aic_model,
@@ -143,8 +203,25 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
         "silicon": {"ttft": r.ttft_ms, "tpot": r.tpot_ms},
     }
     started = time.perf_counter()
+    context: dict[str, Any] = {"closed_loop_client": client}
+    if client_gap_cycles is not None:
+        context["client_gap_cycles"] = client_gap_cycles
+    fraction = 0.9
     out = evaluator.evaluate(EvalRequest(case.sample(version, max_num_batched_tokens=MNBT),
-                                         case.workload(request_ratio), GOAL))
+                                         case.workload(request_ratio), GOAL, context))
+    if out.status != "feasible" and out.reason:  # the nearest deployment the engine could have run
+        for near, near_fraction, note in silicon.nearest_deployments(case, out.reason):
+            retry = evaluator.evaluate(EvalRequest(near.sample(version, max_num_batched_tokens=MNBT,
+                                                               memory_fraction=near_fraction),
+                                                   near.workload(request_ratio), GOAL, context))
+            if retry.status == "feasible":
+                case, fraction, out = near, near_fraction, retry
+                rec["nearest_deployment"] = {"note": note, "memory_fraction": near_fraction,
+                                             "shape": {k: vars(v) for k, v in near.roles.items()}}
+                break
+    notes = [n for n in (out.derived.get("fidelity_note"), (rec.get("nearest_deployment") or {}).get("note")) if n]
+    if notes:
+        rec["fidelity_note"] = "; ".join(notes)
     rec["replay_seconds"] = round(time.perf_counter() - started, 3)
     rec["status"] = out.status
     if out.status == "feasible" and out.report:
@@ -152,15 +229,26 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
         rec["requests"] = out.report.get("completed_requests")
         rec["window_counted"] = out.report.get("window_counted_requests")
         rec["window_rule"] = out.derived.get("window_rule")
-        if stability:  # the same row with twice the requests actually replayed
-            used = float(out.derived.get("request_count") or out.report.get("completed_requests") or 0)
-            twice = evaluator.evaluate(EvalRequest(case.sample(version, max_num_batched_tokens=MNBT),
-                                                   case.workload(2 * used / r.concurrency), GOAL))
+        sweep_ctx, sweep_ratio, sweep = context, request_ratio, out
+        if client != "ramp" and with_sweep:  # the sweeps' measurement of the same row: what calibration maps
+            sweep_ctx, sweep_ratio = {"closed_loop_client": "ramp"}, RAMP_REQUEST_RATIO
+            sweep = evaluator.evaluate(EvalRequest(case.sample(version, max_num_batched_tokens=MNBT,
+                                                               memory_fraction=fraction),
+                                                   case.workload(sweep_ratio), GOAL, sweep_ctx))
+        if sweep.status == "feasible" and sweep.report:
+            rec["sweep"] = {"ttft": sweep.report.get("mean_ttft_ms"), "tpot": sweep.report.get("mean_tpot_ms"),
+                            "window_rule": sweep.derived.get("window_rule"),
+                            "requests": sweep.derived.get("request_count")}
+        if stability and rec.get("sweep"):  # the sweep measurement with twice the requests actually replayed
+            used = float(sweep.derived.get("request_count") or sweep.report.get("completed_requests") or 0)
+            twice = evaluator.evaluate(EvalRequest(case.sample(version, max_num_batched_tokens=MNBT,
+                                                               memory_fraction=fraction),
+                                                   case.workload(2 * used / r.concurrency), GOAL, sweep_ctx))
             if twice.status == "feasible" and twice.report:
                 rec["stability"] = {
                     "requests": [used, float(twice.derived.get("request_count") or 0)],
-                    "ttft": relative_change(rec["ours"]["ttft"], twice.report.get("mean_ttft_ms")),
-                    "tpot": relative_change(rec["ours"]["tpot"], twice.report.get("mean_tpot_ms")),
+                    "ttft": relative_change(rec["sweep"]["ttft"], twice.report.get("mean_ttft_ms")),
+                    "tpot": relative_change(rec["sweep"]["tpot"], twice.report.get("mean_tpot_ms")),
                 }
     else:
         rec["reason"] = out.reason
@@ -194,7 +282,7 @@ def error_stats(pairs: list[tuple[float, float]]) -> dict[str, Any]:
 def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     """ours / aic error stats for TTFT and TPOT over records where both sides have numbers."""
     out: dict[str, Any] = {}
-    for side in ("ours", "calibrated", "aic"):
+    for side in ("ours", "sweep", "calibrated", "aic"):
         out[side] = {}
         for metric in ("ttft", "tpot"):
             pairs = [(r[side][metric], r["silicon"][metric]) for r in records
@@ -221,9 +309,10 @@ def apply_profile(records: list[dict[str, Any]], profile: dict[str, Any]) -> Non
     from spica_pipeline.search import calibration
 
     for rec in records:
-        if not rec.get("ours"):
+        raw = rec.get("sweep") or {}
+        if not raw.get("ttft") or not raw.get("tpot"):
             continue
-        cal = calibration.calibrate({"mean_ttft_ms": rec["ours"]["ttft"], "mean_tpot_ms": rec["ours"]["tpot"]},
+        cal = calibration.calibrate({"mean_ttft_ms": raw["ttft"], "mean_tpot_ms": raw["tpot"]},
                                     profile, system=rec["system"], backend=rec["backend"],
                                     concurrency={p: calibration.engine_concurrency(rec, p) for p in ("ttft", "tpot")})
         rec["calibrated"] = {"ttft": cal.get("calibrated_mean_ttft_ms"), "tpot": cal.get("calibrated_mean_tpot_ms")}
@@ -254,12 +343,15 @@ def split_report(name: str, rows: list[silicon.SiliconRow], mapped: list, select
     reasons = Counter(silicon.reason_kind(m.reason) for m in in_split if isinstance(m, silicon.Inexpressible))
     recs = [r for r in records if name == "all" or r["split"] == name]
     evaluated = [r for r in recs if r.get("ours")]
-    failures = Counter((r.get("reason") or r["status"])[:160] for r in recs if not r.get("ours"))
+    failures = Counter(_failure_kind(r.get("reason") or r["status"]) for r in recs
+                       if not r.get("ours") and r["status"] != "buildable")
     report: dict[str, Any] = {
         "rows": len(in_split),
         "expressible": sum(isinstance(m, silicon.SiliconCase) for m in in_split),
         "selected": len(recs),
         "evaluated": len(evaluated),
+        "buildable": sum(1 for r in recs if r["status"] == "buildable") or None,
+        "fidelity_notes": sum(1 for r in recs if r.get("fidelity_note")),
         **summarise(evaluated),
         "stability": stability_summary(evaluated),
         "band_coverage": band_coverage(evaluated),
@@ -270,9 +362,15 @@ def split_report(name: str, rows: list[silicon.SiliconRow], mapped: list, select
     for g in GROUPS:
         buckets: dict[str, list] = defaultdict(list)
         for r in evaluated:
-            buckets[str(r[g])].append(r)
+            buckets[load_bucket(r.get("concurrency")) if g == "load" else str(r[g])].append(r)
         report["by"][g] = {k: {"evaluated": len(v), **summarise(v)} for k, v in sorted(buckets.items())}
     return report
+
+
+def _failure_kind(reason: str) -> str:
+    """A failure reason without paths and row-specific numbers (for counting)."""
+    reason = reason.split(" at /")[0]
+    return silicon.reason_kind(reason)[:160]
 
 
 def _fmt(stats: dict[str, Any]) -> str:
@@ -283,10 +381,11 @@ def _fmt(stats: dict[str, Any]) -> str:
 
 def print_report(name: str, rep: dict[str, Any]) -> None:
     print(f"== split {name}: rows {rep['rows']}, expressible {rep['expressible']}, selected {rep['selected']}, "
-          f"evaluated {rep['evaluated']}")
+          f"evaluated {rep['evaluated']}" + (f", buildable {rep['buildable']}" if rep.get("buildable") else "")
+          + f", with a fidelity_note {rep['fidelity_notes']}")
     for metric in ("ttft", "tpot"):
-        print(f"   {metric.upper():4s} ours {_fmt(rep['ours'][metric])} | calibrated {_fmt(rep['calibrated'][metric])}"
-              f" | aic {_fmt(rep['aic'][metric])}")
+        print(f"   {metric.upper():4s} ours {_fmt(rep['ours'][metric])} | sweep {_fmt(rep['sweep'][metric])}"
+              f" | calibrated {_fmt(rep['calibrated'][metric])} | aic {_fmt(rep['aic'][metric])}")
     if rep.get("band_coverage"):
         print(f"   P10-P90 band coverage (nominal 80 %): " + ", ".join(
             f"{m.upper()} {100 * v['inside']:.0f}% of {v['rows']}" for m, v in rep["band_coverage"].items()))
@@ -350,6 +449,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             "aiconfigurator_core": _version("aiconfigurator-core"),
             "ai_dynamo_runtime": _version("ai-dynamo-runtime"),
             "request_ratio": args.request_ratio,
+            "client": args.client,
+            "client_gap_cycles": args.client_gap_cycles,
             "replays_from": args.from_json,
             "quick": bool(args.quick),
             "partial": partial,
@@ -365,7 +466,14 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         cases = []
     for i, case in enumerate(cases, 1):
         version = latest_backend_version(case.row.system, case.row.backend)
-        rec = evaluate_case(evaluator, case, version, args.request_ratio, not args.no_aic, args.stability)
+        if args.build_only:
+            rec = build_case(evaluator, case, version, args.request_ratio)
+            records.append(rec)
+            print(f"[{i}/{len(cases)}] {case.row.id} {rec['status']} {rec.get('reason', '')[:120]}", flush=True)
+            continue
+        rec = evaluate_case(evaluator, case, version, args.request_ratio, not args.no_aic, args.stability,
+                            client=args.client, client_gap_cycles=args.client_gap_cycles,
+                            with_sweep=not args.no_sweep)
         records.append(rec)
         ours = rec.get("ours") or {}
         print(f"[{i}/{len(cases)}] {case.row.id} c={case.row.concurrency} {rec['status']} "
@@ -378,9 +486,19 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
     if args.fit_calibration:
         from spica_pipeline.search import calibration
 
-        cal_records = [r for r in records if r["split"] == "calibration" and r.get("ours")]
+        # the profile maps what sweeps measure (the "sweep" replay) to silicon
+        cal_records = [{**r, "ours": r["sweep"]} for r in records
+                       if r["split"] == "calibration" and (r.get("sweep") or {}).get("ttft")]
         profile = calibration.fit(cal_records, fitted=time.strftime("%Y-%m-%d", time.gmtime()),
                                   source="bench/bench_fidelity.py " + " ".join(sys.argv[1:] if argv is None else argv))
+        profile["provenance"] = {
+            "split": "calibration", "models": sorted({r["model"] for r in cal_records}),
+            "replay": "the sweep measurement of each row (ramped closed-loop clients, steady-state window, "
+                      "search/measurement.py), i.e. what the profile corrects in a sweep",
+            "silicon_csv": "aiconfigurator_core/systems/silicon_sample.csv",
+            "aiconfigurator_core": _version("aiconfigurator-core"), "ai_dynamo_runtime": _version("ai-dynamo-runtime"),
+            "results": args.json,
+        }
         write_json(args.fit_calibration, profile)
         print(f"wrote calibration profile {args.fit_calibration} ({len(profile['rows_used'])} calibration rows)")
         lomo = leave_one_model_out(cal_records)
@@ -388,7 +506,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         from spica_pipeline.resources.calibration import load_profile
 
         profile, _ = load_profile(args.calibration)
-    if profile is not None:
+    if profile is not None and not args.build_only:
         apply_profile(records, profile)
     final = result(partial=False)
     final["calibration"] = ({"fitted": profile["fitted"], "rows_used": len(profile["rows_used"]),
@@ -434,6 +552,10 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
+CLIENT_REQUEST_RATIO = 10.0  # AIC eval runners: genai-perf --request-count 10c, bench_serving --num-prompts 10c
+RAMP_REQUEST_RATIO = 6.0
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--split", choices=("calibration", "heldout", "all"), default="all")
@@ -443,10 +565,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ids", help="comma-separated silicon row ids (reproduce single rows)")
     ap.add_argument("--quick", action="store_true", help="stratified subset, a few minutes on 2 cores")
     ap.add_argument("--json", "--out", dest="json", help="write the result JSON here (--out: run_all.py's name)")
-    ap.add_argument("--request-ratio", type=float, default=6.0, help="requests per unit of concurrency")
+    ap.add_argument("--client", choices=("together", "ramp"), default="together",
+                    help="together (default): every client starts at t=0 and every request counts, as the "
+                         "benchmark clients of the silicon rows did; ramp: the sweeps' ramped clients and "
+                         "steady-state window")
+    ap.add_argument("--client-gap-cycles", type=float, default=None,
+                    help="--client together: each client's random gap before its next request, uniform in "
+                         "[0, this x the estimated request cycle] (default search/measurement.py CLIENT_GAP_CYCLES)")
+    ap.add_argument("--request-ratio", type=float, default=None,
+                    help=f"requests per unit of concurrency (default {CLIENT_REQUEST_RATIO:g} for --client together, "
+                         f"as AIC's genai-perf/bench_serving runners; {RAMP_REQUEST_RATIO:g} for ramp)")
     ap.add_argument("--no-aic", action="store_true", help="skip AIC's own estimate")
+    ap.add_argument("--no-sweep", action="store_true",
+                    help="skip the second replay of each row as sweeps measure it (ramp + steady-state window), "
+                         "which the calibration profile is fitted on and applied to")
     ap.add_argument("--stability", action="store_true",
                     help="also replay each row with twice the requests and report the change in mean TTFT/TPOT")
+    ap.add_argument("--build-only", action="store_true",
+                    help="coverage only: build every selected row's replay arguments, count failures, no replay")
     ap.add_argument("--cache-dir", default=None, help="timing/KV cache (default $SPICA_CACHE_DIR)")
     ap.add_argument("--calibration", default="auto",
                     help="profile to report calibrated errors with: auto (the packaged one), none, or a path")
@@ -454,7 +590,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="reuse the replays of an earlier result file (re-fit/re-apply calibration only)")
     ap.add_argument("--fit-calibration", metavar="PATH",
                     help="fit a profile on this run's calibration-split rows, write it to PATH and apply it")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.request_ratio is None:
+        args.request_ratio = CLIENT_REQUEST_RATIO if args.client == "together" else RAMP_REQUEST_RATIO
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

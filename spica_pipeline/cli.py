@@ -5,8 +5,9 @@ truth (the README's table lists them):
 
     0 results; 1 nothing feasible; 2 bad input (config, trace, journal, output dir), checked before
     any replay; 3 internal error (a bug: the traceback goes to a log file, or to stderr with
-    --debug); 4 environment failure mid-sweep (disk full, read-only filesystem, out of memory),
-    after flushing what can be flushed; 130 interrupted (SIGINT); 143 terminated (SIGTERM).
+    --debug); 4 environment failure mid-sweep (disk full, read-only filesystem, out of memory,
+    worker processes or a Ray that cannot start or be reached), after flushing what can be
+    flushed; 130 interrupted (SIGINT); 143 terminated (SIGTERM).
 """
 
 import argparse
@@ -264,6 +265,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         trace_warnings = check_workload(config)
         space = config.search_space
         check_precision(space.precision, space.model_name, space.hardware_sku)  # names field + choices
+        if config.sweep.executor == "ray":  # the [ray] extra must be installed: exit 2 now, not at sweep start
+            from spica_pipeline.resources.ray_pool import require_ray
+
+            require_ray()
     except TraceError as err:  # names the trace file and line
         return _fail(str(err))
     except SpicaError as err:  # names the field and the limit
@@ -341,6 +346,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return code
     except SpicaError as err:  # bad input (2) or an environment failure already worded (4)
         progress.close()
+        if args.debug and err.exit_code == EXIT_ENVIRONMENT:
+            traceback.print_exc()
+            if getattr(err, "debug_text", None):  # e.g. a pool worker's start-up traceback
+                sys.stderr.write(err.debug_text)
         return _fail(str(err), err.exit_code)
     except Exception as err:  # a full disk mid-sweep (4), or a bug (3): one line either way
         progress.close()

@@ -58,6 +58,18 @@ class EnvironmentFailure(SpicaError):
     exit_code = 4
 
 
+class BackendStartError(EnvironmentFailure):
+    """The evaluation backend cannot run anything: the local pool cannot start worker processes, or
+    Ray cannot be started or reached (exit 4; nothing is lost, the journal resumes the sweep).
+
+    `debug_text` is what `--debug` prints besides the driver's traceback (a worker's traceback)."""
+
+    def __init__(self, what: str, todo: str, debug_text: str | None = None):
+        super().__init__(f"environment failure: {what}; {todo}, then run the same command again "
+                         "(journalled trials are not recomputed)")
+        self.debug_text = debug_text
+
+
 class CandidateBuildError(SpicaError):
     """A candidate that cannot be turned into replay arguments (not a capacity problem).
 

@@ -121,3 +121,48 @@ def test_trace_checked_through_facts(tmp_path):
 
 def test_role_gpus():
     assert role_gpus(agg_sample()) == 4
+
+
+def test_benchmark_client_starts_every_client_together():
+    """context closed_loop_client=together: the silicon rows' client (all at t=0, 10c requests, all counted)."""
+    derived: dict = {}
+    req = EvalRequest(agg_sample(), {**SYNTH, "num_request_ratio": 10}, THROUGHPUT, {"closed_loop_client": "together"})
+    call = build_replay_call(req, ReplaySettings(), FakeFacts(), derived)
+    assert call.function == "synthetic" and call.args == (100, 100, 40)
+    assert call.kwargs["replay_concurrency"] == 4 and call.kwargs["arrival_interval_ms"] is None
+    assert "ramp" not in derived and derived["window_rule"] == "benchmark_client"
+    assert derived["closed_loop_client"]["start"] == "together" and derived["closed_loop_client"]["turns"] == 10
+
+
+def test_benchmark_client_gap_generates_sessions_with_delays():
+    facts = FakeFacts()
+    req = EvalRequest(agg_sample(), {**SYNTH, "num_request_ratio": 10}, THROUGHPUT,
+                      {"closed_loop_client": "together", "client_gap_cycles": 0.5})
+    call = build_replay_call(req, ReplaySettings(), facts, {})
+    assert call.function == "trace" and call.kwargs["replay_concurrency"] is None
+    import json
+
+    recs = [json.loads(line) for line in facts.written.splitlines()]
+    assert len(recs) == 40 and sum("timestamp" in r for r in recs) == 4
+    assert all(r["timestamp"] == 0.0 for r in recs if "timestamp" in r)
+    delays = [r["delay"] for r in recs if "delay" in r]
+    assert len(delays) == 36 and 0 <= min(delays) and max(delays) <= 0.5 * 1090.0
+
+
+def test_unknown_client_start_is_a_candidate_error():
+    req = EvalRequest(agg_sample(), SYNTH, THROUGHPUT, {"closed_loop_client": "burst"})
+    with pytest.raises(CandidateBuildError, match="closed_loop_client"):
+        build_replay_call(req, ReplaySettings(), FakeFacts(), {})
+
+
+def test_mtp_and_attention_dp_are_modelled_and_recorded():
+    """Issue 14 item 3: MTP nextn times the table and drives the replay's draft acceptance; attention-DP
+    ranks are independent replay schedulers (dp_size) with the identity of one rank; both recorded."""
+    facts = FakeFacts()
+    sample = agg_sample(model_name="deepseek-ai/DeepSeek-V3", tp=1, attention_dp=4, moe_tp=1, moe_ep=4,
+                        aic_nextn=2, replicas=1, used_gpus=4)
+    call, derived = build(sample, facts=facts)
+    eng = call.kwargs["extra_engine_args"]
+    assert eng["engine"]["aic_nextn"] == 2 and eng["dp_size"] == 4 and eng["tensor_parallel_size"] == 1
+    assert {(i.nextn, i.attention_dp, i.moe_ep) for i in facts.identities} == {(2, 4, 4)}
+    assert derived["agg_mtp_nextn"] == 2 and derived["agg_attention_dp_ranks"] == 4

@@ -101,3 +101,11 @@ def test_jittered_trace_open_loop_shares_group_prefixes():
     assert [r["timestamp"] for r in recs] == [0.0, 25.0, 50.0, 75.0]
     assert recs[0]["hash_ids"][:2] == recs[2]["hash_ids"][:2] != recs[1]["hash_ids"][:2]
     assert recs[0]["hash_ids"][2:] != recs[2]["hash_ids"][2:]
+
+
+def test_benchmark_client_window_counts_every_request():
+    recs = [{"arrival_time_ms": float(i), "ttft_ms": 10.0 * i, "terminal_time_ms": 100.0 + i, "itl_ms": 1.0,
+             "output_length": 4, "session_id": f"c{i % 2}", "turn_index": i // 2} for i in range(6)]
+    w = m.steady_state(recs, "benchmark_client")
+    assert w.kind == "benchmark_client" and w.counted == 6 and w.metrics["mean_ttft_ms"] == pytest.approx(25.0)
+    assert "t=0" in w.rule

@@ -3,6 +3,7 @@ import time
 import pytest
 from pool_fakes import BrokenWarmUp, FakeEvaluator
 
+from spica_pipeline.errors import BackendStartError
 from spica_pipeline.resources.pool import EvaluationPool
 from spica_pipeline.search.evaluation import EvalRequest
 
@@ -70,10 +71,14 @@ def test_no_timeout_when_unbounded():
     assert [o.status for o in outs] == ["feasible", "feasible"]
 
 
-def test_worker_that_cannot_start_raises_pool_error():
+def test_worker_that_cannot_start_is_an_environment_failure():
+    """Exit 4 (BackendStartError), naming the worker's exception and where it was raised; the
+    worker's traceback is kept for --debug."""
     with EvaluationPool(BrokenWarmUp(), workers=1, max_eval_seconds=5) as p:
-        with pytest.raises(RuntimeError, match="failed to start: RuntimeError: no runtime here"):
+        with pytest.raises(BackendStartError, match="failed to start: RuntimeError: no runtime here at pool_fakes.py") as err:
             p.evaluate_wave([req()])
+    assert err.value.exit_code == 4 and str(err.value).startswith("environment failure: ")
+    assert "Traceback" in err.value.debug_text and "no runtime here" in err.value.debug_text
 
 
 def test_validation_and_closed():

@@ -142,3 +142,32 @@ def test_batch_size_is_per_attention_dp_rank():
     case = mapped(**glm)
     assert case.roles["agg"].max_num_seqs == 32  # 32 per rank x 2 ranks = the 64 clients
     assert case.sample("0.24.0")["agg_max_num_seqs"] == 32
+
+
+def test_nearest_deployment_for_a_refused_moe_split_is_expert_parallel():
+    case = mapped(model_path="zhipuai/GLM-5", precision="fp8", tp_size="8", moe_tp_size="8", moe_ep_size="1")
+    tries = silicon.nearest_deployments(case, "no KV budget for backend=vllm, shape=tp8/pp1/dp1/moe_tp8/moe_ep1 "
+                                              "(Invalid quantized MoE configuration: 1536 / 8 % 128 != 0)")
+    first, fraction, note = tries[0]
+    assert (first.roles["agg"].moe_tp, first.roles["agg"].moe_ep, first.roles["agg"].tp) == (1, 8, 8)
+    assert fraction == 0.9 and "expert-parallel" in note
+    assert all(n for _, _, n in tries)  # every substitution says what it changed
+
+
+def test_nearest_deployment_for_no_kv_budget_raises_the_memory_fraction_first():
+    case = mapped()
+    tries = silicon.nearest_deployments(case, "no KV budget for backend=vllm, shape=tp4/pp1/dp1/moe_tp1/moe_ep1")
+    assert [(t[0] is case, t[1]) for t in tries] == [(True, 0.95), (True, 0.98)]
+    assert "memory fraction 0.9; replayed at 0.95" in tries[0][2]
+
+
+def test_nearest_deployment_for_tp_not_dividing_heads_is_dp_attention():
+    case = mapped(model_path="deepseek-ai/DeepSeek-R1", precision="fp8", backend="sglang", tp_size="72",
+                  moe_tp_size="72", moe_ep_size="1", batch_size="576", system="h200_sxm")
+    (first, fraction, note), *_ = silicon.nearest_deployments(case, "num_heads 128 should be divisible by tp_size 72")
+    s = first.roles["agg"]
+    assert (s.tp, s.attention_dp, s.moe_tp, s.moe_ep) == (1, 72, 1, 72) and "DP-attention" in note
+
+
+def test_no_nearest_deployment_for_other_failures():
+    assert silicon.nearest_deployments(mapped(), "PerfDataNotAvailableError: MoE data missing") == []

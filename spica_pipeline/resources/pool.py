@@ -29,6 +29,7 @@ from multiprocessing.connection import Connection, wait
 from types import EllipsisType
 from typing import Any, Iterator, Sequence
 
+from spica_pipeline.errors import BackendStartError
 from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest
 
 STARTUP_TIMEOUT_S = 300.0
@@ -60,7 +61,8 @@ class EvaluationBackend(abc.ABC):
 
     A candidate never raises: an evaluator exception is `failed`, a deadline is `timed_out` with
     reason "exceed runtime: replay > Ns", a lost worker is `failed` naming why. Only a backend that
-    cannot run anything at all (workers that never start) raises, from `wait`.
+    cannot run anything at all (workers that never start, a Ray it cannot start or reach) raises,
+    from `submit` or `wait`: `BackendStartError`, an environment failure (CLI exit 4).
     """
 
     workers: int
@@ -201,6 +203,16 @@ def timed_out_outcome(limit: float | None) -> EvalOutcome:
                        replay_seconds=float(limit or 0.0))
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _where(exc: BaseException) -> str:
+    """" at file.py:LINE" of the frame that raised, or ""."""
+    last = traceback.extract_tb(exc.__traceback__)[-1:] or []
+    return f" at {os.path.basename(last[0].filename)}:{last[0].lineno}" if last else ""
+
+
 def evaluate_safely(evaluator: Any, request: EvalRequest) -> EvalOutcome:
     """Run one candidate in a worker; an evaluator exception becomes `failed` naming type and line
     (the same text on every backend, so ledgers compare equal)."""
@@ -208,10 +220,7 @@ def evaluate_safely(evaluator: Any, request: EvalRequest) -> EvalOutcome:
     try:
         return evaluator.evaluate(request)
     except Exception as exc:
-        last = traceback.extract_tb(exc.__traceback__)[-1:] or []
-        where = f" at {os.path.basename(last[0].filename)}:{last[0].lineno}" if last else ""
-        text = " ".join(str(exc).split())
-        return EvalOutcome("failed", reason=f"evaluator raised {type(exc).__name__}: {text}{where}",
+        return EvalOutcome("failed", reason=f"evaluator raised {type(exc).__name__}: {_one_line(str(exc))}{_where(exc)}",
                            replay_seconds=time.perf_counter() - started)
 
 
@@ -232,8 +241,9 @@ def _worker_main(conn: Connection, evaluator: Any) -> None:
     try:
         warm_up(evaluator)
         conn.send((_READY, None))
-    except Exception as exc:  # report and exit: the parent turns this into failed outcomes
-        conn.send(("startup_error", f"{type(exc).__name__}: {exc}"))
+    except Exception as exc:  # report and exit: the parent gives up after repeated start failures
+        conn.send(("startup_error", (_one_line(f"{type(exc).__name__}: {exc}") + _where(exc),
+                                     traceback.format_exc())))
         return
     while True:
         try:
@@ -315,6 +325,7 @@ class EvaluationPool(EvaluationBackend):
         self._queue: deque[tuple[int, float | None]] = deque()  # (ticket, limit), in submit order
         self._requests: dict[int, EvalRequest] = {}
         self._startup_failures = 0
+        self._startup_traceback: str | None = None  # the last worker start-up traceback, for --debug
         self.replaced = 0  # workers killed or lost and replaced (observability)
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -333,7 +344,13 @@ class EvaluationPool(EvaluationBackend):
 
     def _fill(self) -> None:
         while len(self._pool) < self.workers:
-            self._pool.append(_Worker(self._ctx, self.evaluator))
+            try:
+                self._pool.append(_Worker(self._ctx, self.evaluator))
+            except OSError as exc:  # fork/exec refused: process or memory limits (EAGAIN, ENOMEM)
+                raise BackendStartError(
+                    f"the local worker pool cannot start a process: {type(exc).__name__}: {_one_line(str(exc))}",
+                    "free memory or processes on this machine (ulimit -u), or lower sweep.parallel_evals",
+                ) from exc
 
     def _replace(self, worker: _Worker) -> None:
         worker.kill()
@@ -430,7 +447,8 @@ class EvaluationPool(EvaluationBackend):
         if tag == _READY:
             worker.ready = True
         elif tag == "startup_error":
-            self._startup_failed(f"worker failed to start: {payload}")
+            reason, self._startup_traceback = payload
+            self._startup_failed(f"worker failed to start: {reason}")
             self._replace(worker)
         else:
             worker.task = None
@@ -440,8 +458,11 @@ class EvaluationPool(EvaluationBackend):
         """Workers that cannot start at all would loop forever: give up loudly on repeated failure."""
         self._startup_failures += 1
         if self._startup_failures > 3 * self.workers:
-            raise RuntimeError(f"evaluation worker pool failed to start: {reason}; guard a script entrypoint "
-                               "with `if __name__ == \"__main__\":` or evaluate sequentially")
+            raise BackendStartError(
+                f"the local worker pool cannot start its workers ({self._startup_failures} tries): {reason}",
+                "check that the replay runtime imports in a fresh Python process (--debug prints the worker's "
+                "traceback); a script calling spica must guard its entry point with `if __name__ == \"__main__\":`",
+                debug_text=self._startup_traceback)
 
     def _expire(self, done: list[Completion]) -> None:
         now = time.monotonic()
@@ -451,4 +472,6 @@ class EvaluationPool(EvaluationBackend):
                 worker.task = None
                 self._replace(worker)
         if not any(w.ready for w in self._pool) and now >= self._startup_deadline():
-            raise RuntimeError(f"evaluation worker pool did not start within {STARTUP_TIMEOUT_S:g}s")
+            raise BackendStartError(f"no local worker process started within {STARTUP_TIMEOUT_S:g}s",
+                                    "the machine is overloaded or short of memory: free it or lower "
+                                    "sweep.parallel_evals")

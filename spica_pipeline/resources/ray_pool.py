@@ -13,17 +13,24 @@ Why this shape (issue 18):
 * Completions stream back as each actor answers (ray.wait on the in-flight refs): no barrier.
 * `ray` is imported only when the backend starts (the `[ray]` extra). With no address it starts a
   local Ray on this machine's CPUs, bound to 127.0.0.1 and without the dashboard, and shuts it down
-  on `close()`; with `address` (or `RAY_ADDRESS`) it connects and only disconnects.
+  on `close()`; with `address` (or `RAY_ADDRESS`) it connects and only disconnects. `ray://host:port`
+  goes through the Ray Client server of the head node (docs/ray.md).
+* What the sweep's input cannot fix is an environment failure (`BackendStartError`, CLI exit 4): a
+  Ray that does not start here, an address nothing answers at, actors that never start. The ray
+  package missing while `sweep.executor: ray` is bad input (exit 2, `require_ray`): the config
+  asks for an extra this install lacks, and `spica validate` says so before any replay.
 """
 
 import logging
 import os
+import socket
 import sys
 import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from spica_pipeline.errors import BackendStartError, ConfigError
 from spica_pipeline.resources.pool import (
     STARTUP_TIMEOUT_S,
     Completion,
@@ -40,6 +47,11 @@ RAY_ADDRESS_ENV = "RAY_ADDRESS"
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024 * 1024  # requests and outcomes are small JSON-like values
 MAX_RETRIES = 1
+# Ray's own connect to a GCS address retries for minutes when nothing listens there; a plain TCP
+# connect first answers a wrong host or port in at most this long
+CONNECT_PROBE_S = 10.0
+# exception types that mean a bug in spica, not the machine: they keep their traceback (exit 3)
+_BUGS = (TypeError, AttributeError, NameError, KeyError, IndexError, AssertionError)
 
 
 class EvaluatorActor:
@@ -101,12 +113,60 @@ def loopback_only() -> None:
         constants.ENABLE_RAY_CLUSTER = False
 
 
-def _ray():
+def require_ray() -> Any:
+    """The ray module, or bad input (exit 2) naming the field and the extra to install."""
     try:
         import ray
-    except ImportError as err:  # the optional extra is missing
-        raise RuntimeError("sweep.executor 'ray' needs the ray package: pip install 'spica-pipeline[ray]'") from err
+    except ImportError as err:  # the optional extra is missing (or broken)
+        raise ConfigError(f"sweep.executor: 'ray' needs the ray package, which cannot be imported here "
+                          f"({type(err).__name__}: {err}): pip install 'spica-pipeline[ray]', "
+                          "or set sweep.executor: local") from err
     return ray
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of "ray://host:port" or "host:port"; None for "auto", "local" and other forms."""
+    rest = address.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def _probe(address: str, source: str) -> None:
+    """Fail within `CONNECT_PROBE_S` when nothing accepts a TCP connection at `address`."""
+    target = _host_port(address)
+    if target is None:
+        return
+    try:
+        socket.create_connection(target, timeout=CONNECT_PROBE_S).close()
+    except OSError as err:
+        raise BackendStartError(
+            f"cannot reach Ray at {address} ({source}): {type(err).__name__}: {err.strerror or err}",
+            "start the Ray cluster (the head's Ray Client port for ray://, its GCS port otherwise) or correct "
+            "the address") from err
+
+
+def _send_token_if_available() -> None:
+    """Send the cluster's token through the Ray Client as `ray.init` does for a GCS address.
+
+    Ray 2.60 starts clusters with token authentication by default; `ray.init("host:port")` turns it
+    on in the driver when a token is available (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)
+    and RAY_AUTH_MODE is unset, but `ray.init("ray://...")` does not, and the client server then
+    refuses every call until the connection times out (docs/ray.md). An explicit RAY_AUTH_MODE wins."""
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:  # another Ray version: its own rules apply
+        return
+    noisy = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = noisy.level
+    noisy.setLevel(logging.ERROR)  # "token authentication is enabled" is not news for a sweep
+    try:
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    finally:
+        noisy.setLevel(level)
 
 
 def _short(exc: BaseException) -> str:
@@ -128,6 +188,9 @@ class RayEvaluationPool(EvaluationBackend):
         super().__init__(workers, max_eval_seconds)
         self.evaluator = evaluator
         self.address = address or os.environ.get(RAY_ADDRESS_ENV) or None
+        self.address_source = ("sweep.ray_address" if address else f"${RAY_ADDRESS_ENV}" if self.address
+                               else "a local Ray")
+        require_ray()  # a missing extra is refused at sweep start, before any replay
         self.num_cpus = num_cpus  # only for a locally started Ray; None = all of this machine's
         self._ray: Any = None
         self._owns_connection = False
@@ -145,26 +208,52 @@ class RayEvaluationPool(EvaluationBackend):
     def _start(self) -> None:
         if self._ray is not None:
             return
-        connected = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+        connected = getattr(sys.modules.get("ray"), "is_initialized", lambda: False)()
         if not connected and not self.address:  # a Ray of our own on this machine: loopback only
             loopback_only()
-        ray = _ray()
+        ray = require_ray()
         if not ray.is_initialized():
             quiet = dict(log_to_driver=False, logging_level=logging.WARNING)  # also valid for ray:// clients
             if self.address:
-                ray.init(address=self.address, **quiet)
+                self._connect(ray, quiet)
             else:
                 self._start_local(ray, quiet)
             self._owns_connection = True
         self._ray = ray
-        self._evaluator_ref = ray.put(self.evaluator)
+        try:
+            self._evaluator_ref = ray.put(self.evaluator)
+            total = int(ray.cluster_resources().get("CPU", 0))
+        except _BUGS:
+            raise
+        except Exception as err:  # the connection broke right after it was made
+            raise BackendStartError(f"Ray at {self.address or 'this machine'} stopped answering: {_short(err)}",
+                                    "check the Ray cluster") from err
         self._actor_class = ray.remote(EvaluatorActor).options(
             num_cpus=1, max_restarts=0, max_task_retries=0, max_concurrency=1)
-        total = int(ray.cluster_resources().get("CPU", 0))
         if total < self.workers:
             log.warning("Ray cluster has %d CPUs for %d workers: %d wait for a CPU", total, self.workers,
                         self.workers - total)
         self._fill()
+
+    def _connect(self, ray: Any, quiet: dict[str, Any]) -> None:
+        """Connect to the cluster at `address`: exit 4 naming the address and where it came from when
+        it cannot (ray:// gives up after ~30 s by itself; a GCS address is probed first)."""
+        _probe(self.address, self.address_source)
+        client = self.address.startswith("ray://")
+        if client:
+            _send_token_if_available()
+        try:
+            ray.init(address=self.address, **quiet)
+        except _BUGS:
+            raise
+        except Exception as err:
+            ray.shutdown()
+            todo = "check that the cluster runs and that this driver's ray version matches the cluster's"
+            if client:
+                todo += (" (a cluster with token authentication, Ray's default, also needs its token here: "
+                         "RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)")
+            raise BackendStartError(f"cannot connect to Ray at {self.address} ({self.address_source}): {_short(err)}",
+                                    todo) from err
 
     def _start_local(self, ray: Any, quiet: dict[str, Any]) -> None:
         """Start a Ray of our own; a raylet has a fixed 30 s to register, which a busy host can miss
@@ -177,7 +266,9 @@ class RayEvaluationPool(EvaluationBackend):
             except Exception as err:
                 ray.shutdown()
                 if attempt == 2:
-                    raise RuntimeError(f"could not start a local Ray: {_short(err)}") from err
+                    raise BackendStartError(f"a local Ray could not start on this machine: {_short(err)}",
+                                            "free CPU and memory here (a Ray node must register within 30 s), "
+                                            "or use sweep.executor: local") from err
                 log.warning("local Ray did not start (%s); trying once more", _short(err))
 
     def _close(self) -> None:
@@ -290,7 +381,9 @@ class RayEvaluationPool(EvaluationBackend):
             reason = _short(exc)
             self._replace(actor)
             if self._startup_failures > 3 * self.workers:
-                raise RuntimeError(f"Ray evaluation workers failed to start: {reason}") from None
+                raise BackendStartError(f"Ray evaluation workers failed to start ({self._startup_failures} tries): "
+                                        f"{reason}", "check that the replay runtime imports on the Ray nodes "
+                                        "(same spica-pipeline and ray versions as this driver)") from None
 
     def _on_result(self, actor: _Actor, done: list[Completion]) -> None:
         item, ref = actor.item, actor.ref
@@ -327,5 +420,5 @@ class RayEvaluationPool(EvaluationBackend):
                 self._replace(actor)
                 self._complete(item, timed_out_outcome(item.limit), done)
         if not any(a.ready for a in self._actors) and now >= self._startup_deadline():
-            raise RuntimeError(f"no Ray evaluation worker started within {STARTUP_TIMEOUT_S:g}s "
-                               "(does the cluster have a free CPU?)")
+            raise BackendStartError(f"no Ray evaluation worker started within {STARTUP_TIMEOUT_S:g}s",
+                                    "give the Ray cluster a free CPU (each worker takes one)")

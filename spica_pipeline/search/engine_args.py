@@ -215,21 +215,37 @@ def build_replay_call(request: EvalRequest, settings: ReplaySettings, facts: Eng
                       num_prefix_groups=int(workload.num_prefix_groups),
                       inter_turn_delay_ms=float(workload.inter_turn_delay_ms))
         derived["request_count"] = args[2]
-        if interval is None and cap and int(workload.turns_per_session) == 1:
+        client = str((request.context or {}).get("closed_loop_client") or "ramp")
+        if client not in measurement.CLIENT_STARTS:
+            raise CandidateBuildError(f"closed_loop_client must be one of {list(measurement.CLIENT_STARTS)}, "
+                                      f"got {client!r}")
+        together = interval is None and bool(cap) and client == "together" and int(workload.turns_per_session) == 1
+        gap = 0.0
+        if together:  # benchmark-client start: all clients at t=0, a random client gap between turns
+            cycles = float((request.context or {}).get("client_gap_cycles", measurement.CLIENT_GAP_CYCLES))
+            cycle = ramped_closed_loop(plan, engines, workload, int(cap), args[2], facts).cycle_ms if cycles else 0.0
+            gap = cycles * cycle
+            loop = measurement.closed_loop(int(cap), args[2], 0.0, min_turns=1)
+            derived["closed_loop_client"] = {**loop.to_dict(), "cycle_ms": round(cycle, 4), "start": "together",
+                                             "gap_cycles": cycles, "gap_ms": round(gap, 4)}
+            derived["request_count"] = loop.request_count
+        if interval is None and cap and int(workload.turns_per_session) == 1 and not together:
             loop = ramped_closed_loop(plan, engines, workload, int(cap), args[2], facts)
             args = (args[0], args[1], loop.clients)
             kwargs.update(replay_concurrency=None, arrival_interval_ms=max(loop.interval_ms, 1e-3),
                           turns_per_session=loop.turns, inter_turn_delay_ms=0.0)
             derived["ramp"] = loop.to_dict()
             derived["request_count"] = loop.request_count
-        if workload.has_jitter:  # per-request lengths need a generated trace
+        if workload.has_jitter or (together and gap > 0):  # per-request lengths / gaps need a generated trace
             function, args = "trace", ([jittered_trace_path(workload, derived, interval, context, settings, facts)],)
             for key in ("arrival_interval_ms", "turns_per_session", "shared_prefix_ratio", "num_prefix_groups",
                         "inter_turn_delay_ms"):
                 kwargs.pop(key, None)
-            kwargs.update(replay_concurrency=None if derived.get("ramp") else kwargs.get("replay_concurrency"),
+            looped = derived.get("ramp") or derived.get("closed_loop_client")
+            kwargs.update(replay_concurrency=None if looped else kwargs.get("replay_concurrency"),
                           trace_block_size=int(settings.trace_block_size), trace_format="mooncake")
-    derived["window_rule"] = measurement.window_kind(plan.is_static, bool(derived.get("ramp")))
+    derived["window_rule"] = measurement.window_kind(plan.is_static, bool(derived.get("ramp")),
+                                                     together=bool(derived.get("closed_loop_client")))
     controllers = [k for k in ("replay_concurrency", "arrival_interval_ms") if kwargs.get(k) is not None]
     if function == "synthetic" and len(controllers) != 1:
         raise CandidateBuildError(f"a synthetic replay needs exactly one load controller, got {controllers}")
@@ -272,12 +288,13 @@ def jittered_trace_path(workload: Workload, derived: dict[str, Any], interval: f
         check_context(math.ceil(isl * (1 + workload.isl_jitter)), math.ceil(osl * (1 + workload.osl_jitter)),
                       int(context))
     seed = int(spec_hash(workload.model_dump(mode="json")), 16) % (2 ** 31)
-    ramp = derived.get("ramp")
+    ramp = derived.get("ramp") or derived.get("closed_loop_client")
     loop = measurement.ClosedLoop(ramp["clients"], ramp["turns"], ramp["interval_ms"], ramp["cycle_ms"]) \
         if ramp else None
     records = measurement.jittered_trace(
         isl=isl, osl=osl, isl_jitter=float(workload.isl_jitter), osl_jitter=float(workload.osl_jitter), seed=seed,
         loop=loop, request_count=int(derived.get("request_count") or 1), interval_ms=float(interval or 0.0),
+        turn_gap_ms=float((derived.get("closed_loop_client") or {}).get("gap_ms") or 0.0),
         shared_prefix_ratio=float(workload.shared_prefix_ratio), num_prefix_groups=int(workload.num_prefix_groups),
         block_size=int(settings.trace_block_size))
     derived["jitter_seed"] = seed
@@ -336,8 +353,11 @@ def engine_config(sample: dict[str, Any], role: str, args: dict[str, Any], conte
     }
     if context:
         engine["max_model_len"] = int(context)
-    if args.get("aic_nextn"):
-        engine["aic_nextn"] = int(args["aic_nextn"])
+    if args.get("aic_nextn"):  # MTP: the table is timed with nextn draft layers; the replay accepts drafts
+        engine["aic_nextn"] = int(args["aic_nextn"])  # at ai-dynamo-runtime's default acceptance rates
+        derived[f"{role}_mtp_nextn"] = int(args["aic_nextn"])
+    if dp > 1:  # attention-DP ranks: independent schedulers with per-rank KV (replay dp_size)
+        derived[f"{role}_attention_dp_ranks"] = dp
     if backend == "sglang":
         engine["sglang"] = {"chunked_prefill_size": max(block_size, mnbt // block_size * block_size),
                             "max_prefill_tokens": mnbt}

@@ -84,8 +84,9 @@ def _estimate(model_name, hardware_sku, backend, backend_version, shape, max_num
             )
     except ValueError as exc:
         if any(marker in str(exc) for marker in _INFEASIBLE_MARKERS):
+            why = "" if "no KV budget" in str(exc) else f" ({' '.join(str(exc).split(': ')[-1].split())})"
             raise InfeasibleKVCapacity(
-                f"no KV budget for backend={backend}, shape=tp{tp}/pp{pp}/dp{dp}/moe_tp{moe_tp}/moe_ep{moe_ep}"
+                f"no KV budget for backend={backend}, shape=tp{tp}/pp{pp}/dp{dp}/moe_tp{moe_tp}/moe_ep{moe_ep}{why}"
             ) from None
         raise
     return int(result["total_kv_size_tokens"]), int(result["kv_size_per_token_bytes"])

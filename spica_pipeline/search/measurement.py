@@ -32,7 +32,20 @@ WINDOW_RULES = {
     "open_loop": (f"open loop: requests arriving in the first and last {OPEN_LOOP_TRIM:.0%} of the arrival "
                   "span are excluded (warm-up / drain); the rest count"),
     "whole_run": "whole run: every completed request counts (planner scaling has no steady state)",
+    "benchmark_client": ("closed loop with every client starting at t=0, as genai-perf / aiperf / SGLang "
+                         "bench_serving run a fixed-concurrency benchmark: every completed request counts "
+                         "(what those clients report)"),
 }
+# How a closed loop's clients start (EvalRequest.context["closed_loop_client"]):
+# "ramp" (default, sweeps): spread over one request cycle and measured in the steady-state window;
+# "together" (bench/bench_fidelity.py): all at t=0, every request counted, like the benchmark
+# clients that measured aiconfigurator-core's silicon rows (AIC's eval runners: genai-perf
+# `--concurrency c --request-count 10c`, SGLang bench_serving `--max-concurrency c --num-prompts 10c`).
+CLIENT_STARTS = ("ramp", "together")
+# "together": each client waits a random gap, uniform in [0, CLIENT_GAP_CYCLES x the estimated
+# request cycle], between a response and its next request. Without it, fixed-ISL/OSL clients stay
+# in lockstep forever in a deterministic replay; real clients drift apart.
+CLIENT_GAP_CYCLES = 0.0
 
 
 @dataclass(frozen=True)
@@ -180,6 +193,8 @@ def steady_state(records: Iterable[dict[str, Any]], kind: str, *,
         return None
     if kind == "closed_loop":
         start, end = closed_loop_bounds(done)
+    elif kind == "benchmark_client":
+        start, end = min(r["arrival_time_ms"] for r in done), max(r["terminal_time_ms"] for r in done)
     elif kind == "open_loop":
         start, end = open_loop_bounds(done)
     else:
@@ -231,10 +246,12 @@ def windowed_summary(summary: dict[str, Any], per_request: list[dict[str, Any]],
     return out
 
 
-def window_kind(is_static: bool, ramped: bool) -> str:
+def window_kind(is_static: bool, ramped: bool, together: bool = False) -> str:
     """Which WINDOW_RULES entry measures a replay."""
     if not is_static:
         return "whole_run"
+    if together:
+        return "benchmark_client"
     return "closed_loop" if ramped else "open_loop"
 
 
@@ -248,13 +265,14 @@ def relative_change(a: float, b: float) -> float:
 def jittered_trace(*, isl: int, osl: int, isl_jitter: float, osl_jitter: float, seed: int,
                    loop: ClosedLoop | None = None, request_count: int = 0, interval_ms: float = 0.0,
                    shared_prefix_ratio: float = 0.0, num_prefix_groups: int = 0,
-                   block_size: int = 512) -> list[dict[str, Any]]:
+                   block_size: int = 512, turn_gap_ms: float = 0.0) -> list[dict[str, Any]]:
     """Mooncake records with per-request ISL/OSL drawn uniformly in x(1 -+ jitter).
 
     Closed loop (`loop`): one session per client, the first request at the client's ramp offset,
     each later one sent when the previous completes. Open loop: `request_count` requests
     `interval_ms` apart. A shared prefix (ratio of the mean ISL, in whole blocks) is common to the
     requests of one of `num_prefix_groups` groups, as in the synthetic replay; the rest is unique.
+    turn_gap_ms: a closed-loop client waits uniform [0, turn_gap_ms] before each later request.
     """
     import random
 
@@ -283,6 +301,8 @@ def jittered_trace(*, isl: int, osl: int, isl_jitter: float, osl_jitter: float, 
                 rec = {"session_id": f"client{client}", **record(n)}
                 if turn == 0:
                     rec["timestamp"] = round(client * loop.interval_ms, 6)
+                elif turn_gap_ms > 0:  # the client's own gap before its next request
+                    rec["delay"] = round(rng.uniform(0.0, turn_gap_ms), 6)
                 out.append(rec)
                 n += 1
         return out

@@ -305,3 +305,58 @@ def map_row(row: SiliconRow, *, models: Iterable[str], databases: Mapping[str, M
 def reason_kind(reason: str) -> str:
     """The reason without row-specific numbers, for counting."""
     return re.sub(r"\d+", "N", reason)
+
+
+# ---- nearest expressible deployment for a measured row AIC refuses ------------------------------
+# A silicon row ran, so a refusal by AIC's shape or memory model means the row's recorded shape is
+# not how the engine really ran it (or AIC's memory model is stricter than the engine). The bench
+# then replays the nearest deployment the engine could have run, and records a fidelity_note;
+# never silently. Rules, in order (bench/bench_fidelity.py tries each until one builds):
+MEMORY_FRACTIONS = (0.95, 0.98)  # vLLM/SGLang accept up to ~0.98 of HBM; the row's own value is not recorded
+_MOE_SPLIT = "Invalid quantized MoE configuration"
+_NO_KV = "no KV budget"
+_HEADS = "should be divisible by tp_size"
+
+
+def _replace_roles(case: SiliconCase, change: Callable[[Shape], Shape]) -> SiliconCase:
+    return SiliconCase(case.row, case.aic_model, {k: change(v) for k, v in case.roles.items()})
+
+
+def nearest_deployments(case: SiliconCase, reason: str) -> list[tuple[SiliconCase, float, str]]:
+    """(case, memory fraction, fidelity_note) to try, nearest first, for a row AIC refused with `reason`.
+
+    * a block-quantized MoE split AIC (and the engine) refuse across moe_tp: the engine must have
+      run the experts expert-parallel (moe_ep = moe_tp x moe_ep, moe_tp 1);
+    * a TP that does not divide the attention heads: SGLang's `--tp N --enable-dp-attention`
+      convention (N ranks of attention DP, one GPU each, experts across all N);
+    * no KV budget at the default memory fraction for a shape that ran: a higher fraction (then,
+      for a MoE split over moe_tp, expert parallel).
+    """
+    from dataclasses import replace
+
+    ep = _replace_roles(case, lambda s: replace(s, moe_tp=1, moe_ep=s.moe_tp * s.moe_ep))
+    ep_note = ("the row's MoE split (moe_tp) is one AIC refuses for block-quantized experts; replayed "
+               "expert-parallel (moe_ep = moe_tp x moe_ep)")
+    shapes: list[tuple[SiliconCase, str]] = []
+    if _MOE_SPLIT in reason and ep != case:
+        shapes.append((ep, ep_note))
+    if _HEADS in reason:
+        dp = _replace_roles(case, lambda s: replace(s, tp=1, attention_dp=s.tp * s.attention_dp, moe_tp=1,
+                                                     moe_ep=s.tp * s.attention_dp))
+        shapes.append((dp, "the row's TP does not divide the attention heads; replayed as SGLang's DP-attention "
+                           "convention (attention_dp = tp, one GPU per rank, experts expert-parallel)"))
+    if _NO_KV in reason:
+        shapes.append((case, ""))
+        if ep != case:
+            shapes.append((ep, ep_note))
+    out: list[tuple[SiliconCase, float, str]] = []
+    seen: set[tuple[int, float]] = set()
+    for shape, note in shapes:
+        for frac in (0.9, *MEMORY_FRACTIONS):
+            if (shape is case and frac == 0.9) or (id(shape), frac) in seen:
+                continue
+            seen.add((id(shape), frac))
+            mem = f"AIC's memory model leaves no KV budget at memory fraction 0.9; replayed at {frac}" \
+                if frac != 0.9 else ""
+            out.append((shape, frac, "; ".join(x for x in (note, mem) if x)))
+    return out
