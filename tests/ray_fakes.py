@@ -1,6 +1,7 @@
 """Importable fakes for the Ray backend tests (Ray workers unpickle them; the tests register this
 module and its peers for pickling by value, so the cluster needs no copy of tests/)."""
 
+import faulthandler
 import time
 
 from reliability_fakes import FaultyEvaluator
@@ -29,3 +30,14 @@ def register_by_value() -> None:
 
     for module in (pool_fakes, reliability_fakes, ray_fakes):
         cloudpickle.register_pickle_by_value(module)
+
+
+def watchdog(seconds: float):
+    """A generator for a module-scoped autouse fixture: past `seconds` the test process prints every
+    thread's stack and exits, so a hung Ray call fails the run instead of hanging it. Ray's node
+    processes share the fate of the process that started them (Linux), so they stop with it."""
+    faulthandler.dump_traceback_later(seconds, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()

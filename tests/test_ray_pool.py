@@ -21,7 +21,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from pool_fakes import FakeEvaluator  # noqa: E402
-from ray_fakes import PacedEvaluator, register_by_value  # noqa: E402
+from ray_fakes import PacedEvaluator, register_by_value, watchdog  # noqa: E402
 from reliability_fakes import FaultyEvaluator  # noqa: E402
 
 from spica_pipeline.config import SmartSearchConfig  # noqa: E402
@@ -51,6 +51,12 @@ def overloaded(err) -> None:
 
 def req(behaviour="ok", **extra):
     return EvalRequest({"behaviour": behaviour, **extra}, {}, {})
+
+
+@pytest.fixture(scope="module", autouse=True)
+def bounded():
+    """This module takes 2-5 min here; 20 min means a hang (started before the cluster fixture)."""
+    yield from watchdog(1200)
 
 
 @pytest.fixture(scope="module")
