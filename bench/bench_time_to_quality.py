@@ -304,13 +304,21 @@ def large(args) -> int:
                               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                               "cpus": os.cpu_count(), "loadavg_at_start": os.getloadavg(),
                               "space": "bench/spaces/large_disagg.yaml", "runs": []}
-    for algorithm, budget in (("ours", args.large_budget), ("RANDOM_SEARCH", args.large_budget * args.random_factor)):
+    if args.merge and out.exists():  # e.g. ours in one bounded invocation, random in the next
+        previous = json.loads(out.read_text())
+        result["runs"] = previous.get("runs", [])
+        result["invocations"] = previous.get("invocations", []) + [{"argv": previous.get("argv"),
+                                                                     "date": previous.get("date")}]
+    todo = [a.strip() for a in args.algorithms.split(",") if a.strip() in ("ours", "RANDOM_SEARCH")]
+    for algorithm in todo:
+        budget = args.large_budget * (1.0 if algorithm == "ours" else args.random_factor)
+        result["runs"] = [r for r in result["runs"] if r["algorithm"] != algorithm]
         run = large_run(algorithm, budget, work / algorithm)
         result["runs"].append(run)
         print(json.dumps(run), flush=True)
-        ours = result["runs"][0]
-        if len(result["runs"]) == 2 and ours.get("best") and run.get("best"):
-            result["best_ours_over_random"] = round(ours["best"] / run["best"], 4)
+        best = {r["algorithm"]: r.get("best") for r in result["runs"]}
+        if best.get("ours") and best.get("RANDOM_SEARCH"):
+            result["best_ours_over_random"] = round(best["ours"] / best["RANDOM_SEARCH"], 4)
         out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     return 0
 
