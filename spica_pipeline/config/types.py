@@ -25,6 +25,13 @@ def is_finite_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def at_most_one(field: str, value: float, *, zero_allowed: bool = True) -> float:
+    """A share or ratio is at most 1 (the field's type already bounds it below): one message form."""
+    if value > 1:
+        raise ValueError(f"{field} must be in {'[' if zero_allowed else '('}0, 1], got {value}")
+    return value
+
+
 class StrictModel(BaseModel):
     """Every config model rejects unknown keys and re-validates on assignment."""
 
