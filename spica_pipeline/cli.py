@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from spica_pipeline.errors import ConfigError, SpicaError, TraceError
+from spica_pipeline.journal import JOURNAL_NAME, QUARANTINE_SUFFIX
 
 EXIT_OK = 0
 EXIT_NOTHING_FEASIBLE = 1
@@ -104,7 +105,7 @@ def environment_failure(err: BaseException, output_dir: Path | None) -> str | No
         return None
     name = getattr(err, "filename", None)
     where = f" writing {name}" if name else ""
-    resume = (f"; finished trials are journalled in {output_dir}/journal.jsonl and are not recomputed"
+    resume = (f"; finished trials are journalled in {output_dir}/{JOURNAL_NAME} and are not recomputed"
               if output_dir is not None else "")
     return f"environment failure: {what}{where}; {todo.format(dir=place)}, then run the same command again{resume}"
 
@@ -486,7 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "is spent (max_rounds, when also set, still caps the trials)")
     sweep.add_argument("--show", type=int, default=10, help="candidates to print (default 10)")
     sweep.add_argument("--repair", action="store_true",
-                       help="move damaged journal records to journal.jsonl.quarantine and continue "
+                       help=f"move damaged journal records to {JOURNAL_NAME}{QUARANTINE_SUFFIX} and continue "
                             "(without it a damaged journal is refused with exit 2)")
     sweep.set_defaults(func=cmd_sweep)
     export = sub.add_parser(

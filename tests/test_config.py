@@ -452,3 +452,12 @@ def test_length_jitter_is_a_synthetic_fraction():
         Workload(isl=1000, osl=100, concurrency=4, num_request_ratio=8, isl_jitter=0.1, turns_per_session=2)
     with pytest.raises(ValidationError, match="isl_jitter"):
         Workload(trace_path="t.jsonl", isl_jitter=0.1)
+
+
+def test_a_validated_config_is_frozen():
+    """Its hash keys the journal and the Dagster runs: nothing may change it after validation."""
+    config = build()
+    for model, field, value in ((config.sweep, "seed", 1), (config.search_space, "gpu_budget", 4),
+                                (config.goal, "sla_gate", "strict"), (config, "sweep", config.sweep)):
+        with pytest.raises(ValidationError, match="frozen"):
+            setattr(model, field, value)

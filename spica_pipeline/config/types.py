@@ -33,6 +33,7 @@ def at_most_one(field: str, value: float, *, zero_allowed: bool = True) -> float
 
 
 class StrictModel(BaseModel):
-    """Every config model rejects unknown keys and re-validates on assignment."""
+    """Every config model rejects unknown keys and is frozen: a validated config is a value (its
+    hash keys the journal and the Dagster runs), so nothing may change it after validation."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
