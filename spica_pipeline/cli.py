@@ -13,7 +13,6 @@ truth (the README's table lists them):
 import argparse
 import contextlib
 import errno
-import re
 import signal
 import sys
 import time
@@ -22,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from spica_pipeline.errors import ConfigError, SpicaError, TraceError
+from spica_pipeline.errors import ConfigError, SpicaError, TraceError, one_line
 from spica_pipeline.journal import JOURNAL_NAME, QUARANTINE_SUFFIX
 
 EXIT_OK = 0
@@ -40,12 +39,8 @@ DESCRIPTION = (
 )
 
 
-def _one_line(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip()
-
-
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> int:
-    print(_one_line(message), file=sys.stderr)
+    print(one_line(message), file=sys.stderr)
     return code
 
 
@@ -132,10 +127,10 @@ def internal_error(err: BaseException, debug: bool, log_dir: Path | None = None)
             where = f"traceback in {log} (or rerun with --debug to print it)"
         except OSError:
             pass
-    message = _one_line(f"{type(err).__name__}: {err}")
+    message = one_line(f"{type(err).__name__}: {err}")
     if len(message) > 300:
         message = message[:297] + "..."
-    print(_one_line(f"internal error (a bug in spica, please report it): {message}; {where}"), file=sys.stderr)
+    print(one_line(f"internal error (a bug in spica, please report it): {message}; {where}"), file=sys.stderr)
     return EXIT_INTERNAL
 
 
