@@ -7,7 +7,7 @@ of every token), so a role's capacity is per-rank tokens x attention_dp x replic
 from functools import lru_cache, wraps
 from typing import Callable, ParamSpec
 
-from spica_pipeline.errors import InfeasibleKVCapacity
+from spica_pipeline.errors import InfeasibleKVCapacity, one_line
 from spica_pipeline.search.model_hw import QuietAIC
 
 P = ParamSpec("P")
@@ -80,7 +80,7 @@ def _estimate(model_name, hardware_sku, backend, backend_version, shape, max_num
             )
     except ValueError as exc:
         if any(marker in str(exc) for marker in _INFEASIBLE_MARKERS):
-            why = "" if "no KV budget" in str(exc) else f" ({' '.join(str(exc).split(': ')[-1].split())})"
+            why = "" if "no KV budget" in str(exc) else f" ({one_line(str(exc).split(': ')[-1])})"
             raise InfeasibleKVCapacity(
                 f"no KV budget for backend={backend}, shape=tp{tp}/pp{pp}/dp{dp}/moe_tp{moe_tp}/moe_ep{moe_ep}{why}"
             ) from None
