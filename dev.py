@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Bootstrap-and-run entry point: `python3.11 dev.py quickstart` and `python3.11 dev.py test`.
+"""Bootstrap-and-run entry point: `python3.11 dev.py quickstart` and `python3.11 dev.py test`
+(mypy on spica_pipeline/, then pytest).
 
 Each command creates `.venv` from the lock file when it is missing or stale, so a fresh clone needs
 nothing but Python 3.11 and access to PyPI.
@@ -55,6 +56,13 @@ def main(argv: list[str]) -> int:
     if cmd == "bootstrap":
         return 0
     if cmd == "test":
+        # the type check first ([tool.mypy] in pyproject.toml: spica_pipeline/); SPICA_SKIP_MYPY=1
+        # skips it for a quick local rerun of a few tests, never in CI
+        if os.environ.get("SPICA_SKIP_MYPY") != "1":
+            print("mypy spica_pipeline/ ...", flush=True)
+            if subprocess.call([str(BIN / "python"), "-m", "mypy"], cwd=ROOT, env=env):
+                print("mypy failed: fix the type errors above (pytest not run)", file=sys.stderr)
+                return 1
         return subprocess.call([str(BIN / "python"), "-m", "pytest", *rest], cwd=ROOT, env=env)
     if cmd == "spica":
         return subprocess.call([str(BIN / "spica"), *rest], cwd=ROOT, env=env)

@@ -4,7 +4,7 @@ AI Configurator (`aiconfigurator` on PyPI, 0.12.0) is installed into its own ven
 bench/.venv-aic (never a dependency of the product) and run as `aiconfigurator cli default` for
 the model, GPU type, GPU budget, ISL/OSL and SLA of bench/spaces/peer_aic.yaml. Its top picks per
 mode (the generated Dynamo deployment: workers, TP, max-num-seqs, max-num-batched-tokens per role)
-are turned into our candidates with `sweep.candidate_builder` and replayed by `ReplayEvaluator`
+are turned into our candidates with `search.branch_plan.candidate_builder` and replayed by `ReplayEvaluator`
 under the config's workload; our sweep runs on the same config. Both are scored on the same
 replayed metric, goodput per GPU under the SLA, and the ratio ours / AIC's best is reported.
 
@@ -193,10 +193,12 @@ def main(argv: list[str] | None = None) -> int:
                       aic_seconds=round(aic_seconds, 1))
 
         from spica_pipeline.resources.replay import ReplayEvaluator
-        from spica_pipeline.sweep import candidate_builder, predict_load, run_sweep, scorer
+        from spica_pipeline.search.branch_plan import candidate_builder, scorer
+        from spica_pipeline.sweep import evaluation_context, predict_load, run_sweep
 
-        build = candidate_builder(config, predict_load(config))
-        score = scorer(config)
+        load_predictor = predict_load(config)
+        build = candidate_builder(config, load_predictor, evaluation_context(config, load_predictor))
+        score = scorer(config.goal)
         evaluator = ReplayEvaluator()
         replayed = []
         for pick in picks:

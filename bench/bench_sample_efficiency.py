@@ -174,7 +174,8 @@ def prepare_space(path: Path) -> tuple[SmartSearchConfig, Any]:
 
 
 def exhaustive_truth(config: SmartSearchConfig, prepared: Any, evaluator: CachingEvaluator) -> dict[str, Any]:
-    from spica_pipeline.sweep import plan_branch, run_branch
+    from spica_pipeline.search.branch_plan import plan_branch
+    from spica_pipeline.sweep import run_branch
 
     thorough = with_sweep(config, policy="thorough")
     plan = plan_branch(prepared.branches[0], thorough)
@@ -213,7 +214,8 @@ def exhaustive_truth(config: SmartSearchConfig, prepared: Any, evaluator: Cachin
 
 def run_algorithm(config: SmartSearchConfig, prepared: Any, evaluator: CachingEvaluator, algorithm: str,
                   seed: int, optimum: float, vizier: Any) -> dict[str, Any]:
-    from spica_pipeline.sweep import BranchPlan, plan_branch, run_branch
+    from spica_pipeline.search.branch_plan import BranchPlan, plan_branch
+    from spica_pipeline.sweep import run_branch
 
     cfg = with_sweep(config, algorithm=algorithm, seed=seed, policy="rapid")
     plan = plan_branch(prepared.branches[0], cfg)
@@ -294,10 +296,10 @@ def plan_runs(quick: bool, algorithms: list[str], seeds: int, gp_spaces: list[st
 
 def warm_up(vizier: Any, config: SmartSearchConfig, prepared: Any) -> None:
     """Import Vizier/JAX once before any timed run, so the first algorithm is not charged for it."""
-    from spica_pipeline.sweep import plan_branch, study_metrics
+    from spica_pipeline.search.branch_plan import plan_branch, study_metrics
 
     plan = plan_branch(prepared.branches[0], config)
-    study = vizier.open_study(plan.encoding, study_metrics(config), seed=0, algorithm="QUASI_RANDOM_SEARCH")
+    study = vizier.open_study(plan.encoding, study_metrics(config.goal), seed=0, algorithm="QUASI_RANDOM_SEARCH")
     study.suggest(1, [])
 
 

@@ -40,7 +40,7 @@ def measure(config: Any, algorithm: str, workdir: Path) -> dict[str, Any]:
     trials = len(ledger)
     duplicates = int((ledger["status"] == "cached").sum())
     distinct = int(ledger.loc[ledger["status"] != "cached", "spec_hash"].dropna().nunique())
-    t = result.timings
+    t = result.timings.to_dict()
     best = result.merge.candidates[0] if result.merge.candidates else None
     return {
         "algorithm": algorithm, "trials": trials, "distinct_evaluations": distinct, "duplicates": duplicates,

@@ -162,7 +162,8 @@ def vizier_for(algorithm: str):
 
 def run_one(name: str, config, prepared, evaluator, algorithm: str, seed: int, optimum: float, budget: int,
             workers: int, scale: float) -> dict[str, Any]:
-    from spica_pipeline.sweep import BranchPlan, plan_branch, run_branch
+    from spica_pipeline.search.branch_plan import BranchPlan, plan_branch
+    from spica_pipeline.sweep import run_branch
 
     algo = "DEFAULT" if algorithm in ("ours", "spica") else algorithm
     overrides: dict[str, Any] = dict(algorithm=algo, seed=seed, policy="rapid", parallel_evals=workers,
@@ -241,13 +242,13 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def warm_up(config, prepared) -> float:
     """One GP suggest with a small history (pays the compiles), outside the timed runs."""
-    from spica_pipeline.sweep import plan_branch, study_metrics
+    from spica_pipeline.search.branch_plan import plan_branch, study_metrics
 
     plan = plan_branch(prepared.branches[0], config)
-    study = vizier_for("ours").open_study(plan.encoding, study_metrics(config), seed=12345)
+    study = vizier_for("ours").open_study(plan.encoding, study_metrics(config.goal), seed=12345)
     first = study.suggest(3, [])
     if config.goal.is_pareto:
-        names = [m for m, _ in study_metrics(config)]
+        names = [m for m, _ in study_metrics(config.goal)]
         hist = [(p, {n: 1.0 + i + j for j, n in enumerate(names)}, None) for i, p in enumerate(first)]
     else:
         hist = [(p, {"objective": float(i + 1)}, None) for i, p in enumerate(first)]

@@ -300,6 +300,8 @@ def _resolve_algorithm(config: Any) -> str:
 
 def _with_overrides(config: Any, args: argparse.Namespace) -> Any:
     """Apply --seed/--policy/--algorithm/--executor/--ray-address/--time-budget and validate again (e.g. thorough + a float range)."""
+    from pydantic import ValidationError
+
     from spica_pipeline.config import SmartSearchConfig, render_validation_error
 
     overrides = {k: v for k, v in (("seed", args.seed), ("policy", args.policy),
@@ -312,8 +314,10 @@ def _with_overrides(config: Any, args: argparse.Namespace) -> Any:
     data.setdefault("sweep", {}).update(overrides)
     try:
         return SmartSearchConfig.from_dict(data)
-    except Exception as err:  # pydantic ValidationError
-        return _fail(f"invalid config {args.config}: {render_validation_error(err) if hasattr(err, 'errors') else err}")
+    except ValidationError as err:
+        return _fail(f"invalid config {args.config}: {render_validation_error(err)}")
+    except Exception as err:
+        return _fail(f"invalid config {args.config}: {err}")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -348,8 +352,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         progress.close()
         if args.debug and err.exit_code == EXIT_ENVIRONMENT:
             traceback.print_exc()
-            if getattr(err, "debug_text", None):  # e.g. a pool worker's start-up traceback
-                sys.stderr.write(err.debug_text)
+            debug_text = getattr(err, "debug_text", None)  # e.g. a pool worker's start-up traceback
+            if debug_text:
+                sys.stderr.write(debug_text)
         return _fail(str(err), err.exit_code)
     except Exception as err:  # a full disk mid-sweep (4), or a bug (3): one line either way
         progress.close()
@@ -365,8 +370,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for line in merge.failure_summary():
         print(f"  {line}")
     t = result.timings
-    print(f"optimizer {t['optimizer_seconds']:.1f}s, replay {t['replay_seconds']:.1f}s, "
-          f"wall {t['wall_seconds']:.1f}s; outputs in {output_dir}/ (report.md, candidates.csv, ledger.parquet)")
+    print(f"optimizer {t.optimizer_seconds:.1f}s, replay {t.replay_seconds:.1f}s, "
+          f"wall {t.wall_seconds:.1f}s; outputs in {output_dir}/ (report.md, candidates.csv, ledger.parquet)")
     if not merge.candidates:
         print("no feasible candidate found (check backends / SLA / gpu_budget / replay errors)", file=sys.stderr)
         for line in merge.failure_summary():
@@ -447,6 +452,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from spica_pipeline.config.sweep import ALGORITHMS
+
     parser = argparse.ArgumentParser(prog="spica", description=DESCRIPTION)
     parser.add_argument("--debug", action="store_true", default=False,
                         help="print the traceback of an internal error (exit 3) to stderr")
@@ -471,8 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--output-dir", help="where results and the journal go (default runs/<config name>)")
     sweep.add_argument("--seed", type=int, help="override sweep.seed")
     sweep.add_argument("--policy", choices=["rapid", "thorough"], help="override sweep.policy")
-    sweep.add_argument("--algorithm", help="override sweep.algorithm (DEFAULT, GAUSSIAN_PROCESS_BANDIT, "
-                                           "RANDOM_SEARCH, QUASI_RANDOM_SEARCH, NSGA2)")
+    sweep.add_argument("--algorithm", help=f"override sweep.algorithm ({', '.join(ALGORITHMS)})")
     sweep.add_argument("--executor", choices=["local", "ray"],
                        help="override sweep.executor: where replays run (ray: see docs/ray.md)")
     sweep.add_argument("--ray-address", help="override sweep.ray_address (default $RAY_ADDRESS, else a local Ray)")

@@ -26,6 +26,8 @@ class NoPerfDatabase(SpicaError):
 class NoViableParallelConfig(SpicaError):
     """No parallel shape fits the budget and KV constraints (or pins are illegal)."""
 
+    pruning: str | None = None  # the filter that removed the last survivors (the refusal's summary)
+
 
 class InfeasibleKVCapacity(SpicaError):
     """A candidate's KV cache cannot hold its load; the candidate is infeasible, not failed."""

@@ -19,10 +19,11 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable, get_args
+from typing import IO, Any, Callable, get_args
 
 from spica_pipeline.errors import JournalError, OutputDirError, SpicaError
 from spica_pipeline.search.evaluation import EvalOutcome, Status, canonical_json, json_safe
+from spica_pipeline.search.study import Journal
 
 JOURNAL_NAME = "journal.jsonl"
 LOCK_NAME = ".spica.lock"
@@ -111,7 +112,7 @@ def _parse(raw: bytes) -> tuple[Any, str | None]:
 # the journal
 # --------------------------------------------------------------------------------------------
 
-class FileJournal:
+class FileJournal(Journal):
     """Journal protocol of `search.study`, persisted as JSON Lines.
 
     `warnings` holds one line per repair made on open (a torn tail cut, records quarantined), for
@@ -315,7 +316,7 @@ class RunLock:
 
     def __init__(self, output_dir: str | os.PathLike) -> None:
         self.dir = Path(output_dir)
-        self._fh = None
+        self._fh: IO[str] | None = None
 
     def __enter__(self) -> "RunLock":
         check_output_dir(self.dir)

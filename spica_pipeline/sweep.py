@@ -8,37 +8,48 @@ Each stage takes and returns plain values, so a Dagster asset is a thin wrapper 
 """
 
 import hashlib
-import logging
 import time
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from collections.abc import Collection
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 import pandas as pd
 
-from spica_pipeline.config import SmartSearchConfig, target_direction
-from spica_pipeline.journal import FileJournal, RunLock
-from spica_pipeline.search import scoring
-from spica_pipeline.search.encoding import SearchEncoding, build_encoding, enumerate_space
-from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest
+from spica_pipeline.config import SmartSearchConfig
+from spica_pipeline.journal import JOURNAL_NAME, FileJournal, RunLock
+from spica_pipeline.search.branch_plan import (
+    BranchPlan,
+    StudySampler,
+    branch_seed,
+    candidate_builder,
+    exhaustive_points,
+    plan_branch,
+    scorer,
+    study_metrics,
+    study_settings,
+)
+from spica_pipeline.search.branches import BranchEnumeration, BranchSpace
+from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, Evaluator
 from spica_pipeline.search.ledger import TrialRecord
-from spica_pipeline.search.model_hw import latest_backend_version
-from spica_pipeline.search.sample import router_repeats_for, unroll_sample
+from spica_pipeline.search.policies import PolicyFilterResult
 from spica_pipeline.search.shapes import ParallelConfig
 from spica_pipeline.search.study import (
     BranchOutcome,
     HistoryItem,
     Journal,
     Proposal,
-    Scored,
-    StudySettings,
     TrialCounter,
     run_branch_study,
-    selection_key,
 )
+from spica_pipeline.search.timings import Timings
 
-log = logging.getLogger("spica_pipeline.sweep")
+if TYPE_CHECKING:
+    from spica_pipeline.report.dgd import DeployOptions
+    from spica_pipeline.report.merge import MergeResult
+    from spica_pipeline.resources.pool import EvaluationBackend
+    from spica_pipeline.resources.vizier import VizierClient
+    from spica_pipeline.search.load_predictor import LoadPredictorResult
 
 # Bump when anything in the evaluator changes what a replay returns for the same spec: it is part
 # of every spec hash, so old journal entries stop matching instead of being reused wrongly.
@@ -55,10 +66,10 @@ class PreparedSweep:
 
     config: SmartSearchConfig  # after the policy filter
     dropped_policies: list[dict[str, Any]]
-    load_predictor: Any  # LoadPredictorResult
-    branches: list[Any]  # BranchSpace
+    load_predictor: "LoadPredictorResult | None"
+    branches: list[BranchSpace]
     warnings: list[str]
-    diagnostics: Any = None
+    diagnostics: dict[str, Any] = field(default_factory=dict)
 
 
 def check_workload(config: SmartSearchConfig) -> list[str]:
@@ -87,25 +98,25 @@ def check_workload(config: SmartSearchConfig) -> list[str]:
                                   "of the model (search_space.context_length or the model's own): input and "
                                   "output must both fit")
         return []
-    trace = read_mooncake_trace(config.workload.trace_path,
+    trace = read_mooncake_trace(workload.trace_path,
                                 max_input_length=resolve_max_seq_len(space.model_name, space.context_length))
     check_resource_limits(config, trace)
     return list(trace.warnings)
 
 
-def filter_policies(config: SmartSearchConfig):
+def filter_policies(config: SmartSearchConfig) -> PolicyFilterResult:
     from spica_pipeline.search.policies import filter_scaling_policies
 
     return filter_scaling_policies(config)
 
 
-def predict_load(config: SmartSearchConfig):
+def predict_load(config: SmartSearchConfig) -> "LoadPredictorResult":
     from spica_pipeline.load_prediction import load_predictor_for_config
 
     return load_predictor_for_config(config)
 
 
-def enumerate_branch_spaces(config: SmartSearchConfig):
+def enumerate_branch_spaces(config: SmartSearchConfig) -> BranchEnumeration:
     from spica_pipeline.search.branches import enumerate_branches
 
     return enumerate_branches(config)
@@ -128,14 +139,10 @@ def prepare(config: SmartSearchConfig) -> PreparedSweep:
 # stage 5: one study per branch
 # --------------------------------------------------------------------------------------------
 
-def objective_names(config: SmartSearchConfig) -> list[str]:
-    return [t.value for t in config.goal.objectives()]
-
-
-def evaluation_context(config: SmartSearchConfig, load_predictor: Any) -> dict[str, Any]:
+def evaluation_context(config: SmartSearchConfig, load_predictor: "LoadPredictorResult | None") -> dict[str, Any]:
     """What, besides the sample, changes a replay's result (part of every spec hash)."""
     context: dict[str, Any] = {"fidelity": EVALUATOR_FIDELITY}
-    if load_predictor is not None and hasattr(load_predictor, "to_dict"):
+    if load_predictor is not None:
         context["load_predictor"] = load_predictor.to_dict()
     if config.workload.trace_path:
         context["trace_sha256"] = _file_sha256(config.workload.trace_path)
@@ -147,192 +154,140 @@ def evaluation_context(config: SmartSearchConfig, load_predictor: Any) -> dict[s
     return context
 
 
-def candidate_builder(config: SmartSearchConfig, load_predictor: Any) -> Callable[..., EvalRequest]:
-    """Main-process candidate build: unroll, resolve the perf-DB version, attach the context."""
-    workload = config.workload.model_dump(mode="json")
-    goal = config.goal.model_dump(mode="json")
-    context = evaluation_context(config, load_predictor)
-    repeats = config.sweep.router_repeats
-
-    def build(selection: dict[str, Any], parallel_config: ParallelConfig) -> EvalRequest:
-        sample = unroll_sample(config.search_space, selection, parallel_config, load_predictor)
-        sample["backend_version"] = latest_backend_version(sample["hardware_sku"], sample["backend"])
-        if config.workload.concurrency is not None:
-            sample["concurrency"] = config.workload.concurrency
-        if "kv_load_ratio" in selection:  # searched (a range) or injected as a constant (a scalar)
-            sample["kv_load_ratio"] = float(selection["kv_load_ratio"])
-        ctx = dict(context, router_repeats=router_repeats_for(sample, repeats))
-        return EvalRequest(sample=sample, workload=workload, goal=goal, context=ctx)
-
-    return build
-
-
-def scorer(config: SmartSearchConfig) -> Callable[[EvalOutcome], Scored]:
-    """Turn a feasible report into the score, objectives and what Vizier is told."""
-    goal = config.goal
-    names = objective_names(config)
-
-    sla = goal.sla.model_dump(exclude_none=True) if goal.sla else None
-
-    def score(outcome: EvalOutcome) -> Scored:
-        report = outcome.report or {}
-        passes, why = scoring.sla_gate(report, sla, goal.sla_gate)
-        if not passes:
-            return Scored(None, None, None, reason=why)
-        if goal.is_pareto:
-            objectives = scoring.objective_vector(names, report)
-            if not all(_finite(v) for v in objectives.values()):
-                return Scored(None, objectives, None, reason="replay report lacks an objective metric")
-            return Scored(objectives[names[0]], objectives, dict(objectives))
-        value = scoring.score(goal.target.value, report)
-        if not _finite(value):
-            return Scored(None, None, None, reason=f"replay report has no value for {goal.target.value}")
-        return Scored(value, None, {"objective": value})
-
-    return score
-
-
-def study_metrics(config: SmartSearchConfig) -> list[tuple[str, str]]:
-    if config.goal.is_pareto:
-        return [(name, target_direction(name)) for name in objective_names(config)]
-    return [("objective", "max")]  # the caller pre-signs the score
-
-
-class VizierSampler:
-    """Study loop sampler over a Vizier study: suggest, then decode and project."""
-
-    def __init__(self, study: Any, encoding: SearchEncoding):
-        self.study = study
-        self.encoding = encoding
-
-    def suggest(self, count: int, history: list[HistoryItem]) -> list[dict[str, Any]]:
-        items = [(h.parameters, h.metrics, h.infeasible_reason) for h in history]
-        return [dict(p) for p in self.study.suggest(count, items)]
-
-    def suggest_pending(self, count: int, history: list[HistoryItem], pending: list[dict[str, Any]],
-                        cheap: bool) -> tuple[list[dict[str, Any]], str]:
-        """The asynchronous loop's ask: in-flight trials as pending; `cheap` fills from the
-        quasi-random designer (the cost-aware policy). Returns the designer that answered."""
-        items = [(h.parameters, h.metrics, h.infeasible_reason) for h in history]
-        out = self.study.suggest(count, items, pending, algorithm="QUASI_RANDOM_SEARCH" if cheap else None)
-        return [dict(p) for p in out], self.study.last_designer
-
-    @property
-    def designer(self) -> str:
-        return getattr(self.study, "last_designer", "") or "vizier"
-
-    def propose(self, parameters: dict[str, Any], taken: Collection[tuple[str, ParallelConfig]] = ()) -> Proposal:
-        return propose(self.encoding, parameters, taken)
-
-
-def propose(encoding: SearchEncoding, parameters: dict[str, Any],
-            taken: Collection[tuple[str, ParallelConfig]] = ()) -> Proposal:
-    """Decode and project one suggestion, steering away from points already proposed."""
-    selection, requested = encoding.decode(parameters)
-    if encoding.pinned_config is not None:
-        config, meta = encoding.pinned_config, None
-    else:
-        key = selection_key(selection)
-        exclude = [c for c in encoding.parallel_configs if (key, c) in taken] if taken else []
-        try:
-            projection = encoding.project(selection, requested, exclude)
-        except ValueError as exc:
-            return Proposal(parameters, selection, encoding.parallel_configs[0], None, supported=False,
-                            unsupported_reason=str(exc))
-        config, meta = projection.config, projection.to_dict()
-        if exclude:
-            nearest = encoding.project(selection, requested).config
-            meta["moved_to_unevaluated"] = nearest != config
-    index = encoding.parallel_configs.index(config)
-    backend = selection.get("backend")
-    supported = backend is None or backend in encoding.supported_backends[index]
-    return Proposal(parameters, selection, config, meta, supported=supported)
-
-
-def exhaustive_points(encoding: SearchEncoding) -> Iterable[Proposal]:
-    for selection, config in enumerate_space(encoding):
-        yield Proposal(encoding.encode(selection, config), selection, config, None)
-
-
-@dataclass
-class BranchPlan:
-    """How one branch will be searched, decided before any trial runs."""
-
-    branch: Any
-    encoding: SearchEncoding
-    finite_size: int | None
-    budget: int  # evaluations the rapid policy would spend
-    exhaustive: bool
-    why: str
-
-
-def finite_points(encoding: SearchEncoding) -> int | None:
-    """How many legal points `enumerate_space` would yield, counted without enumerating them:
-    the other knobs' product times, per pool config, the selectable backends that support it."""
-    if not encoding.is_finite:
-        return None
-    knobs = [p.name for p in encoding.params if p.role == "knob"]
-    product = 1
-    for name in knobs:
-        if name != "backend":
-            product *= len(encoding.knob_entries[name])
-    backends = (encoding.knob_entries["backend"] if "backend" in knobs
-                else (encoding.constants.get("backend"),))
-    pairs = sum(sum(1 for b in backends if b is None or b in supported)
-                for supported in encoding.supported_backends)
-    return product * pairs
-
-
-def plan_branch(branch: Any, config: SmartSearchConfig) -> BranchPlan:
-    encoding = build_encoding(branch)
-    from spica_pipeline.config.sweep import DEFAULT_MAX_ROUNDS
-
-    # Only a time budget: a space a default trial budget would cover is still enumerated.
-    budget = config.sweep.evaluation_budget or DEFAULT_MAX_ROUNDS * config.sweep.per_round
-    size = finite_points(encoding)
-    if config.sweep.policy == "thorough":
-        return BranchPlan(branch, encoding, size, budget, True, f"policy thorough: all {size} points")
-    if size is not None and size <= budget:
-        return BranchPlan(branch, encoding, size, budget, True,
-                          f"finite space of {size} points <= evaluation budget {budget}: enumerated exhaustively")
-    why = (f"space of {size} points > evaluation budget {budget}" if size is not None
-           else "continuous space")
-    return BranchPlan(branch, encoding, size, budget, False, f"{why}: Vizier {config.sweep.algorithm}")
-
-
 def run_branch(
     plan: BranchPlan,
     config: SmartSearchConfig,
-    load_predictor: Any,
+    load_predictor: "LoadPredictorResult | None",
     *,
-    evaluate_wave: Callable[[list[EvalRequest]], list[EvalOutcome]],
-    vizier: Any,
+    evaluate_wave: Callable[[list[EvalRequest]], list[EvalOutcome]] | None = None,
+    backend: "EvaluationBackend | None" = None,
+    vizier: "VizierClient",
     journal: Journal | None = None,
     counter: TrialCounter | None = None,
     warm_history: Iterable[HistoryItem] = (),
     on_record: Callable[[TrialRecord], None] | None = None,
     on_round: Callable[[BranchOutcome], None] | None = None,
     deadline: float | None = None,
-    backend: Any = None,
 ) -> BranchOutcome:
-    """One branch study. With `backend` (an EvaluationBackend) dispatch is asynchronous; with only
-    `evaluate_wave`, in rounds of waves."""
-    settings = StudySettings(deadline=deadline, optimizer_share=config.sweep.optimizer_share, per_round=config.sweep.per_round, max_rounds=config.sweep.max_rounds,
-                             workers=max(1, min(config.sweep.parallel_evals, config.sweep.per_round)),
-                             failure_breaker=config.sweep.failure_breaker)
+    """One branch study: exhaustive enumeration, or a Vizier study opened here. With `backend` (an
+    EvaluationBackend) dispatch is asynchronous; with only `evaluate_wave`, in rounds of waves.
+    `deadline` (time.monotonic seconds): no new trial starts after it."""
     mode = plan.branch.deployment_mode
+    points: Iterable[Proposal] | None = None
     if plan.exhaustive:
-        sampler: Any = VizierSampler(None, plan.encoding)
+        sampler = StudySampler(None, plan.encoding)
         points = exhaustive_points(plan.encoding)
     else:
-        study = vizier.open_study(plan.encoding, study_metrics(config), seed=_branch_seed(config, mode),
+        study = vizier.open_study(plan.encoding, study_metrics(config.goal), seed=branch_seed(config, mode),
                                   algorithm=config.sweep.algorithm)
-        sampler, points = VizierSampler(study, plan.encoding), None
+        sampler = StudySampler(study, plan.encoding)
+    build = candidate_builder(config, load_predictor, evaluation_context(config, load_predictor))
     return run_branch_study(
-        mode, sampler, candidate_builder(config, load_predictor), evaluate_wave, scorer(config), settings,
+        mode, sampler, build, evaluate_wave, scorer(config.goal), study_settings(config, deadline),
         journal=journal, counter=counter, warm_history=warm_history, exhaustive_points=points,
         on_record=on_record, on_round=on_round, backend=backend,
     )
+
+
+class JournalStore(Protocol):
+    """Where a journal directory lives besides this disk (Dagster's SweepStorage: an object store)."""
+
+    def pull(self, local: Path) -> None: ...
+
+    def push(self, local: Path) -> None: ...
+
+
+@dataclass
+class StudiesRun:
+    """What `StudySession.run` produced: one outcome per plan, in plan order, and the time spent."""
+
+    outcomes: list[BranchOutcome]
+    timings: Timings
+
+
+class StudySession:
+    """The branch studies of one locked journal directory (see `open_studies`). The journal opens
+    on first use, so a config refused before any study leaves no journal behind."""
+
+    def __init__(self, directory: Path, *, repair: bool = False) -> None:
+        self.directory = directory
+        self.repair = repair
+        self.counter = TrialCounter()  # trial numbers run on across the branches of this session
+        self._journal: FileJournal | None = None
+
+    @property
+    def journal(self) -> FileJournal:
+        if self._journal is None:
+            self._journal = FileJournal(self.directory / JOURNAL_NAME, repair=self.repair)
+        return self._journal
+
+    @property
+    def resumed_records(self) -> int:
+        return self.journal.loaded_records
+
+    @property
+    def journal_path(self) -> Path:
+        return self.directory / JOURNAL_NAME
+
+    def close(self) -> None:
+        if self._journal is not None:
+            self._journal.close()
+
+    def run(
+        self,
+        plans: Sequence[BranchPlan],
+        config: SmartSearchConfig,
+        load_predictor: "LoadPredictorResult | None",
+        *,
+        evaluate_wave: Callable[[list[EvalRequest]], list[EvalOutcome]] | None = None,
+        backend: "EvaluationBackend | None" = None,
+        vizier: "VizierClient",
+        time_budget: float | None = None,
+        warm_history: Callable[[BranchPlan], Iterable[HistoryItem]] = lambda plan: (),
+        on_branch: Callable[[BranchPlan], None] | None = None,
+        on_record: Callable[[TrialRecord], None] | None = None,
+        on_round: Callable[[BranchOutcome], None] | None = None,
+        on_done: Callable[[BranchOutcome], None] | None = None,
+    ) -> StudiesRun:
+        """Run each plan's study in order, journalled; the wall time covers exactly these studies.
+        `time_budget` (seconds, `sweep.time_budget`): the time left is shared equally by the
+        branches still to run."""
+        started = time.perf_counter()
+        budget_end = None if time_budget is None else time.monotonic() + time_budget
+        outcomes: list[BranchOutcome] = []
+        for index, plan in enumerate(plans):
+            deadline = (None if budget_end is None else
+                        time.monotonic() + (budget_end - time.monotonic()) / (len(plans) - index))
+            if on_branch:
+                on_branch(plan)
+            outcome = run_branch(plan, config, load_predictor, evaluate_wave=evaluate_wave, backend=backend,
+                                 vizier=vizier, journal=self.journal, counter=self.counter,
+                                 warm_history=warm_history(plan), on_record=on_record, on_round=on_round,
+                                 deadline=deadline)
+            outcomes.append(outcome)
+            if on_done:
+                on_done(outcome)
+        return StudiesRun(outcomes, Timings.of(outcomes, time.perf_counter() - started))
+
+
+@contextmanager
+def open_studies(directory: str | Path, store: JournalStore | None = None, *,
+                 repair: bool = False) -> Iterator[StudySession]:
+    """The one lock + journal sequence of the CLI sweep and the Dagster studies alike: lock the
+    directory (a second sweep on it fails with OutputDirBusy), pull its journal from `store`, open it
+    (an interrupted run resumes from it; `repair` quarantines damaged records instead of refusing
+    it), and on the way out close it and push it back."""
+    directory = Path(directory)
+    with RunLock(directory):
+        if store is not None:
+            store.pull(directory)
+        session = StudySession(directory, repair=repair)
+        try:
+            yield session
+        finally:
+            session.close()
+            if store is not None:
+                store.push(directory)
 
 
 # --------------------------------------------------------------------------------------------
@@ -346,9 +301,9 @@ class SweepResult:
     plans: list[BranchPlan]
     branches: list[BranchOutcome]
     ledger: pd.DataFrame
-    merge: Any
+    merge: "MergeResult"
     outputs: dict[str, Path] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: Timings = field(default_factory=Timings)
     resumed_records: int = 0
 
 
@@ -363,8 +318,8 @@ def run_sweep(
     config: SmartSearchConfig,
     output_dir: str | Path,
     *,
-    evaluator: Any = None,
-    vizier: Any = None,
+    evaluator: "Evaluator | None" = None,
+    vizier: "VizierClient | None" = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
     warm_start_ledger: pd.DataFrame | None = None,
     repair: bool = False,
@@ -374,7 +329,7 @@ def run_sweep(
     output_dir = Path(output_dir)
     emit = progress or (lambda event: None)
     started = time.perf_counter()
-    with RunLock(output_dir):
+    with open_studies(output_dir, repair=repair) as session:
         prepared = prepare(config)
         config = prepared.config
         for warning in prepared.warnings:
@@ -383,66 +338,53 @@ def run_sweep(
         for plan in plans:
             emit({"event": "plan", "branch": plan.branch.deployment_mode, "why": plan.why,
                   "exhaustive": plan.exhaustive, "size": plan.finite_size})
-        journal = FileJournal(output_dir / "journal.jsonl", repair=repair)
-        for warning in journal.warnings:
+        for warning in session.journal.warnings:  # the journal opens here, once the config is good
             emit({"event": "warning", "message": warning})
-        resumed = journal.loaded_records
-        if resumed:
-            emit({"event": "resume", "records": resumed})
+        if session.resumed_records:
+            emit({"event": "resume", "records": session.resumed_records})
         evaluator = evaluator if evaluator is not None else default_evaluator()
         vizier = vizier if vizier is not None else default_vizier()
-        outcomes: list[BranchOutcome] = []
-        counter = TrialCounter()
-        workers = max(1, min(config.sweep.parallel_evals, config.sweep.per_round))
         records: list[TrialRecord] = []
 
         def on_record(rec: TrialRecord) -> None:
             records.append(rec)
             emit({"event": "trial", "record": rec})
 
+        def on_round(result: BranchOutcome) -> None:
+            emit({"event": "round", "branch": result.branch, "round": result.rounds})
+            write_anytime(output_dir, config, records)
+
+        def on_done(outcome: BranchOutcome) -> None:
+            if outcome.out_of_time:
+                emit({"event": "out_of_time", "branch": outcome.branch, "evaluated": outcome.evaluated})
+            if outcome.stopped:
+                emit({"event": "stopped", "branch": outcome.branch, "reason": outcome.stopped})
+            elif outcome.stalled:
+                emit({"event": "stalled", "branch": outcome.branch, "rounds": outcome.rounds})
+
         try:
-            with make_pool(evaluator, workers, config.sweep.max_eval_seconds, executor=config.sweep.executor,
-                           ray_address=config.sweep.ray_address) as pool:
-                budget_end = (None if config.sweep.time_budget is None
-                              else time.monotonic() + config.sweep.time_budget)
-                for index, plan in enumerate(plans):
-                    mode = plan.branch.deployment_mode
-                    # the time left is shared equally by the branches still to run
-                    deadline = (None if budget_end is None else
-                                time.monotonic() + (budget_end - time.monotonic()) / (len(plans) - index))
-                    emit({"event": "branch", "branch": mode, "exhaustive": plan.exhaustive})
-                    outcome = run_branch(
-                        plan, config, prepared.load_predictor, evaluate_wave=pool.evaluate_wave, backend=pool,
-                        vizier=vizier, journal=journal, counter=counter,
-                        warm_history=warm_history_for(warm_start_ledger, plan),
-                        on_record=on_record, deadline=deadline,
-                        on_round=lambda result: (emit({"event": "round", "branch": result.branch,
-                                                       "round": result.rounds}),
-                                                 write_anytime(output_dir, config, records)),
-                    )
-                    outcomes.append(outcome)
-                    if outcome.out_of_time:
-                        emit({"event": "out_of_time", "branch": mode, "evaluated": outcome.evaluated})
-                    if outcome.stopped:
-                        emit({"event": "stopped", "branch": mode, "reason": outcome.stopped})
-                    elif outcome.stalled:
-                        emit({"event": "stalled", "branch": mode, "rounds": outcome.rounds})
+            with make_pool(evaluator, config.sweep.eval_workers, config.sweep.max_eval_seconds,
+                           executor=config.sweep.executor, ray_address=config.sweep.ray_address) as pool:
+                run = session.run(
+                    plans, config, prepared.load_predictor, evaluate_wave=pool.evaluate_wave, backend=pool,
+                    vizier=vizier, time_budget=config.sweep.time_budget,
+                    warm_history=lambda plan: warm_history_for(warm_start_ledger, plan),
+                    on_branch=lambda plan: emit({"event": "branch", "branch": plan.branch.deployment_mode,
+                                                 "exhaustive": plan.exhaustive}),
+                    on_record=on_record, on_round=on_round, on_done=on_done,
+                )
         finally:
-            journal.close()
             _write_partial_ledger(output_dir, records)
 
         ledger = ledger_frame(records)
-        timings = {
-            "optimizer_seconds": sum(o.optimizer_seconds for o in outcomes),
-            "replay_seconds": sum(o.replay_seconds for o in outcomes),
-            "wall_seconds": time.perf_counter() - started,
-        }
+        timings = replace(run.timings, wall_seconds=time.perf_counter() - started)  # prepare included
         merge, paths = write_results(output_dir, config, plans, ledger, timings)
-    return SweepResult(config, prepared, plans, outcomes, ledger, merge, paths, timings, resumed)
+    return SweepResult(config, prepared, plans, run.outcomes, ledger, merge, paths, timings,
+                       session.resumed_records)
 
 
 def write_results(output_dir: Path, config: SmartSearchConfig, plans: list[BranchPlan], ledger: pd.DataFrame,
-                  timings: dict[str, float]):
+                  timings: Timings) -> tuple["MergeResult", dict[str, Path]]:
     """Stage 6: merge the branch ledgers by goal and write every artifact; returns (merge, paths)."""
     from spica_pipeline.report import merge_for_config, write_outputs
 
@@ -451,7 +393,7 @@ def write_results(output_dir: Path, config: SmartSearchConfig, plans: list[Branc
         output_dir, ledger, merge,
         goal_summary=goal_summary(config),
         workload_summary=workload_summary(config),
-        timings=timings,
+        timings=timings.to_dict(),
         branch_notes=branch_notes(plans, ledger),
         top_n=config.deploy.top_n,
         deploy_options=deploy_options(config),
@@ -476,7 +418,7 @@ def branch_notes(plans: list[BranchPlan], ledger: pd.DataFrame) -> dict[str, str
     return notes
 
 
-def deploy_options(config: SmartSearchConfig):
+def deploy_options(config: SmartSearchConfig) -> "DeployOptions":
     """DGD rendering options from `deploy:`; the node size defaults to the hardware's AIC system spec."""
     from spica_pipeline.report.dgd import DeployOptions
 
@@ -498,8 +440,8 @@ def goal_summary(config: SmartSearchConfig) -> dict[str, Any]:
     goal = config.goal
     return {
         "target": goal.target.value,
-        "objectives": objective_names(config),
-        "sla": goal.sla.model_dump(exclude_none=True) if goal.sla else None,
+        "objectives": goal.objective_names(),
+        "sla": goal.sla_thresholds(),
         "gpu_budget": config.search_space.gpu_budget,
         "model": config.search_space.model_name,
         "hardware": config.search_space.hardware_sku,
@@ -531,20 +473,20 @@ def _config_of(rec: TrialRecord) -> ParallelConfig:
     return parallel_config_from_dict(rec.parallel_config)
 
 
-def default_evaluator():
+def default_evaluator() -> Evaluator:
     from spica_pipeline.resources.replay import ReplayEvaluator
 
     return ReplayEvaluator()
 
 
-def default_vizier():
+def default_vizier() -> "VizierClient":
     from spica_pipeline.resources.vizier import VizierClient
 
     return VizierClient()
 
 
-def make_pool(evaluator: Any, workers: int, max_eval_seconds: float | None, *, executor: str = "local",
-              ray_address: str | None = None):
+def make_pool(evaluator: Evaluator, workers: int, max_eval_seconds: float | None, *, executor: str = "local",
+              ray_address: str | None = None) -> "EvaluationBackend":
     """The evaluation backend `sweep.executor` names (the `EvaluationBackend` of resources/pool.py)."""
     if executor == "ray":
         from spica_pipeline.resources.ray_pool import RayEvaluationPool
@@ -575,11 +517,6 @@ def _write_partial_ledger(output_dir: Path, records: list[TrialRecord]) -> None:
     atomic_write_parquet(output_dir / "ledger.parquet", ledger_frame(records))
 
 
-def _branch_seed(config: SmartSearchConfig, mode: str) -> int:
-    digest = hashlib.sha256(f"{config.sweep.seed}:{mode}".encode()).digest()
-    return int.from_bytes(digest[:4], "big")
-
-
 def _file_sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -588,12 +525,8 @@ def _file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and x == x and abs(x) != float("inf")
-
-
 __all__ = [
-    "BranchPlan", "PreparedSweep", "SweepResult", "candidate_builder", "enumerate_branch_spaces",
-    "filter_policies", "ledger_frame", "plan_branch", "predict_load", "prepare", "run_branch", "run_sweep",
-    "scorer",
+    "JournalStore", "PreparedSweep", "StudiesRun", "StudySession", "SweepResult", "enumerate_branch_spaces",
+    "evaluation_context", "filter_policies", "ledger_frame", "open_studies", "predict_load", "prepare",
+    "run_branch", "run_sweep",
 ]

@@ -126,8 +126,8 @@ def read_mooncake_trace(
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise TraceError(f"{name}:{line}: not valid UTF-8 text (binary or corrupt file?)") from None
+        bad_line = raw.count(b"\n", 0, exc.start) + 1
+        raise TraceError(f"{name}:{bad_line}: not valid UTF-8 text (binary or corrupt file?)") from None
 
     timestamps: list[float] = []
     inputs: list[int] = []
@@ -135,7 +135,7 @@ def read_mooncake_trace(
     keys = _KeyCounter()
     decoder = json.JSONDecoder(object_pairs_hook=keys)
     loads = decoder.decode
-    negative, backwards = [0, None], [0, None]  # [count, first line]
+    negative, backwards = [0, 0], [0, 0]  # [count, first line (0: none yet)]
     previous_ts = -math.inf
     for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():

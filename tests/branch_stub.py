@@ -1,14 +1,13 @@
-"""A test stand-in for search.branches.BranchSpace: the same attribute names, but every field past
-the pool optional (a missing gpu_budget exercises the 'largest total in the pool' rule)."""
+"""Short construction of a real `search.branches.BranchSpace` for the encoding, projection and Vizier
+tests: the stand-in is the production type itself, so `gpu_budget` is required as it is there."""
 
-from dataclasses import dataclass, field
+from typing import Any
+
+from spica_pipeline.search.branches import BranchSpace
 
 
-@dataclass
-class Branch:
-    deployment_mode: str
-    parallel_configs: tuple
-    supported_backends: tuple
-    knob_choices: dict = field(default_factory=dict)
-    gpu_budget: int | None = None
-    float_ranges: dict = field(default_factory=dict)
+def Branch(deployment_mode: str, parallel_configs: tuple, supported_backends: tuple,
+           knob_choices: dict[str, list[Any]], gpu_budget: int,
+           float_ranges: dict[str, tuple[float, float]] | None = None) -> BranchSpace:
+    return BranchSpace(deployment_mode, tuple(parallel_configs), tuple(supported_backends), dict(knob_choices),
+                       gpu_budget, dict(float_ranges or {}))

@@ -3,10 +3,10 @@
 import os
 import time
 
-from spica_pipeline.search.evaluation import EvalOutcome
+from spica_pipeline.search.evaluation import EvalOutcome, Evaluator
 
 
-class FakeEvaluator:
+class FakeEvaluator(Evaluator):
     """Behaviour chosen per request by `sample["behaviour"]`: ok | raise | hang | exit | segv | slow."""
 
     def __init__(self, tag: str = "fake"):

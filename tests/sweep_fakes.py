@@ -3,7 +3,7 @@
 from spica_pipeline.search.evaluation import EvalOutcome, Evaluator
 
 
-class AggFailsEvaluator:
+class AggFailsEvaluator(Evaluator):
     """Every agg candidate fails; disagg candidates score their GPU count (no replay involved)."""
 
     def evaluate(self, request):

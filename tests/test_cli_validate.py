@@ -3,7 +3,6 @@
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -51,13 +50,10 @@ def test_corpus_is_big_enough():
 @pytest.mark.parametrize("path", BAD_FILES, ids=[p.name for p in BAD_FILES])
 def test_bad_config_exits_2_with_one_line(path, capsys):
     expect = expected_substring(path)
-    start = time.perf_counter()
     code, out, err = run_main(["validate", "--config", str(path)], capsys)
-    elapsed = time.perf_counter() - start
     assert code == 2
     assert out == ""
     assert_one_line_error(err, path, expect)
-    assert elapsed < 2.0, f"{path.name} took {elapsed:.2f}s"
 
 
 @pytest.mark.parametrize("name", sorted(SUBPROCESS_CASES))

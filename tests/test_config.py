@@ -91,6 +91,9 @@ def test_goodput_needs_satisfying_sla():
     rejects("require", goal={"target": "goodput"})
     rejects("require", goal={"target": "goodput", "sla": {"ttft_ms": 500}})
     rejects("require", goal={"target": "goodput_per_gpu", "sla": {"itl_ms": 20}})
+    rejects(r"\['goodput_per_gpu'\] require an SLA", goal={"target": "pareto", "sla": {"ttft_ms": 100},
+                                                         "pareto_objectives": ["goodput_per_gpu", "throughput"]})
+    assert build(goal={"target": "pareto", "sla": {"ttft_ms": 100}}).goal.sla.ttft_ms == 100  # no goodput: any SLA
     assert build(goal={"target": "goodput", "sla": {"ttft_ms": 500, "itl_ms": 20}}).goal.sla.itl_ms == 20
     assert build(goal={"target": "goodput", "sla": {"e2e_ms": 9000}}).goal.sla.satisfying
     assert build(goal={"target": "throughput_per_gpu"}).goal.sla is None
@@ -126,6 +129,11 @@ def test_planner_mapping():
     assert planner_target("e2e_latency") == "latency"
     for t in ("throughput", "throughput_per_gpu", "throughput_per_user", "pareto"):
         assert planner_target(t) == "throughput"
+    assert planner_target("min_gpus") == "sla"
+    with pytest.raises(ValueError, match="unknown optimization target"):
+        planner_target("speed")
+    goal = OptimizationGoal(target="goodput", sla={"ttft_ms": 500, "itl_ms": 30})
+    assert goal.planner_target == "sla" and goal.goodput_objectives() == ["goodput"]
 
 
 def test_unknown_target_rejected():

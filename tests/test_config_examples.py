@@ -6,13 +6,13 @@ import math
 from pathlib import Path
 
 import pytest
+from shared_data import REAL_TRACE, require
 
 from spica_pipeline import cli
 from spica_pipeline.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO / "examples" / "traces" / "small_mooncake.jsonl"
-REAL_TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
 
 
 def _gen_trace_module():
@@ -56,23 +56,20 @@ def test_trace_example_reads_the_committed_trace(monkeypatch, capsys):
     assert Path(cfg.workload.trace_path).resolve() == TRACE
 
 
-def test_real_mooncake_trace_config_validates(tmp_path, capsys):
-    if not REAL_TRACE.is_file():
-        pytest.skip(f"real Mooncake trace not present at {REAL_TRACE}")
+def _validate_with_the_real_trace(tmp_path, model: str) -> int:
     cfg = tmp_path / "real.yaml"
+    cfg.write_text(f"search_space: {{model_name: {model}, hardware_sku: h200_sxm}}\n"
+                   f"workload: {{trace_path: {require(REAL_TRACE)}, replay_concurrency: 64}}\n")
+    return cli.main(["validate", "--config", str(cfg)])
+
+
+def test_real_mooncake_trace_config_validates(tmp_path, capsys):
     # the trace's inputs reach 191,378 tokens: a 256k-context model takes them all
-    cfg.write_text("search_space: {model_name: Qwen/Qwen3-VL-32B-Instruct, hardware_sku: h200_sxm}\n"
-                   f"workload: {{trace_path: {REAL_TRACE}, replay_concurrency: 64}}\n")
-    assert cli.main(["validate", "--config", str(cfg)]) == 0
+    assert _validate_with_the_real_trace(tmp_path, "Qwen/Qwen3-VL-32B-Instruct") == 0
     assert "capped at 64 in flight" in capsys.readouterr().out
 
 
 def test_real_mooncake_trace_longer_than_the_context_is_one_line(tmp_path, capsys):
-    if not REAL_TRACE.is_file():
-        pytest.skip(f"real Mooncake trace not present at {REAL_TRACE}")
-    cfg = tmp_path / "real.yaml"
-    cfg.write_text("search_space: {model_name: Qwen/Qwen3-32B, hardware_sku: h200_sxm}\n"
-                   f"workload: {{trace_path: {REAL_TRACE}, replay_concurrency: 64}}\n")
-    assert cli.main(["validate", "--config", str(cfg)]) == 2
+    assert _validate_with_the_real_trace(tmp_path, "Qwen/Qwen3-32B") == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{REAL_TRACE}:7:" in err

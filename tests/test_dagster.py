@@ -4,6 +4,7 @@ path, the real replay for the integration path)."""
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -237,6 +238,10 @@ def test_sweep_a_leaves_sweep_b_unchanged_and_resumes(tmp_path):
     out = tmp_path / "spica" / "outputs" / "sweep_a"
     assert (out / "report.md").exists() and (out / "deploy").is_dir() and (out / "recommendation.json").exists()
     assert _mats(ra, "sweep_a", "deploy")[0].metadata["deploy_files"].value >= 1
+    # report.md's wall time is the branch study's own (stored with its ledger), not the merge step's
+    study_wall = _mats(ra, "sweep_a", "branch_study")[0].metadata["wall_seconds"].value
+    reported = re.search(r"\*\*wall_seconds\*\*: ([0-9.]+)", (out / "report.md").read_text())
+    assert reported and abs(float(reported.group(1)) - study_wall) <= 0.06
     cands = ra.asset_value(dg.AssetKey(["sweep_a", "sweep_result"]))
     assert cands["score"].is_monotonic_decreasing and len(cands) == 3
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from spica_pipeline.search.deploy import DeploymentPlan, build_deployment_plan, planner_target_for
+from spica_pipeline.search.deploy import DeploymentPlan, build_deployment_plan
 
 
 def agg_sample(**over):
@@ -176,14 +176,6 @@ def test_optional_nextn_and_startup():
     a = build_deployment_plan(agg_sample(aic_nextn=2, startup_time=30.0), planner_target="throughput",
                               sla=None).agg_engine_args
     assert a["aic_nextn"] == 2 and a["startup_time"] == 30.0
-
-
-def test_planner_target_for():
-    assert planner_target_for("goodput_per_gpu") == "sla"
-    assert planner_target_for("pareto") == "throughput"
-    assert planner_target_for("e2e_latency") == "latency"
-    with pytest.raises(ValueError, match="unknown optimization target"):
-        planner_target_for("speed")
 
 
 def test_bad_mode():

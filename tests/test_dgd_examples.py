@@ -9,7 +9,7 @@ import pytest
 from spica_pipeline.config import load_config
 from spica_pipeline.report.dgd import dgd_manifest, manifest_gpus, manifest_name, validate_manifest
 from spica_pipeline.search.branches import enumerate_branches
-from spica_pipeline.search.deploy import planner_config_for, planner_target_for
+from spica_pipeline.search.deploy import planner_config_for
 from spica_pipeline.search.sample import unroll_sample
 from spica_pipeline.sweep import deploy_options, filter_policies
 
@@ -38,7 +38,7 @@ def test_every_example_manifest_validates(path, monkeypatch):
                     sample = unroll_sample(config.search_space, sel, pc)
                     planner = None
                     if sample["enable_throughput_scaling"] or sample["enable_load_scaling"]:
-                        planner = planner_config_for(sample, planner_target=planner_target_for(goal.target.value),
+                        planner = planner_config_for(sample, planner_target=goal.planner_target,
                                                      sla=sla)
                     doc = dgd_manifest(sample, name=manifest_name(sample["model_name"], 1, branch.deployment_mode),
                                        options=options, planner_config=planner)

@@ -141,7 +141,8 @@ def branches(draw):
     if "backend" in knobs:
         knobs["backend"] = draw(st.sampled_from([["vllm"], ["vllm", "sglang"]]))
     support = tuple(("vllm", "sglang") for _ in pool)
-    return Branch(mode, tuple(pool), support, knobs, draw(st.sampled_from([None, 64])))
+    # the budget the branch enumerated the pool under: its largest total, or a roomier one
+    return Branch(mode, tuple(pool), support, knobs, draw(st.sampled_from([max(c.used_gpus for c in pool), 64])))
 
 
 @settings(max_examples=60, deadline=None)

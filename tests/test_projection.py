@@ -10,8 +10,8 @@ from spica_pipeline.search.shapes import DisaggShape as D
 from spica_pipeline.search.shapes import RoleShape as R
 
 
-def branch(mode, configs, backends=("vllm",), budget=None, **kw):
-    return Branch(mode, tuple(configs), tuple(tuple(backends) for _ in configs), gpu_budget=budget, **kw)
+def branch(mode, configs, backends=("vllm",), *, budget, knob_choices=None):
+    return Branch(mode, tuple(configs), tuple(tuple(backends) for _ in configs), knob_choices or {}, budget)
 
 
 # The 32-GPU disagg doc example: A = prefill 2x4, decode 1x8 (EP); B = prefill 1x4, decode 3x8 (TP).

@@ -5,7 +5,7 @@ from spica_pipeline.search.encoding import build_encoding
 from spica_pipeline.search.shapes import RoleShape
 from spica_pipeline.search.study import point_key
 from spica_pipeline.search.encoding import enumerate_space
-from spica_pipeline.sweep import finite_points, propose
+from spica_pipeline.search.branch_plan import finite_points, propose
 
 
 class Branch:
@@ -36,7 +36,7 @@ def test_collapsed_suggestion_moves_to_nearest_unevaluated_point():
 def test_strict_sla_gate_marks_a_slow_candidate_infeasible():
     from spica_pipeline.config import SmartSearchConfig
     from spica_pipeline.search.evaluation import EvalOutcome
-    from spica_pipeline.sweep import scorer
+    from spica_pipeline.search.branch_plan import scorer
 
     def config(gate):
         return SmartSearchConfig.from_dict({
@@ -44,9 +44,9 @@ def test_strict_sla_gate_marks_a_slow_candidate_infeasible():
             "workload": {"isl": 100, "osl": 10, "request_rate": 1, "num_request_ratio": 10},
             "goal": {"target": "throughput", "sla": {"ttft_ms": 500, "itl_ms": 50}, "sla_gate": gate}})
     report = {"output_throughput_tok_s": 900.0, "p90_ttft_ms": 800.0, "p90_itl_ms": 20.0}
-    strict = scorer(config("strict"))(EvalOutcome("feasible", report=report))
+    strict = scorer(config("strict").goal)(EvalOutcome("feasible", report=report))
     assert strict.told_metrics is None and "p90_ttft_ms" in strict.reason
-    relaxed = scorer(config("off"))(EvalOutcome("feasible", report=report))
+    relaxed = scorer(config("off").goal)(EvalOutcome("feasible", report=report))
     assert relaxed.told_metrics == {"objective": 900.0}
 
 
@@ -62,7 +62,7 @@ def test_finite_points_counts_what_enumerate_space_yields():
 
 def test_a_searched_kv_load_ratio_reaches_the_sample_and_the_spec_hash():
     from spica_pipeline.config import SmartSearchConfig
-    from spica_pipeline.sweep import candidate_builder
+    from spica_pipeline.search.branch_plan import candidate_builder
 
     config = SmartSearchConfig.from_dict({
         "search_space": {"model_name": "Qwen/Qwen3-32B", "hardware_sku": "h200_sxm", "gpu_budget": 4,
@@ -70,7 +70,7 @@ def test_a_searched_kv_load_ratio_reaches_the_sample_and_the_spec_hash():
                          "planner_scaling_policy": ["disabled"]},
         "workload": {"isl": 100, "osl": 10, "num_request_ratio": 4},  # pareto default: kv_load_ratio [0, 1]
         "goal": {"target": "pareto"}})
-    build = candidate_builder(config, None)
+    build = candidate_builder(config, None, {})
     selection = {"deployment_mode": "agg", "backend": "vllm", "router_mode": "round_robin",
                  "planner_scaling_policy": "disabled", "agg_max_num_seqs": 256,
                  "agg_max_num_batched_tokens": 8192}
@@ -78,3 +78,9 @@ def test_a_searched_kv_load_ratio_reaches_the_sample_and_the_spec_hash():
     high = build({**selection, "kv_load_ratio": 0.75}, RoleShape(tp=2))
     assert low.sample["kv_load_ratio"] == 0.25 and high.sample["kv_load_ratio"] == 0.75
     assert low.spec_hash != high.spec_hash
+    # the request carries the goal typed (the config's own), hashed as its JSON dump
+    assert low.goal is config.goal and low.to_dict()["goal"] == config.goal.model_dump(mode="json")
+    from spica_pipeline.search.evaluation import EvalRequest
+
+    as_dict = EvalRequest(low.sample, low.workload, config.goal.model_dump(mode="json"), low.context)
+    assert as_dict.goal == config.goal and as_dict.spec_hash == low.spec_hash

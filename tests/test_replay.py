@@ -134,7 +134,7 @@ def test_goodput_threads_sla_on_planner_path(fake, tmp_path, monkeypatch):
             return {"target_prefill": None, "target_decode": None, "next_tick_ms": None}
 
     def build_scaling_policy(sample, goal, workload):
-        built.append((sample["planner_scaling_policy"], goal["target"], workload.get("trace_path")))
+        built.append((sample["planner_scaling_policy"], goal.target.value, workload.get("trace_path")))  # typed goal
         return Policy()
 
     planner = types.ModuleType("spica_pipeline.search.planner")

@@ -2,7 +2,7 @@
 
 import json
 import random
-import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -146,20 +146,15 @@ def test_trace_workload_with_shared_prefixes(evaluator, version, tmp_path):
     assert out.report["prefix_cache_reused_ratio"] > 0.3
 
 
-def test_cached_identity_is_fast_the_second_time(tmp_path, version):
+def test_cached_identity_is_reused_the_second_time(tmp_path, version):
     ident = timing.EngineIdentity(MODEL, SKU, BACKEND, version, tp=8)  # model built earlier: tabulation only
-    t0 = time.perf_counter()
     cold = timing.timing_table(ident, cache_dir=tmp_path)
-    cold_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    warm = timing.timing_table(ident, cache_dir=tmp_path)
-    warm_s = time.perf_counter() - t0
+    mtime = Path(cold.path).stat().st_mtime_ns
+    warm = timing.timing_table(ident, cache_dir=tmp_path)  # the in-process memo
     timing._timing_memo.clear()
-    t0 = time.perf_counter()
-    disk = timing.timing_table(ident, cache_dir=tmp_path)
-    disk_s = time.perf_counter() - t0
+    disk = timing.timing_table(ident, cache_dir=tmp_path)  # read back from disk, not rebuilt
     assert cold == warm == disk
-    assert warm_s < 0.01 and disk_s < 0.05 and cold_s > 10 * disk_s, (cold_s, warm_s, disk_s)
+    assert Path(disk.path).stat().st_mtime_ns == mtime
     with np.load(cold.path) as npz:
         assert npz["prefill_isl"][-1] >= 32768
         assert npz["decode_itl"].shape == (len(npz["decode_active_kv_tokens"]), len(npz["decode_context_length"]))
@@ -167,9 +162,7 @@ def test_cached_identity_is_fast_the_second_time(tmp_path, version):
     ev = ReplayEvaluator(cache_dir=str(tmp_path))
     request = EvalRequest(agg_sample(backend_version=version, tp=8, replicas=1, used_gpus=8), single(1024), THROUGHPUT)
     first = ev.evaluate(request)
-    t0 = time.perf_counter()
     again = ev.evaluate(request)
-    assert time.perf_counter() - t0 < 0.5
     for key in ("mean_ttft_ms", "mean_itl_ms", "duration_ms", "gpu_hours"):  # round robin is deterministic
         assert first.report[key] == again.report[key]
 

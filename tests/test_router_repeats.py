@@ -54,14 +54,14 @@ class CountingEvaluator:
 
 def test_candidate_builder_sets_one_repeat_for_single_worker_roles():
     from spica_pipeline.config import SmartSearchConfig
-    from spica_pipeline.sweep import candidate_builder
+    from spica_pipeline.search.branch_plan import candidate_builder
 
     config = SmartSearchConfig.from_dict({
         "search_space": {"model_name": "m", "hardware_sku": "h200_sxm", "router_mode": ["kv_router"]},
         "workload": {"isl": 1000, "osl": 100, "request_rate": 1.0, "num_request_ratio": 10},
         "sweep": {"router_repeats": 3},
     })
-    build = candidate_builder(config, None)
+    build = candidate_builder(config, None, {})
     ev = CountingEvaluator()
     ev.evaluate(build(kv(agg_sel), ONE))
     ev.evaluate(build(kv(agg_sel), TWO))

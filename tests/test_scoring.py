@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from spica_pipeline.config.goal import GOODPUT_KEY, Target
 from spica_pipeline.search import scoring
 from spica_pipeline.search.scoring import Candidate
 
@@ -73,8 +74,9 @@ def test_metrics_keep_planner_ticks_and_only_known_keys():
 
 
 def test_directions_and_target_errors():
-    for t in scoring.TARGETS:
+    for t in scoring.TARGET_METRICS:
         assert scoring.direction(t) == ("min" if t == "e2e_latency" else "max")
+    assert set(scoring.TARGET_METRICS) == set(Target) - {Target.PARETO}  # every scalar target reads a metric
     with pytest.raises(ValueError, match="multi-objective and has no scalar direction"):
         scoring.direction("pareto")
     with pytest.raises(ValueError, match="multi-objective"):
@@ -96,22 +98,8 @@ def test_str_enum_targets_are_accepted():
 
 # --- SLA rules ------------------------------------------------------------------------------
 
-def test_sla_requirement_for_goodput_objectives():
-    scoring.check_sla_requirement("throughput_per_gpu", None, None)
-    scoring.check_sla_requirement("goodput", None, {"ttft_ms": 100, "itl_ms": 10})
-    scoring.check_sla_requirement("goodput_per_gpu", None, {"e2e_ms": 1000})
-    with pytest.raises(ValueError, match="require an SLA"):
-        scoring.check_sla_requirement("goodput", None, None)
-    with pytest.raises(ValueError, match="require an SLA"):
-        scoring.check_sla_requirement("goodput", None, {"ttft_ms": 100})
-    with pytest.raises(ValueError, match=r"\['goodput_per_gpu'\] require an SLA target"):
-        scoring.check_sla_requirement("pareto", ["goodput_per_gpu", "throughput_per_user"], {})
-    # A non-goodput goal accepts any SLA shape.
-    scoring.check_sla_requirement("pareto", None, {"ttft_ms": 100})
-
-
 def test_goodput_fails_closed_without_per_request_accounting():
-    no_goodput = {k: v for k, v in REPORT.items() if k != scoring.GOODPUT_KEY}
+    no_goodput = {k: v for k, v in REPORT.items() if k != GOODPUT_KEY}
     with pytest.raises(RuntimeError, match="per-request SLA accounting"):
         scoring.require_goodput(["goodput"], no_goodput)
     with pytest.raises(RuntimeError, match="per-request SLA accounting"):

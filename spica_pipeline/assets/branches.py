@@ -10,7 +10,8 @@ from spica_pipeline.assets.config import config_from_frame, fail
 from spica_pipeline.assets.spec import SweepSpec
 from spica_pipeline.errors import SpicaError
 from spica_pipeline.search.evaluation import canonical_json
-from spica_pipeline.sweep import enumerate_branch_spaces, plan_branch
+from spica_pipeline.search.branch_plan import plan_branch
+from spica_pipeline.sweep import enumerate_branch_spaces
 
 BRANCH_COLUMNS = ["deployment_mode", "space_json", "space_hash", "finite_size", "pool_size", "exhaustive",
                   "plan", "warnings_json"]

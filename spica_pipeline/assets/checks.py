@@ -11,6 +11,7 @@ import pandas as pd
 from spica_pipeline.assets.config import config_from_frame
 from spica_pipeline.assets.result import as_ledgers, merged_ledger
 from spica_pipeline.assets.spec import SweepSpec
+from spica_pipeline.config import SmartSearchConfig, Target
 from spica_pipeline.search import scoring
 
 REPLAY_STATUSES = ("feasible", "infeasible", "failed", "timed_out")
@@ -55,7 +56,7 @@ def front_check(candidates: pd.DataFrame, target: str, objectives: list[str]) ->
     """Pareto goal: no front point dominates another. Scalar goal: the ranking is best-first."""
     if candidates.empty:
         return dg.AssetCheckResult(passed=True, metadata={"points": 0})
-    if target != scoring.PARETO:
+    if target != Target.PARETO:
         scores = pd.to_numeric(candidates["score"], errors="coerce").tolist()
         bad = sum(1 for a, b in zip(scores, scores[1:]) if not a >= b)
         return dg.AssetCheckResult(passed=bad == 0, metadata={"points": len(scores), "out_of_order": bad},
@@ -69,8 +70,8 @@ def front_check(candidates: pd.DataFrame, target: str, objectives: list[str]) ->
                                metadata={"points": len(vectors), "dominated_points": dominated})
 
 
-def _objectives(config: Any) -> list[str]:
-    return [scoring._name(o) for o in config.goal.objectives()]
+def _objectives(config: SmartSearchConfig) -> list[str]:
+    return config.goal.objective_names()
 
 
 def build_checks(spec: SweepSpec) -> list[dg.AssetChecksDefinition]:

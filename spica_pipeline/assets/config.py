@@ -13,9 +13,10 @@ from typing import Any
 import dagster as dg
 import pandas as pd
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from spica_pipeline.config import SmartSearchConfig, load_config, parse_yaml_text, render_validation_error
+from spica_pipeline.config import ALGORITHMS, SmartSearchConfig, load_config, parse_yaml_text
+from spica_pipeline.config.loader import validate_config
 from spica_pipeline import sweep as sweep_stages
 from spica_pipeline.errors import ConfigError, SpicaError
 from spica_pipeline.search.evaluation import canonical_json
@@ -30,8 +31,7 @@ class SweepLaunchConfig(dg.Config):
     policy: str | None = Field(default=None, description="Override sweep.policy: rapid | thorough")
     algorithm: str | None = Field(
         default=None,
-        description="Override sweep.algorithm: DEFAULT | GAUSSIAN_PROCESS_BANDIT | RANDOM_SEARCH | "
-        "QUASI_RANDOM_SEARCH | NSGA2",
+        description=f"Override sweep.algorithm: {' | '.join(ALGORITHMS)}",
     )
     max_rounds: int | None = Field(default=None, description="Override sweep.max_rounds (the trial budget)")
     gpu_budget: int | None = Field(default=None, description="Override search_space.gpu_budget")
@@ -56,22 +56,13 @@ def _with_overrides(data: Any, launch: SweepLaunchConfig, where: str, base: Path
     return data
 
 
-def _validate(data: dict[str, Any], where: str) -> SmartSearchConfig:
-    try:
-        return SmartSearchConfig.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(f"invalid config {where}: {render_validation_error(err)}") from None
-    except (ValueError, TypeError) as err:
-        raise ConfigError(f"invalid config {where}: {' '.join(str(err).split())}") from None
-
-
 def read_sweep_config(config_path: str | Path, launch: SweepLaunchConfig | None = None) -> SmartSearchConfig:
     """The sweep's file with the run's overrides applied; every problem is one ConfigError line."""
     launch = launch or SweepLaunchConfig()
     path = resolve_path(config_path)
     load_config(path)  # file-level checks and messages (size, encoding, YAML, schema)
     data = parse_yaml_text(path.read_text(encoding="utf-8-sig"), path)
-    return _validate(_with_overrides(data, launch, str(path), path.parent), str(path))
+    return validate_config(_with_overrides(data, launch, str(path), path.parent), str(path))
 
 
 RESULT_NEUTRAL = {"sweep": {"executor", "ray_address"}}

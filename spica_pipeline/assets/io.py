@@ -112,7 +112,7 @@ class SweepStorage(dg.ConfigurableResource):
 
     @property
     def remote(self) -> UPath | None:
-        return UPath(self.base_dir) if is_url(self.base_dir) else None
+        return UPath(self.base_dir) if self.base_dir is not None and is_url(self.base_dir) else None
 
     @property
     def root(self) -> Path:
@@ -138,7 +138,7 @@ class SweepStorage(dg.ConfigurableResource):
             return
         for item in src.rglob("*"):
             if item.is_file():
-                dest = local / item.relative_to(src).as_posix()  # type: ignore[arg-type]
+                dest = local / item.relative_to(src).as_posix()
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(item.read_bytes())
 

@@ -2,7 +2,7 @@
 
 import importlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 import pandas as pd
@@ -12,8 +12,11 @@ from spica_pipeline.assets.spec import SweepSpec
 from spica_pipeline.errors import SpicaError
 from spica_pipeline.sweep import predict_load
 
+if TYPE_CHECKING:
+    from spica_pipeline.search.load_predictor import LoadPredictorResult
 
-def load_predictor_frame(result: Any) -> pd.DataFrame:
+
+def load_predictor_frame(result: "LoadPredictorResult | None") -> pd.DataFrame:
     """One row: the result's class (so it can be rebuilt) and its `to_dict()` as JSON; null when
     the config needs no predictor."""
     if result is None:
@@ -23,7 +26,7 @@ def load_predictor_frame(result: Any) -> pd.DataFrame:
                           "result_json": json.dumps(result.to_dict(), sort_keys=True, default=str)}])
 
 
-def load_predictor_from_frame(frame: pd.DataFrame) -> Any:
+def load_predictor_from_frame(frame: pd.DataFrame) -> "LoadPredictorResult | None":
     row = frame.iloc[0]
     if not row["result_class"] or row["result_json"] is None:
         return None

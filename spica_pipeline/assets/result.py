@@ -8,9 +8,9 @@ files: it calls `write_results` (report.md, plots, deploy/<rank>/, recommendatio
 import json
 import math
 import re
-import time
 from collections import Counter
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Mapping, TypeAlias
 
 import dagster as dg
 import pandas as pd
@@ -20,13 +20,16 @@ from spica_pipeline.assets.config import config_from_frame, fail
 from spica_pipeline.assets.io import SweepStorage
 from spica_pipeline.assets.spec import SweepSpec
 from spica_pipeline.assets.ui_plots import inline_plot
-from spica_pipeline.assets.studies import SPACES_FILE
+from spica_pipeline.assets.studies import SPACES_FILE, study_timings
+from spica_pipeline.config import SmartSearchConfig
 from spica_pipeline.errors import SpicaError
 from spica_pipeline.search import scoring
+from spica_pipeline.search.branch_plan import BranchPlan, plan_branch
 from spica_pipeline.search.ledger import STATUSES, TrialRecord
 from spica_pipeline.search.study import BranchOutcome
+from spica_pipeline.search.timings import Timings
 from spica_pipeline.storage import atomic_write_parquet, atomic_write_text
-from spica_pipeline.sweep import ledger_frame, plan_branch, write_results
+from spica_pipeline.sweep import ledger_frame, write_results
 
 TABLE_ROWS = 20
 
@@ -34,7 +37,7 @@ TABLE_ROWS = 20
 _SAME_SPEC = re.compile(r"(same spec as trial )(\d+)")
 
 
-def merged_ledger(config: Any, ledgers: dict[str, pd.DataFrame]) -> pd.DataFrame:
+def merged_ledger(config: SmartSearchConfig, ledgers: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """Branch ledgers in the config's mode order, trials renumbered sweep-wide as the CLI numbers them."""
     frames, offset = [], 0
     for mode in config.search_space.deployment_mode:
@@ -52,7 +55,9 @@ def merged_ledger(config: Any, ledgers: dict[str, pd.DataFrame]) -> pd.DataFrame
         frames.append(frame)
     if not frames:
         return ledger_frame([])
-    return pd.concat(frames, ignore_index=True)
+    merged = pd.concat(frames, ignore_index=True)
+    merged.attrs.clear()  # the branches' study timings are not part of the merged ledger
+    return merged
 
 
 def branch_outcome(mode: str, ledger: pd.DataFrame) -> BranchOutcome:
@@ -92,13 +97,18 @@ def candidates_table(candidates: pd.DataFrame, objectives: list[str] | None) -> 
                                   schema=dg.TableSchema(columns=[dg.TableColumn(c, types[c]) for c in cols]))
 
 
+# The branch_study input of the downstream assets: {mode: ledger}, or the frame itself when the
+# asset has one partition (the asset parameters stay `Any`: Dagster turns a hint into a type check).
+BranchStudies: TypeAlias = "pd.DataFrame | Mapping[str, pd.DataFrame] | None"
+
+
 def _sweep_inputs(spec: SweepSpec) -> dict[str, dg.AssetIn]:
     return {"filtered_config": dg.AssetIn(spec.key("filtered_config")),
             "branch_spaces": dg.AssetIn(spec.key("branch_spaces")),
             "branch_study": dg.AssetIn(spec.key("branch_study"), metadata={"allow_missing_partitions": True})}
 
 
-def as_ledgers(spec: SweepSpec, branch_study: Any) -> dict[str, pd.DataFrame]:
+def as_ledgers(spec: SweepSpec, branch_study: BranchStudies) -> dict[str, pd.DataFrame]:
     """The branch_study input as {mode: ledger}: Dagster hands a single-partition asset over as the
     frame itself."""
     if isinstance(branch_study, pd.DataFrame):
@@ -106,9 +116,20 @@ def as_ledgers(spec: SweepSpec, branch_study: Any) -> dict[str, pd.DataFrame]:
     return dict(branch_study or {})
 
 
-def merged_inputs(context: Any, spec: SweepSpec, filtered_config: pd.DataFrame, branch_spaces: pd.DataFrame,
-                  branch_study: Any) -> tuple[Any, pd.DataFrame, list[Any], list[Any]]:
-    """(config, merged ledger, plans, outcomes) rebuilt from the stored stage outputs."""
+@dataclass
+class MergedInputs:
+    """The stored stage outputs, rebuilt: the merged ledger, the plans and what each study did."""
+
+    config: SmartSearchConfig
+    ledger: pd.DataFrame
+    plans: list[BranchPlan]
+    outcomes: list[BranchOutcome]
+    timings: Timings  # wall_seconds: the branch studies' own, added up over the partitions
+
+
+def merged_inputs(context: dg.AssetExecutionContext, spec: SweepSpec, filtered_config: pd.DataFrame,
+                  branch_spaces: pd.DataFrame, branch_study: BranchStudies) -> MergedInputs:
+    """The merge's inputs rebuilt from the stored stage outputs."""
     from spica_pipeline.search.branches import BranchSpace
 
     config = config_from_frame(filtered_config)
@@ -122,7 +143,8 @@ def merged_inputs(context: Any, spec: SweepSpec, filtered_config: pd.DataFrame, 
     plans = [plan_branch(b, config) for b in branches]
     outcomes = [branch_outcome(p.branch.deployment_mode, ledgers.get(p.branch.deployment_mode, ledger_frame([])))
                 for p in plans]
-    return config, ledger, plans, outcomes
+    wall = sum(study_timings(frame).wall_seconds for frame in ledgers.values())
+    return MergedInputs(config, ledger, plans, outcomes, Timings.of(outcomes, wall))
 
 
 def _r(v: Any) -> float:
@@ -161,7 +183,8 @@ def build_sweep_result(spec: SweepSpec) -> dg.AssetsDefinition:
         from spica_pipeline.report import merge_for_config
         from spica_pipeline.report.tables import arrow_safe, candidates_frame
 
-        config, ledger, _, _ = merged_inputs(context, spec, filtered_config, branch_spaces, branch_study)
+        inputs = merged_inputs(context, spec, filtered_config, branch_spaces, branch_study)
+        config, ledger = inputs.config, inputs.ledger
         try:
             merge = merge_for_config(ledger, config)
         except SpicaError as err:
@@ -210,16 +233,10 @@ def build_deploy(spec: SweepSpec, sweep_result: dg.AssetsDefinition) -> dg.Asset
     def deploy(context: dg.AssetExecutionContext, filtered_config: pd.DataFrame, branch_spaces: pd.DataFrame,
                branch_study: Any, sweep_result: pd.DataFrame,
                sweep_storage: SweepStorage) -> dg.MaterializeResult:
-        started = time.perf_counter()
-        config, ledger, plans, outcomes = merged_inputs(context, spec, filtered_config, branch_spaces, branch_study)
+        inputs = merged_inputs(context, spec, filtered_config, branch_spaces, branch_study)
         output_dir = sweep_storage.output_dir(spec.name)
-        timings = {
-            "optimizer_seconds": sum(o.optimizer_seconds for o in outcomes),
-            "replay_seconds": sum(o.replay_seconds for o in outcomes),
-            "wall_seconds": time.perf_counter() - started,
-        }
         try:
-            merge, paths = write_results(output_dir, config, plans, ledger, timings)
+            merge, paths = write_results(output_dir, inputs.config, inputs.plans, inputs.ledger, inputs.timings)
         except SpicaError as err:
             raise fail(err) from None
         sweep_storage.push(output_dir)

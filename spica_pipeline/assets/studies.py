@@ -22,12 +22,19 @@ from spica_pipeline.assets.io import SweepStorage
 from spica_pipeline.assets.load_predictor import load_predictor_from_frame
 from spica_pipeline.assets.spec import REPLAY_POOL, SweepSpec
 from spica_pipeline.errors import SpicaError
-from spica_pipeline.journal import FileJournal, OutputDirBusy, RunLock
 from spica_pipeline.resources.executor import EvaluationBackendResource
+from spica_pipeline.resources.pool import EvaluationBackend
 from spica_pipeline.resources.vizier import VizierClient
+from spica_pipeline.search.branch_plan import plan_branch
 from spica_pipeline.search.evaluation import Evaluator, canonical_json, json_safe
 from spica_pipeline.search.ledger import STATUSES
-from spica_pipeline.sweep import ledger_frame, plan_branch, run_branch, warm_history_for
+from spica_pipeline.search.study import BranchOutcome, HistoryItem
+from spica_pipeline.search.timings import Timings
+from spica_pipeline.sweep import ledger_frame, open_studies, warm_history_for
+
+# the branch ledger's frame attribute carrying its study's Timings (Parquet keeps DataFrame.attrs),
+# so the deploy asset reports the studies' real wall time, not its own
+TIMINGS_ATTR = "spica_timings"
 
 SPACES_FILE = "spaces.json"  # written next to the report: {mode: space_hash} of the last sweep
 
@@ -52,7 +59,7 @@ def previous_ledger(output_dir: Path, mode: str, space_hash: str) -> tuple[pd.Da
     return pd.read_parquet(ledger_path), "same space as the previous sweep"
 
 
-def journal_key(config_hash: str, warm: list[Any]) -> str:
+def journal_key(config_hash: str, warm: list[HistoryItem]) -> str:
     warm_part = hashlib.sha256(canonical_json(json_safe(
         [[h.parameters, h.metrics, h.infeasible_reason] for h in warm])).encode()).hexdigest()
     return hashlib.sha256(f"{config_hash}:{warm_part if warm else ''}".encode()).hexdigest()
@@ -66,9 +73,9 @@ def study_partition(
     filtered_config: pd.DataFrame,
     load_predictor_result: pd.DataFrame,
     branch_spaces: pd.DataFrame,
-    pool: Any,
+    pool: EvaluationBackend,
     storage: SweepStorage,
-    vizier: Any,
+    vizier: VizierClient,
 ) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Run one branch study on `pool`; returns its ledger and the materialization metadata."""
     from spica_pipeline.search.branches import BranchSpace
@@ -85,7 +92,7 @@ def study_partition(
 
     plan = plan_branch(BranchSpace.from_dict(spaces[mode]), config)
     row = branch_spaces[branch_spaces["deployment_mode"] == mode].iloc[0]
-    warm: list[Any] = []
+    warm: list[HistoryItem] = []
     warm_note = "off"
     if warm_start:
         output_dir = storage.output_dir(frame_value(filtered_config, "sweep_name"))
@@ -99,28 +106,21 @@ def study_partition(
     load_predictor = load_predictor_from_frame(load_predictor_result)
     context.log.info(f"{mode}: {plan.why}; {len(warm)} warm-start trials; journal {journal_dir}")
 
-    def on_round(result: Any) -> None:
+    def on_round(result: BranchOutcome) -> None:
         context.log.info(f"{mode}: round {result.rounds}: {dict(result.counts)}")
 
     try:
-        with RunLock(journal_dir):
-            storage.pull(journal_dir)  # an object-store base_dir: resume what another pod journalled
-            journal = FileJournal(journal_dir / "journal.jsonl")
-            for warning in journal.warnings:  # a torn last record cut back on open
+        with open_studies(journal_dir, store=storage) as session:
+            for warning in session.journal.warnings:  # a torn last record cut back on open
                 context.log.warning(warning)
-            try:
-                outcome = run_branch(plan, config, load_predictor, evaluate_wave=pool.evaluate_wave,
-                                     vizier=vizier, journal=journal,
-                                     warm_history=warm, on_round=on_round)
-            finally:
-                journal.close()
-                storage.push(journal_dir)
-    except OutputDirBusy as err:
-        raise fail(err) from None
-    except SpicaError as err:
+            run = session.run([plan], config, load_predictor, evaluate_wave=pool.evaluate_wave, vizier=vizier,
+                              warm_history=lambda plan: warm, on_round=on_round)
+    except SpicaError as err:  # OutputDirBusy included: another run holds this journal
         raise fail(err) from None
 
+    outcome = run.outcomes[0]
     ledger = ledger_frame(outcome.records)
+    ledger.attrs[TIMINGS_ATTR] = run.timings.to_dict()
     feasible = [r.score for r in outcome.records if r.status == "feasible" and r.score is not None]
     metadata: dict[str, Any] = {s: int(outcome.counts.get(s, 0)) for s in STATUSES}
     metadata.update({
@@ -131,11 +131,12 @@ def study_partition(
         "stalled": bool(outcome.stalled),
         "optimizer_seconds": round(float(outcome.optimizer_seconds), 2),
         "replay_seconds": round(float(outcome.replay_seconds), 2),
-        "resumed_journal_records": int(journal.loaded_records),
+        "wall_seconds": round(run.timings.wall_seconds, 2),
+        "resumed_journal_records": int(session.resumed_records),
         "warm_start_trials": len(warm),
         "warm_start": warm_note,
         "space_hash": str(row["space_hash"]),
-        "journal": dg.MetadataValue.path(str(journal_dir / "journal.jsonl")),
+        "journal": dg.MetadataValue.path(str(session.journal_path)),
     })
     if feasible:
         metadata["best_score"] = round(float(max(feasible)), 4)
@@ -185,3 +186,8 @@ def build_branch_study(spec: SweepSpec) -> dg.AssetsDefinition:
             return frames if len(keys) > 1 else frames[keys[0]]
 
     return branch_study
+
+
+def study_timings(ledger: pd.DataFrame) -> Timings:
+    """The Timings a branch_study partition stored on its ledger (zero for a skipped mode)."""
+    return Timings(**ledger.attrs.get(TIMINGS_ATTR, {}))

@@ -3,11 +3,14 @@
 from spica_pipeline.config import presets
 from spica_pipeline.config.goal import (
     DEFAULT_PARETO_OBJECTIVES,
+    GOODPUT_KEY,
     GOODPUT_TARGETS,
     LoadTarget,
     OptimizationGoal,
     SLATarget,
     Target,
+    as_target,
+    objectives_for,
     planner_target,
     target_direction,
 )
@@ -20,6 +23,7 @@ from spica_pipeline.config.workload import Workload
 __all__ = [
     "ALGORITHMS",
     "DEFAULT_PARETO_OBJECTIVES",
+    "GOODPUT_KEY",
     "GOODPUT_TARGETS",
     "LoadTarget",
     "OptimizationGoal",
@@ -29,7 +33,9 @@ __all__ = [
     "SweepConfig",
     "Target",
     "Workload",
+    "as_target",
     "load_config",
+    "objectives_for",
     "parse_yaml_text",
     "planner_target",
     "presets",

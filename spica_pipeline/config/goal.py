@@ -1,7 +1,7 @@
 """`goal:`: what a sweep optimises; pinned, never searched (spec §4)."""
 
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from pydantic import model_validator
 
@@ -29,9 +29,14 @@ class Target(str, Enum):
 
 GOODPUT_TARGETS = frozenset({Target.GOODPUT, Target.GOODPUT_PER_GPU})
 DEFAULT_PARETO_OBJECTIVES = (Target.THROUGHPUT_PER_GPU, Target.THROUGHPUT_PER_USER)
+# The replay report key goodput targets read: output tokens/s of requests that met the SLA.
+GOODPUT_KEY = "goodput_output_throughput_tok_s"
+
+PlannerTarget = Literal["sla", "throughput", "latency"]
 
 
-def _as_target(target: "Target | str") -> Target:
+def as_target(target: "Target | str") -> Target:
+    """A target name (or member) as the enum; unknown names are a ValueError naming them."""
     try:
         return Target(target)
     except ValueError:
@@ -40,20 +45,28 @@ def _as_target(target: "Target | str") -> Target:
 
 def target_direction(target: "Target | str") -> Literal["max", "min"]:
     """Every target is maximised except e2e_latency; pareto has no scalar direction."""
-    t = _as_target(target)
+    t = as_target(target)
     if t is Target.PARETO:
         raise ValueError("'pareto' is multi-objective and has no scalar direction")
     return "min" if t is Target.E2E_LATENCY else "max"
 
 
-def planner_target(target: "Target | str") -> Literal["sla", "throughput", "latency"]:
+def planner_target(target: "Target | str") -> PlannerTarget:
     """The planner optimisation target a goal maps to (spec §1 stage 2)."""
-    t = _as_target(target)
+    t = as_target(target)
     if t in GOODPUT_TARGETS or t is Target.MIN_GPUS:
         return "sla"
     if t is Target.E2E_LATENCY:
         return "latency"
     return "throughput"
+
+
+def objectives_for(target: "Target | str", pareto_objectives: "Sequence[Target | str] | None" = None) -> list[Target]:
+    """The objectives a goal scores: [target] for a scalar goal, else the Pareto list (default pair)."""
+    t = as_target(target)
+    if t is not Target.PARETO:
+        return [t]
+    return [as_target(o) for o in (pareto_objectives or DEFAULT_PARETO_OBJECTIVES)]
 
 
 class SLATarget(StrictModel):
@@ -67,10 +80,6 @@ class SLATarget(StrictModel):
     def satisfying(self) -> bool:
         """e2e_ms alone, or both ttft_ms and itl_ms: enough to judge every request."""
         return self.e2e_ms is not None or (self.ttft_ms is not None and self.itl_ms is not None)
-
-    @property
-    def has_ttft_itl(self) -> bool:
-        return self.ttft_ms is not None and self.itl_ms is not None
 
 
 class LoadTarget(StrictModel):
@@ -141,7 +150,7 @@ class OptimizationGoal(StrictModel):
                                  "target min_gpus)")
             if len(set(objs)) != len(objs):
                 raise ValueError("pareto_objectives must be distinct")
-        needs_sla = sorted(t.value for t in self.objectives() if t in GOODPUT_TARGETS)
+        needs_sla = self.goodput_objectives()
         if needs_sla and (self.sla is None or not self.sla.satisfying):
             what = needs_sla[0] if self.target in GOODPUT_TARGETS else needs_sla
             raise ValueError(f"{what} require an SLA target (ttft_ms+itl_ms or e2e_ms)"
@@ -153,10 +162,22 @@ class OptimizationGoal(StrictModel):
     def is_pareto(self) -> bool:
         return self.target is Target.PARETO
 
+    def sla_thresholds(self) -> dict[str, float] | None:
+        """The set SLA thresholds (ms) by name, or None without an SLA: what the gate and the
+        steady-state window's goodput read."""
+        return self.sla.model_dump(exclude_none=True) if self.sla is not None else None
+
+    @property
+    def planner_target(self) -> PlannerTarget:
+        return planner_target(self.target)
+
     def objectives(self) -> list[Target]:
         """The effective objective list: [target] for a scalar goal, else the Pareto objectives."""
-        if self.target is not Target.PARETO:
-            return [self.target]
-        if self.pareto_objectives is None:
-            return list(DEFAULT_PARETO_OBJECTIVES)
-        return list(self.pareto_objectives)
+        return objectives_for(self.target, self.pareto_objectives)
+
+    def objective_names(self) -> list[str]:
+        return [t.value for t in self.objectives()]
+
+    def goodput_objectives(self) -> list[str]:
+        """The active objectives that read GOODPUT_KEY (each needs the SLA and the replay's goodput)."""
+        return sorted(t.value for t in self.objectives() if t in GOODPUT_TARGETS)

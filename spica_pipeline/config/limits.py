@@ -39,7 +39,7 @@ def machine_memory_bytes() -> int | None:
         return None
 
 
-def replay_memory_bytes(input_lengths: Any, requests: int | None = None) -> float:
+def replay_memory_bytes(input_lengths: Any, requests: float | None = None) -> float:
     """Estimated peak memory of one replay: a fixed cost per request plus one per input token.
     `input_lengths` is one length (times `requests`) or a per-request sequence (a trace)."""
     if requests is not None:

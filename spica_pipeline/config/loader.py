@@ -2,12 +2,15 @@
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import ValidationError
 
 from spica_pipeline.errors import ConfigError
+
+if TYPE_CHECKING:
+    from spica_pipeline.config.model import SmartSearchConfig
 
 MAX_CONFIG_BYTES = 1 << 20  # a sweep config is a page of YAML; refuse anything near a megabyte
 MAX_ALIASES = 64  # anchors are fine for sharing a list or two, not for building bombs
@@ -169,7 +172,7 @@ def parse_yaml_text(text: str, path: str | Path = "<string>") -> Any:
         loader.dispose()
 
 
-def load_config(path: str | Path) -> "SmartSearchConfig":  # noqa: F821
+def load_config(path: str | Path) -> "SmartSearchConfig":
     """Read, parse and validate a config file; every failure is one `ConfigError` line."""
     from spica_pipeline.config.model import SmartSearchConfig
 
@@ -200,9 +203,16 @@ def load_config(path: str | Path) -> "SmartSearchConfig":  # noqa: F821
                           "search_space and workload)")
     if not isinstance(data, dict):
         raise ConfigError(f"invalid config {path}: the top level must be a mapping, got {type(data).__name__}")
+    return validate_config(data, path)
+
+
+def validate_config(data: dict[str, Any], where: str | Path) -> "SmartSearchConfig":
+    """A parsed config mapping, validated; any failure is one `ConfigError` line naming `where`."""
+    from spica_pipeline.config.model import SmartSearchConfig
+
     try:
         return SmartSearchConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(f"invalid config {path}: {render_validation_error(err)}") from None
+        raise ConfigError(f"invalid config {where}: {render_validation_error(err)}") from None
     except (ValueError, TypeError) as err:
-        raise ConfigError(f"invalid config {path}: {_one_line(str(err))}") from None
+        raise ConfigError(f"invalid config {where}: {_one_line(str(err))}") from None

@@ -4,8 +4,9 @@ A composite entry is either a preset id (a string from the tables below) or a se
 "raw-dict pin" holding the unrolled fields directly. Expansion never merges a dict with a preset.
 """
 
-import math
 from typing import Any
+
+from spica_pipeline.config.types import is_finite_number
 
 # ---- atomic choice tables (spec §2.2, §2.3, §2.5) -------------------------------------------
 
@@ -222,10 +223,6 @@ def throughput_intervals(policies: list[str | dict[str, Any]]) -> list[int | flo
 # ---- load-time checks of a composite list (spec §2.7 "Composite validation") ----------------
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -241,17 +238,17 @@ def _check_dict_values(field: str, entry: dict[str, Any]) -> None:
             if not isinstance(value, bool):
                 raise bad(key, "true or false")
         elif key.endswith("_interval_seconds"):
-            if value is not None and not (_is_number(value) and value > 0):
+            if value is not None and not (is_finite_number(value) and value > 0):
                 raise bad(key, "a positive number or null")
         elif key in ("max_num_fpm_samples", "fpm_sample_bucket_size", "load_min_observations",
                      "prophet_window_size", "kalman_min_points"):
             if not (_is_int(value) and value > 0):
                 raise bad(key, "a positive integer")
         elif key == "load_scaling_down_sensitivity":
-            if not (_is_number(value) and 0 <= value <= 100):
+            if not (is_finite_number(value) and 0 <= value <= 100):
                 raise bad(key, "a number in [0, 100]")
         elif key in ("kalman_q_level", "kalman_q_trend", "kalman_r"):
-            if not (_is_number(value) and value > 0):
+            if not (is_finite_number(value) and value > 0):
                 raise bad(key, "a positive number")
         elif key == "load_predictor":
             if value not in PREDICTOR_FAMILIES:

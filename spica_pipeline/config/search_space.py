@@ -1,6 +1,6 @@
 """`search_space:`: the knobs Spica searches and the context it pins (spec §2.1-§2.7)."""
 
-from typing import Any
+from typing import Any, Iterable
 
 from pydantic import Field, field_validator, model_validator
 
@@ -45,6 +45,11 @@ def _check_shape(where: str, shape: Any) -> None:
     for key, value in shape.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{where}.{key} must be a positive integer, got {value!r}")
+
+
+def _names(names: Iterable[str]) -> list[str | dict[str, Any]]:
+    """A composite field's default: the preset names (a fresh list per config)."""
+    return list(names)
 
 
 class SearchSpace(StrictModel):
@@ -105,16 +110,16 @@ class SearchSpace(StrictModel):
 
     # planner composites (§2.7)
     planner_scaling_policy: list[str | dict[str, Any]] = Field(
-        default_factory=lambda: list(presets.SCALING_POLICY_PRESETS)
+        default_factory=lambda: _names(presets.SCALING_POLICY_PRESETS)
     )
     planner_fpm_sampling: list[str | dict[str, Any]] = Field(
-        default_factory=lambda: list(presets.FPM_SAMPLING_PRESETS)
+        default_factory=lambda: _names(presets.FPM_SAMPLING_PRESETS)
     )
     planner_load_sensitivity: list[str | dict[str, Any]] = Field(
-        default_factory=lambda: list(presets.LOAD_SENSITIVITY_PRESETS)
+        default_factory=lambda: _names(presets.LOAD_SENSITIVITY_PRESETS)
     )
     load_predictor_candidates: list[str | dict[str, Any]] = Field(
-        default_factory=lambda: list(presets.LOAD_PREDICTOR_PRESETS)
+        default_factory=lambda: _names(presets.LOAD_PREDICTOR_PRESETS)
     )
 
     @field_validator("deployment_mode", "backend", "router_mode", *presets.ENGINE_CHOICES,

@@ -2,7 +2,7 @@
 
 import os
 import re
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import field_validator, model_validator
 
@@ -28,7 +28,9 @@ def parse_duration(value: "str | int | float") -> float:
         raise ValueError(f"a duration must be > 0 seconds, got {value!r}")
     return seconds
 
-ALGORITHMS = ("DEFAULT", "GAUSSIAN_PROCESS_BANDIT", "RANDOM_SEARCH", "QUASI_RANDOM_SEARCH", "NSGA2")
+# The Vizier designers a sweep may name: the one list (CLI help, Dagster launch config, the Vizier resource).
+Algorithm = Literal["DEFAULT", "GAUSSIAN_PROCESS_BANDIT", "RANDOM_SEARCH", "QUASI_RANDOM_SEARCH", "NSGA2"]
+ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
 ALGO_ENV = "SPICA_VIZIER_ALGO"
 
 
@@ -68,9 +70,7 @@ class SweepConfig(StrictModel):
     seed: NonNegInt = 0
     # rapid: Vizier study per branch; thorough: exhaustive enumeration of a finite space.
     policy: Literal["rapid", "thorough"] = "rapid"
-    algorithm: Literal["DEFAULT", "GAUSSIAN_PROCESS_BANDIT", "RANDOM_SEARCH", "QUASI_RANDOM_SEARCH", "NSGA2"] = (
-        "DEFAULT"
-    )
+    algorithm: Algorithm = "DEFAULT"
     # kv_router candidates are replayed this many times (routing ties break randomly).
     router_repeats: PosInt = 3
     # Where candidate replays run (resources/pool.py interface): spawned processes on this machine,
@@ -109,3 +109,8 @@ class SweepConfig(StrictModel):
     def per_round(self) -> int:
         """Unique successful replays wanted per round."""
         return self.candidates_per_round if self.candidates_per_round is not None else self.parallel_evals
+
+    @property
+    def eval_workers(self) -> int:
+        """Candidates evaluated at once: parallel_evals, never more than a round asks for."""
+        return max(1, min(self.parallel_evals, self.per_round))

@@ -4,7 +4,8 @@ YAML already types its scalars, so we take them strictly: no bool where a number
 no float where an int is expected (1.9 is not a concurrency), no NaN or infinity.
 """
 
-from typing import Annotated
+import math
+from typing import Annotated, Any
 
 from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, Strict
 
@@ -16,6 +17,12 @@ PosFloat = Annotated[float, Strict(), AllowInfNan(False), Field(gt=0)]
 NonNegFloat = Annotated[float, Strict(), AllowInfNan(False), Field(ge=0)]
 Fraction = Annotated[float, Strict(), AllowInfNan(False), Field(gt=0, le=1)]
 Bool = Annotated[bool, Strict()]
+
+
+def is_finite_number(x: Any) -> bool:
+    """A real number that is neither NaN nor infinite (None, strings and bools are not): the one
+    test, for config values and replay report values alike."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 class StrictModel(BaseModel):

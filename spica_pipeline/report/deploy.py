@@ -167,7 +167,8 @@ def write_deploy_folder(out_dir: Any, c: Candidate, rank: int, *, target: str | 
     from pathlib import Path
 
     from spica_pipeline.report.dgd import dgd_manifest, manifest_name, validate_manifest
-    from spica_pipeline.search.deploy import planner_config_for, planner_target_for
+    from spica_pipeline.config.goal import planner_target as goal_planner_target
+    from spica_pipeline.search.deploy import planner_config_for
     from spica_pipeline.storage import atomic_write_text
 
     d = Path(out_dir)
@@ -177,7 +178,7 @@ def write_deploy_folder(out_dir: Any, c: Candidate, rank: int, *, target: str | 
     cfg = c.config
     planner_config = None
     if cfg.get("enable_throughput_scaling") or cfg.get("enable_load_scaling"):
-        planner_config = planner_config_for(dict(cfg), planner_target=planner_target or planner_target_for(target or ""),
+        planner_config = planner_config_for(dict(cfg), planner_target=planner_target or goal_planner_target(target or ""),
                                             sla=dict(sla) if sla else None)
     doc = dgd_manifest(fleet_config(cfg, c.metrics.get("fleet_replicas")),
                        name=manifest_name(str(cfg.get("model_name")), rank, str(cfg.get("deployment_mode"))),

@@ -179,7 +179,7 @@ def render_report(
         lines += _table(["rank", "branch", *merge.objectives, "GPUs", *QUALITY_HEADER, *BAND_HEADER[:2],
                          "configuration"], rows)
         lines += ["", "rank = `deploy/<rank>/`; ★ = the recommended point. " + QUALITY_NOTE + " " + BAND_NOTE]
-        lines += ["", f"Hypervolume: {merge.hypervolume:.6g} (reference point {tuple(round(r, 6) for r in merge.reference)};"
+        lines += ["", f"Hypervolume: {merge.hypervolume:.6g} (reference point {tuple(round(r, 6) for r in merge.reference or ())};"
                   " origin for maximised objectives, 1.1 x worst observed for minimised ones)", ""]
     else:
         lines += [f"## Ranked candidates (top {min(TOP_RANKED, len(merge.candidates))} of {len(merge.candidates)})", ""]

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
+from spica_pipeline.config.goal import Target, objectives_for
 from spica_pipeline.search import scoring
 from spica_pipeline.search.scoring import Candidate
 
@@ -69,7 +70,7 @@ class MergeResult:
 
     @property
     def is_pareto(self) -> bool:
-        return self.target == scoring.PARETO
+        return self.target == Target.PARETO
 
     @property
     def best(self) -> Candidate | None:
@@ -145,7 +146,7 @@ class MergeResult:
         if self.is_pareto:
             return f"{head}; pareto front: {len(self.candidates)}"
         best = self.candidates[0]
-        if self.target == scoring.MIN_GPUS and "fleet_gpus" in best.metrics:
+        if self.target == Target.MIN_GPUS and "fleet_gpus" in best.metrics:
             kind, load = next(iter((self.load_target or {"load": 0}).items()))
             return (f"{head}; min_gpus: {int(best.metrics['fleet_gpus'])} GPUs = "
                     f"{int(best.metrics['fleet_replicas'])} x {best.used_gpus} for {kind} {load:g}")
@@ -159,20 +160,21 @@ def _candidate(row: Mapping[str, Any], target: str, objectives: Sequence[str]) -
         config = {**config, "used_gpus": int(row["used_gpus"])}
     report = _loads(row.get("report"))
     spread = _loads(row.get("spread"), {}) or {}
-    extra = {"branch": str(row.get("branch")), "spread": spread,
-             "spec_hash": str(row["spec_hash"]) if _present(row.get("spec_hash")) else None}
+    branch = str(row.get("branch"))
+    spec_hash = str(row["spec_hash"]) if _present(row.get("spec_hash")) else None
     if report is not None:
-        cand = Candidate.from_report(config, report, target, objectives if target == scoring.PARETO else None,
-                                     **extra)
-    elif target == scoring.PARETO:
+        cand = Candidate.from_report(config, report, target, objectives if target == Target.PARETO else None,
+                                     branch=branch, spread=spread, spec_hash=spec_hash)
+    elif target == Target.PARETO:
         # No stored report: fall back to the objective vector the study recorded.
-        cand = Candidate.pareto(config, _loads(row.get("objectives")), {}, **extra)
+        cand = Candidate.pareto(config, _loads(row.get("objectives")), {}, branch=branch, spread=spread,
+                                spec_hash=spec_hash)
     else:
         s = row.get("score")
-        if not _present(s):
+        if s is None or not _present(s):
             raise ValueError(f"ledger row {row.get('spec_hash')!r}: feasible without report or score")
         cand = Candidate(config=config, used_gpus=int(config.get("used_gpus", 0)), score=float(s),
-                         metrics={}, branch=extra["branch"], spec_hash=extra["spec_hash"], spread=spread)
+                         metrics={}, branch=branch, spec_hash=spec_hash, spread=spread)
     if _present(row.get("used_gpus")):
         cand.used_gpus = int(row["used_gpus"])
     return cand
@@ -200,10 +202,11 @@ def merge_candidates(
     if missing:
         raise ValueError(f"ledger is missing column(s) {missing}")
     target = scoring._name(goal_target)
-    is_pareto = target == scoring.PARETO
+    is_pareto = target == Target.PARETO
+    dirs: dict[str, str]
     if is_pareto:
-        objs = scoring.effective_objectives(target, objectives)
-        dirs = dict(directions) if directions else scoring.directions_for(objs)
+        objs = [t.value for t in objectives_for(target, objectives)]
+        dirs = dict(directions) if directions else dict(scoring.directions_for(objs))
         if list(dirs) != objs:
             dirs = {o: dirs.get(o) or scoring.direction(o) for o in objs}
     else:
@@ -256,7 +259,7 @@ def merge_candidates(
         reference, hv = None, None
         ranked = scoring.rank(feasible)
     unservable = 0
-    if target == scoring.MIN_GPUS and load_target:
+    if target == Target.MIN_GPUS and load_target:
         ranked, unservable = _size_fleets(ranked, dict(load_target), rows)
 
     tracker = {scope: _Tracker(is_pareto, dirs, reference) for scope in (*branches, "merged")}
@@ -300,7 +303,7 @@ def _size_fleets(ranked: list[Candidate], load_target: dict[str, float],
 def merge_for_config(ledger_df: pd.DataFrame, config: Any) -> MergeResult:
     """merge_candidates driven by a validated SmartSearchConfig (its goal and GPU budget)."""
     goal = config.goal
-    objectives = [scoring._name(o) for o in goal.objectives()] if goal.is_pareto else None
+    objectives = goal.objective_names() if goal.is_pareto else None
     load = goal.load.model_dump(exclude_none=True) if getattr(goal, "load", None) is not None else None
     return merge_candidates(ledger_df, goal.target, objectives, None, config.search_space.gpu_budget,
                             load_target=load)

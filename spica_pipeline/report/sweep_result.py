@@ -20,6 +20,8 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
+from spica_pipeline.config.types import is_finite_number
+
 SCHEMA_VERSION = "1.1"
 ACCEPTED_VERSIONS = ("1.0", "1.1")
 STATUSES = ("feasible", "infeasible", "unsupported", "timed_out", "failed", "resource_limited")
@@ -129,8 +131,7 @@ def ledger_to_sweep_result(
         counts[status] += 1
         cfg = _loads(plain.get("config")) or {}
         report = _loads(plain.get("report")) or {}
-        metrics = {k: v for k, v in report.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+        metrics = {k: v for k, v in report.items() if is_finite_number(v)}
         cid = _candidate_id(i)
         h = plain.get("spec_hash")
         cand = scored.get(h) if status == "feasible" else None

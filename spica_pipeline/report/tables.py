@@ -6,6 +6,7 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
+from spica_pipeline.config.goal import Target
 from spica_pipeline.config.precision import precision_of
 from spica_pipeline.search import scoring
 from spica_pipeline.search.scoring import Candidate
@@ -144,7 +145,7 @@ def describe_candidate(
             parts.append(f"{k} {cfg[k]:g}" if isinstance(cfg[k], float) else f"{k} {cfg[k]}")
     if not with_value:
         return ", ".join(parts)
-    names = list(objectives or c.objectives or []) if target == scoring.PARETO else [target]
+    names = list(objectives or c.objectives or []) if target == Target.PARETO else [target]
     values = ", ".join(fmt_value(goal_value(c, n), n) + ("" if len(names) == 1 else f" ({n})") for n in names)
     return f"{', '.join(parts)}: {values}"
 
@@ -181,7 +182,7 @@ def candidates_frame(candidates: Sequence[Candidate], objectives: Sequence[str] 
             for s in SPREAD_STATS:
                 if s in stats:
                     row[f"spread.{metric}.{s}"] = stats[s]
-        goal = target if target and target != scoring.PARETO else None
+        goal = target if target and target != Target.PARETO else None
         for name, (lo, hi) in bands(c.metrics, goal, goal_value(c, goal) if goal else None).items():
             row[f"band.{name}.p10"], row[f"band.{name}.p90"] = lo, hi
         for k in ("fleet_replicas", "fleet_gpus", "replica_capacity"):

@@ -7,10 +7,15 @@ sweep config (`sweep.executor`, `sweep.ray_address`), so a deployment can move e
 code location onto a Ray cluster without touching the sweep YAMLs.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import dagster as dg
 from pydantic import Field, field_validator
+
+if TYPE_CHECKING:
+    from spica_pipeline.config.sweep import SweepConfig
+    from spica_pipeline.resources.pool import EvaluationBackend
+    from spica_pipeline.search.evaluation import Evaluator
 
 EXECUTORS = ("local", "ray")
 
@@ -32,10 +37,9 @@ class EvaluationBackendResource(dg.ConfigurableResource):
             raise ValueError(f"evaluation_backend.executor must be one of {list(EXECUTORS)}, got {value!r}")
         return value
 
-    def open(self, evaluator: Any, sweep: Any):
+    def open(self, evaluator: "Evaluator", sweep: "SweepConfig") -> "EvaluationBackend":
         """The backend for one run of `sweep` (a SweepConfig); use it as a context manager."""
         from spica_pipeline.sweep import make_pool
 
-        workers = max(1, min(sweep.parallel_evals, sweep.per_round))
-        return make_pool(evaluator, workers, sweep.max_eval_seconds, executor=self.executor or sweep.executor,
+        return make_pool(evaluator, sweep.eval_workers, sweep.max_eval_seconds, executor=self.executor or sweep.executor,
                          ray_address=self.ray_address or sweep.ray_address)

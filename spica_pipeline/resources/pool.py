@@ -26,11 +26,13 @@ import traceback
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from multiprocessing.context import SpawnContext
+from multiprocessing.process import BaseProcess
 from types import EllipsisType
 from typing import Any, Iterator, Sequence
 
 from spica_pipeline.errors import BackendStartError
-from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest
+from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, Evaluator
 
 STARTUP_TIMEOUT_S = 300.0
 _READY = "ready"
@@ -213,7 +215,7 @@ def _where(exc: BaseException) -> str:
     return f" at {os.path.basename(last[0].filename)}:{last[0].lineno}" if last else ""
 
 
-def evaluate_safely(evaluator: Any, request: EvalRequest) -> EvalOutcome:
+def evaluate_safely(evaluator: Evaluator, request: EvalRequest) -> EvalOutcome:
     """Run one candidate in a worker; an evaluator exception becomes `failed` naming type and line
     (the same text on every backend, so ledgers compare equal)."""
     started = time.perf_counter()
@@ -224,7 +226,7 @@ def evaluate_safely(evaluator: Any, request: EvalRequest) -> EvalOutcome:
                            replay_seconds=time.perf_counter() - started)
 
 
-def warm_up(evaluator: Any) -> None:
+def warm_up(evaluator: Evaluator) -> None:
     """Import runtimes and build per-process tables once, before the first candidate's clock starts."""
     os.environ.setdefault("DYN_LOG", "warn")
     warm = getattr(evaluator, "warm_up", None)
@@ -236,7 +238,7 @@ def warm_up(evaluator: Any) -> None:
 # the local spawned pool
 # --------------------------------------------------------------------------------------------
 
-def _worker_main(conn: Connection, evaluator: Any) -> None:
+def _worker_main(conn: Connection, evaluator: Evaluator) -> None:
     """Worker loop: warm up once, then evaluate requests until a None arrives or the pipe closes."""
     try:
         warm_up(evaluator)
@@ -268,7 +270,7 @@ class _Task:
 
 
 class _Worker:
-    def __init__(self, ctx: Any, evaluator: Any):
+    def __init__(self, ctx: SpawnContext, evaluator: Evaluator):
         parent, child = ctx.Pipe(duplex=True)
         self.conn: Connection = parent
         self.process = ctx.Process(target=_worker_main, args=(child, evaluator), daemon=True)
@@ -296,7 +298,7 @@ class _Worker:
         self.conn.close()
 
 
-def _exit_reason(process: Any) -> str:
+def _exit_reason(process: BaseProcess) -> str:
     code = process.exitcode
     if code is None:
         return "worker process died (exit code unknown)"
@@ -317,7 +319,7 @@ class EvaluationPool(EvaluationBackend):
     Use as a context manager (or call `close()`); workers start on the first submit.
     """
 
-    def __init__(self, evaluator: Any, workers: int, max_eval_seconds: float | None = None):
+    def __init__(self, evaluator: Evaluator, workers: int, max_eval_seconds: float | None = None):
         super().__init__(workers, max_eval_seconds)
         self.evaluator = evaluator
         self._ctx = mp.get_context("spawn")
@@ -393,7 +395,8 @@ class EvaluationPool(EvaluationBackend):
             finite = [d for d in deadlines if d != float("inf")]
             ready = wait([w.conn for w in self._pool] + [w.process.sentinel for w in self._pool],
                          timeout=max(0.0, min(finite) - now) if finite else None)
-            by_handle = {w.conn: w for w in self._pool} | {w.process.sentinel: w for w in self._pool}
+            by_handle: dict[object, _Worker] = {w.conn: w for w in self._pool}
+            by_handle.update({w.process.sentinel: w for w in self._pool})
             handled: set[int] = set()
             for obj in ready:
                 worker = by_handle.get(obj)

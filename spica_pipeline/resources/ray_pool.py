@@ -39,7 +39,7 @@ from spica_pipeline.resources.pool import (
     timed_out_outcome,
     warm_up,
 )
-from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest
+from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, Evaluator
 
 log = logging.getLogger("spica_pipeline.ray_pool")
 
@@ -57,7 +57,7 @@ _BUGS = (TypeError, AttributeError, NameError, KeyError, IndexError, AssertionEr
 class EvaluatorActor:
     """One warm worker: holds the evaluator, answers one candidate at a time (wrapped by ray.remote)."""
 
-    def __init__(self, evaluator: Any):
+    def __init__(self, evaluator: Evaluator):
         self.evaluator = evaluator
         warm_up(evaluator)
 
@@ -110,7 +110,7 @@ def loopback_only() -> None:
     os.environ[LOOPBACK_ENV] = "0"
     constants = sys.modules.get("ray._private.ray_constants")
     if constants is not None:  # ray was imported before: its node-address rule reads this flag
-        constants.ENABLE_RAY_CLUSTER = False
+        setattr(constants, "ENABLE_RAY_CLUSTER", False)
 
 
 def require_ray() -> Any:
@@ -187,7 +187,7 @@ class RayEvaluationPool(EvaluationBackend):
         (`ray.is_initialized()`) is used as it is and left connected.
     """
 
-    def __init__(self, evaluator: Any, workers: int, max_eval_seconds: float | None = None, *,
+    def __init__(self, evaluator: Evaluator, workers: int, max_eval_seconds: float | None = None, *,
                  address: str | None = None, num_cpus: int | None = None):
         super().__init__(workers, max_eval_seconds)
         self.evaluator = evaluator
@@ -219,7 +219,7 @@ class RayEvaluationPool(EvaluationBackend):
         if not ray.is_initialized():
             quiet = dict(log_to_driver=False, logging_level=logging.WARNING)  # also valid for ray:// clients
             if self.address:
-                self._connect(ray, quiet)
+                self._connect(ray, quiet, self.address)
             else:
                 self._start_local(ray, quiet)
             self._owns_connection = True
@@ -239,16 +239,16 @@ class RayEvaluationPool(EvaluationBackend):
                         self.workers - total)
         self._fill()
 
-    def _connect(self, ray: Any, quiet: dict[str, Any]) -> None:
+    def _connect(self, ray: Any, quiet: dict[str, Any], address: str) -> None:
         """Connect to the cluster at `address`: exit 4 naming the address and where it came from when
         it cannot (ray:// gives up after ~30 s by itself; a GCS address is probed first)."""
-        _probe(self.address, self.address_source)
-        client = self.address.startswith("ray://")
+        _probe(address, self.address_source)
+        client = address.startswith("ray://")
         if client:
             _send_token_if_available()
         for attempt in (1, 2):
             try:
-                ray.init(address=self.address, **quiet)
+                ray.init(address=address, **quiet)
                 return
             except _BUGS:
                 raise
@@ -257,7 +257,7 @@ class RayEvaluationPool(EvaluationBackend):
                 # the client server answered, but its server for this driver did not come up within
                 # Ray's 30 s (a busy head): once more, as for a local Ray
                 if client and attempt == 1 and isinstance(err, ConnectionAbortedError):
-                    log.warning("Ray Client at %s refused the session (%s); trying once more", self.address,
+                    log.warning("Ray Client at %s refused the session (%s); trying once more", address,
                                 _short(err))
                     continue
                 todo = "check that the cluster runs and that this driver's ray version matches the cluster's"
@@ -265,7 +265,7 @@ class RayEvaluationPool(EvaluationBackend):
                     todo += (" (a cluster with token authentication, Ray's default, also needs its token here: "
                              "RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)")
                 raise BackendStartError(
-                    f"cannot connect to Ray at {self.address} ({self.address_source}): {_short(err)}", todo) from err
+                    f"cannot connect to Ray at {address} ({self.address_source}): {_short(err)}", todo) from err
 
     def _start_local(self, ray: Any, quiet: dict[str, Any]) -> None:
         """Start a Ray of our own; a raylet has a fixed 30 s to register, which a busy host can miss

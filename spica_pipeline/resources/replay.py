@@ -25,7 +25,6 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from spica_pipeline.config.goal import OptimizationGoal
 from spica_pipeline.errors import CandidateBuildError, InfeasibleKVCapacity, PerfModelError, SpicaError
 from spica_pipeline.search import measurement, scoring
 from spica_pipeline.search.engine_args import (
@@ -38,7 +37,7 @@ from spica_pipeline.search.engine_args import (
     check_context,
     role_gpus,
 )
-from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest
+from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, Evaluator
 
 os.environ.setdefault("DYN_LOG", "warn")  # the KV router logs one INFO line per routing decision
 
@@ -104,7 +103,7 @@ def summarise_repeats(summaries: list[dict[str, Any]]) -> tuple[dict[str, float]
     return report, spread
 
 
-class ReplayEvaluator(dg.ConfigurableResource):
+class ReplayEvaluator(dg.ConfigurableResource, Evaluator):
     """Evaluates candidates in Dynamo Replay (ai-dynamo-runtime) with AIC timing and capacity.
 
     cache_dir: where timing tables and KV estimates are cached (default `$SPICA_CACHE_DIR` or
@@ -174,7 +173,7 @@ class ReplayEvaluator(dg.ConfigurableResource):
                               replay_seconds=replay_seconds, repeats=len(summaries))
 
         try:
-            scoring.require_goodput(OptimizationGoal.model_validate(request.goal or {}).objectives(), report)
+            scoring.require_goodput(request.goal.objectives(), report)
         except RuntimeError as exc:
             outcome.status, outcome.reason = "failed", str(exc)
             return outcome
@@ -225,7 +224,7 @@ class ReplayEvaluator(dg.ConfigurableResource):
         per_request = getattr(result, "per_request", None)
         if per_request:  # measured like a benchmark client: the steady-state window (search/measurement.py)
             summary = measurement.windowed_summary(summary, per_request, call.derived.get("window_rule"),
-                                                   (request.goal or {}).get("sla") or None)
+                                                   request.goal.sla_thresholds())
         return summary, (counter.ticks if counter is not None else None)
 
 
@@ -243,6 +242,8 @@ def _calibrate(report: dict[str, Any], request: EvalRequest, derived: dict[str, 
     from spica_pipeline.search.deploy import role_replicas
 
     profile, _ = load_profile(setting["setting"])
+    if profile is None:  # the sweep records only a setting that names a profile
+        return
     sample = request.sample
     concurrency = derived.get("concurrency") or sample.get("concurrency")
     if concurrency is None and report.get("request_throughput_rps") and report.get("mean_e2e_latency_ms"):

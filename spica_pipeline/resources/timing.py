@@ -121,7 +121,8 @@ class _AicStep:
         if built is None:
             built = perf_data.timed_model(identity, perf_data.aic_model, perf_data.probe_passes)
             _models[key] = built
-        self._model, self.fidelity_note = built
+        self._model, note = built
+        self.fidelity_note: str | None = note
         self._decode_memo: dict[tuple[int, int], float] = {}
 
     def _est(self, **scheduled: int) -> float:
@@ -198,7 +199,7 @@ def timing_table(identity: EngineIdentity, *, max_num_batched_tokens: int = 8192
     if not path.exists():
         with _build_lock(path):  # concurrent workers wanting the same identity build it once
             if not path.exists():
-                arrays = build_timing_arrays(identity, top)
+                arrays: dict[str, Any] = build_timing_arrays(identity, top)
                 note = fidelity_note_of(identity)
                 buf = io.BytesIO()
                 np.savez(buf, **arrays)

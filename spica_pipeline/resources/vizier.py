@@ -45,8 +45,6 @@ import dagster as dg
 # resolve_algorithm lives with the config so `spica validate` resolves the env override too
 from spica_pipeline.config.sweep import ALGO_ENV, ALGORITHMS, resolve_algorithm  # noqa: F401
 from spica_pipeline.search.encoding import ParamSpec, SearchEncoding
-
-GP_ALGORITHMS = ("DEFAULT", "GAUSSIAN_PROCESS_BANDIT")
 SEED_BATCH = "QUASI_RANDOM_SEARCH"
 
 # One history row: (parameters, metrics or None, infeasible reason or None).
@@ -357,8 +355,9 @@ class Study:
             good = None
             if reason is None and metrics is not None:
                 vals = {m: metrics.get(m) for m in names}
-                if all(isinstance(v, (int, float)) and math.isfinite(v) for v in vals.values()):
-                    good = {m: float(v) for m, v in vals.items()}
+                nums = {m: float(v) for m, v in vals.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+                if len(nums) == len(vals):
+                    good = nums
                 else:
                     reason = "non-finite or missing metric"
             rows.append((params, good, reason or (None if good else "infeasible")))
@@ -396,7 +395,7 @@ class Study:
 # acquisition optimisation (8 per suggest(8)) re-traced and re-compiled the whole optimiser (~20 s
 # of CPU each). These replacements compare by their shape bucket, and one instance is kept per
 # bucket, so the program compiled for a bucket is reused across suggestions, rounds and branches.
-_STABLE: dict[tuple, Any] = {}
+_STABLE: dict[Any, Any] = {}  # keys: (kind, shape) tuples and class-name strings
 
 
 def _feature_bucket(converter) -> tuple:
@@ -610,7 +609,7 @@ def _floor_padding(min_trials: int, numpy: bool = True):
     return _FloorPadding(num_trials=padding.PaddingType.POWERS_OF_2, min_trials=min_trials, numpy=numpy)
 
 
-_FloorPadding = None
+_FloorPadding: Any = None
 
 
 def _numpy_padded(array, shape: tuple, fill):
@@ -650,8 +649,3 @@ def _add_param(root, p: ParamSpec, vz) -> None:
         root.add_discrete_param(p.name, list(p.values), default_value=p.default, scale_type=scale)
     else:
         root.add_categorical_param(p.name, list(p.values), default_value=p.default)
-
-
-def jax_runtime_info() -> dict[str, str]:
-    """What the runtime setup did (platforms, cache dir), for run metadata."""
-    return dict(_setup_done)

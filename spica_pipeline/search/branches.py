@@ -230,8 +230,9 @@ def enumerate_branches(config: Any) -> BranchEnumeration:
                 continue
             if backend not in timing_verdicts and result.configs and _timing_may_lack_data(space):
                 timing_verdicts[backend] = _timing_verdict(space, backend, result.configs[0], warnings)
-            if timing_verdicts.get(backend) is not None:
-                mode_diag[backend] = {"error": f"no perf data: {timing_verdicts[backend].detail}"}
+            verdict = timing_verdicts.get(backend)
+            if verdict is not None:
+                mode_diag[backend] = {"error": f"no perf data: {verdict.detail}"}
                 why_not.append(f"{mode}/{backend}: no perf data to time it")
                 continue
             legal[backend] = result.configs

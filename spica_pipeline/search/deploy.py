@@ -24,22 +24,6 @@ ROUTER_FIELDS = (
     "router_temperature",
 )
 
-_PLANNER_TARGET = {
-    "goodput": "sla", "goodput_per_gpu": "sla", "min_gpus": "sla",
-    "throughput": "throughput", "throughput_per_gpu": "throughput", "throughput_per_user": "throughput",
-    "pareto": "throughput",
-    "e2e_latency": "latency",
-}
-
-
-def planner_target_for(goal_target: str) -> str:
-    """The planner optimisation target a goal target implies (spec §1 stage 2 table)."""
-    try:
-        return _PLANNER_TARGET[str(goal_target)]
-    except KeyError:
-        raise ValueError(f"unknown optimization target {goal_target!r}") from None
-
-
 @dataclass(frozen=True)
 class DeploymentPlan:
     deployment_mode: str
@@ -75,7 +59,8 @@ def shape_prefix(sample: dict[str, Any], role: str) -> str:
 def role_shape(sample: dict[str, Any], role: str) -> tuple[int, int, int, int, int]:
     """(tp, pp, attention_dp, moe_tp, moe_ep) of one role; missing dimensions default to 1."""
     p = shape_prefix(sample, role)
-    return tuple(int(sample.get(f"{p}{k}") or 1) for k in ("tp", "pp", "attention_dp", "moe_tp", "moe_ep"))
+    tp, pp, dp, moe_tp, moe_ep = (int(sample.get(f"{p}{k}") or 1) for k in ("tp", "pp", "attention_dp", "moe_tp", "moe_ep"))
+    return tp, pp, dp, moe_tp, moe_ep
 
 
 def role_replicas(sample: dict[str, Any], role: str) -> int:
@@ -175,11 +160,11 @@ def build_deployment_plan(
 ) -> DeploymentPlan:
     """Build the per-role engine args, router and planner payloads of one candidate.
 
-    `planner_target` comes from the goal (`planner_target_for`), `sla` is `goal.sla` as a dict (or
+    `planner_target` comes from the goal (`OptimizationGoal.planner_target`), `sla` is `goal.sla` as a dict (or
     None). `num_gpu_blocks` is deliberately absent: capacity is the evaluator's business.
     Raises ValueError for an 'sla' planner target without both ttft_ms and itl_ms.
     """
-    mode = sample.get("deployment_mode")
+    mode = str(sample["deployment_mode"])  # every unrolled sample names its mode
     roles = active_roles(sample)
     args = {role: _engine_args(sample, role) for role in roles}
     router_mode = sample.get("router_mode") or "round_robin"

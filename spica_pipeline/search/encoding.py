@@ -34,12 +34,23 @@ FLOAT_TOL = 1e-9
 class BranchLike(Protocol):
     """The attributes of `search.branches.BranchSpace` this module reads."""
 
-    deployment_mode: str
-    parallel_configs: tuple
-    supported_backends: tuple
-    knob_choices: dict
-    gpu_budget: Any
-    float_ranges: dict
+    @property
+    def deployment_mode(self) -> str: ...
+
+    @property
+    def parallel_configs(self) -> tuple: ...
+
+    @property
+    def supported_backends(self) -> tuple: ...
+
+    @property
+    def knob_choices(self) -> dict: ...
+
+    @property
+    def gpu_budget(self) -> Any: ...
+
+    @property
+    def float_ranges(self) -> dict: ...
 
 
 @dataclass(frozen=True)

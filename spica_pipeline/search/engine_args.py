@@ -81,8 +81,12 @@ class KvCapacity:
 class TimingRef(Protocol):
     """How engine args reference a timing table (`resources.timing.TimingTable`)."""
 
-    speedup_ratio: float
-    fidelity_note: str | None  # set when the table uses substitute perf data (search/perf_data.py)
+    @property
+    def speedup_ratio(self) -> float: ...
+
+    @property
+    def fidelity_note(self) -> str | None:
+        """Set when the table uses substitute perf data (search/perf_data.py)."""
 
     def timing_model(self) -> dict[str, Any]: ...
 
@@ -221,7 +225,7 @@ def build_replay_call(request: EvalRequest, settings: ReplaySettings, facts: Eng
                                       f"got {client!r}")
         together = interval is None and bool(cap) and client == "together" and int(workload.turns_per_session) == 1
         gap = 0.0
-        if together:  # benchmark-client start: all clients at t=0, a random client gap between turns
+        if together and cap:  # benchmark-client start: all clients at t=0, a random client gap between turns
             cycles = float((request.context or {}).get("client_gap_cycles", measurement.CLIENT_GAP_CYCLES))
             cycle = ramped_closed_loop(plan, engines, workload, int(cap), args[2], facts).cycle_ms if cycles else 0.0
             gap = cycles * cycle
@@ -254,10 +258,12 @@ def build_replay_call(request: EvalRequest, settings: ReplaySettings, facts: Eng
     if plan.router_mode == "kv_router":
         repeats = max(1, int(request.context.get("router_repeats", settings.router_repeats)))
     derived["benchmark_granularity"] = settings.benchmark_granularity
-    policy_factory = None
+    policy_factory: Callable[..., Any] | None = None
     if not plan.is_static:  # imported here so a missing planner fails the build, not the replay
         try:
-            from spica_pipeline.search.planner import build_scaling_policy as policy_factory
+            from spica_pipeline.search.planner import build_scaling_policy
+
+            policy_factory = build_scaling_policy
         except ImportError as exc:
             raise CandidateBuildError(str(exc), detail=_one_line(exc)) from exc
     return ReplayCall(function, args, kwargs, repeats, derived, policy_factory=policy_factory)

@@ -4,11 +4,14 @@ An `EvalRequest` is the full evaluation spec: everything that can change a repla
 canonical JSON hash is the dedup/cache key, so an identical spec is never replayed twice.
 """
 
+import abc
 import hashlib
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Mapping
+
+from spica_pipeline.config.goal import OptimizationGoal
 
 Status = Literal["feasible", "infeasible", "failed", "timed_out"]
 
@@ -37,18 +40,26 @@ class EvalRequest:
     """One candidate to evaluate.
 
     sample: the flat unrolled sample (spec §5) plus `backend_version`; JSON-able.
-    workload / goal: `model_dump(mode="json")` of the validated config sections.
+    workload: `model_dump(mode="json")` of the validated workload section.
+    goal: the validated `OptimizationGoal`, the one source of the goal rules downstream (a plain
+        dict, as tests and old callers pass it, is validated once here); hashed as its JSON dump.
     context: anything else that changes the result (load-predictor result, evaluator fidelity
         version, router repeats); part of the hash.
     """
 
     sample: dict[str, Any]
     workload: dict[str, Any]
-    goal: dict[str, Any]
+    goal: OptimizationGoal
     context: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.goal, OptimizationGoal):
+            goal: Mapping[str, Any] | None = self.goal
+            object.__setattr__(self, "goal", OptimizationGoal.model_validate(goal or {}))
+
     def to_dict(self) -> dict[str, Any]:
-        return {"sample": self.sample, "workload": self.workload, "goal": self.goal, "context": self.context}
+        return {"sample": self.sample, "workload": self.workload, "goal": self.goal.model_dump(mode="json"),
+                "context": self.context}
 
     @property
     def spec_hash(self) -> str:
@@ -84,14 +95,13 @@ class EvalOutcome:
         return cls(**d)
 
 
-class Evaluator(Protocol):
-    """Anything that turns a request into an outcome; must never raise for a bad candidate."""
+class Evaluator(abc.ABC):
+    """Turns a request into an outcome; must never raise for a bad candidate. The real replay
+    (`resources.replay.ReplayEvaluator`) and every test fake subclass it, and one contract suite
+    (tests/test_contracts.py) runs over all of them."""
 
+    @abc.abstractmethod
     def evaluate(self, request: EvalRequest) -> EvalOutcome: ...
-
-
-def finite_or_none(x: float | None) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)
 
 
 def json_safe(value: Any) -> Any:

@@ -10,10 +10,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from spica_pipeline.config.types import is_finite_number
 from spica_pipeline.search.evaluation import canonical_json, json_safe
 
 STATUSES = ("feasible", "infeasible", "failed", "timed_out", "unsupported", "cached")
-SOURCES = ("vizier", "exhaustive", "warm_start")
 JSON_COLUMNS = ("parameters", "selection", "parallel_config", "config", "report", "spread", "objectives",
                 "projection")
 
@@ -52,7 +52,7 @@ class TrialRecord:
         for key in (*JSON_COLUMNS, "told_metrics"):
             value = row[key]
             row[key] = None if value is None else canonical_json(json_safe(value))
-        if row["score"] is not None and not _is_finite(row["score"]):
+        if row["score"] is not None and not is_finite_number(row["score"]):
             row["score"] = None
         return row
 
@@ -70,7 +70,3 @@ class TrialRecord:
 def content_view(row: dict[str, Any]) -> dict[str, Any]:
     """The part of a row that must be identical across reruns with the same seed (no timings)."""
     return {k: v for k, v in row.items() if k not in ("replay_seconds", "optimizer_seconds")}
-
-
-def _is_finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and x == x and x not in (float("inf"), float("-inf"))

@@ -158,7 +158,8 @@ def _tokens_in(r: dict[str, Any], start: float, end: float) -> float:
     if n <= 0:
         return 0.0
     first = _first_token(r)
-    last = float(r.get("last_token_ms") if r.get("last_token_ms") is not None else r["terminal_time_ms"])
+    last_ms = r.get("last_token_ms")
+    last = float(last_ms if last_ms is not None else r["terminal_time_ms"])
     count = 1.0 if start < first <= end else 0.0
     if n > 1:
         if last > first:
@@ -177,7 +178,8 @@ def _meets(r: dict[str, Any], sla: dict[str, float]) -> bool:
     if sla.get("ttft_ms") is not None:
         ok = ok and r["ttft_ms"] <= sla["ttft_ms"]
     if sla.get("itl_ms") is not None:
-        ok = ok and (r.get("itl_ms") if r.get("itl_ms") is not None else 0.0) <= sla["itl_ms"]
+        itl = r.get("itl_ms")
+        ok = ok and (itl if itl is not None else 0.0) <= sla["itl_ms"]
     return ok
 
 

@@ -16,7 +16,7 @@ ValueError is about the model itself and aborts, as a one-line ModelHardwareErro
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping, TypedDict
 
 from spica_pipeline.errors import InfeasibleKVCapacity, ModelHardwareError, NoViableParallelConfig
 from spica_pipeline.search.kv import estimate_kv_tokens
@@ -26,7 +26,14 @@ from spica_pipeline.search.shapes import DisaggShape, ParallelConfig, RoleShape,
 GPU_LADDER = (1, 2, 4, 8, 16)
 _POWERS_OF_TWO = (1, 2, 4, 8, 16, 32, 64, 128)
 # The KV probe of spec §2.6 step 6 (not the candidate's own batching: that is §3.4, per candidate).
-KV_PROBE = {"max_num_tokens": 8192, "max_batch_size": 256, "memory_fraction": 0.9, "nextn": 0}
+class _KvProbe(TypedDict):
+    max_num_tokens: int
+    max_batch_size: int
+    memory_fraction: float
+    nextn: int
+
+
+KV_PROBE: _KvProbe = {"max_num_tokens": 8192, "max_batch_size": 256, "memory_fraction": 0.9, "nextn": 0}
 RULES = ("ladder", "backend_filter", "pattern", "budget", "min_budget", "kv")
 _MAX_EXAMPLES = 5
 _UNMODELLABLE_MARKERS = ("should be divisible by",)
@@ -150,7 +157,7 @@ def _probe_kv(model: str, hardware: str, backend: str, version: str,
               shape: RoleShape, precision: tuple | None = None) -> tuple[int | None, str]:
     try:
         tokens = estimate_kv_tokens(model, hardware, backend, version, shape.engine_key(), **KV_PROBE,
-                                    **({"precision": precision} if precision else {}))
+                                    precision=precision or None)
     except InfeasibleKVCapacity:
         return None, "no KV budget (weights leave no room)"
     except ValueError as exc:
@@ -246,7 +253,7 @@ def _enumerate(model: str, hardware: str, backend: str, mode: str, budget: int, 
                 configs.append(role)
     else:
         configs_considered = len(roles) ** 2
-        configs = _pair(roles, budget, min_budget, feasible, kv_reason, pruned)
+        configs.extend(_pair(roles, budget, min_budget, feasible, kv_reason, pruned))
 
     if not configs:
         detail = "; ".join(f"{r}: {p.count} pruned" + (f", e.g. {p.examples[0]}" if p.examples else "")
@@ -318,7 +325,7 @@ def _pair(roles: list[RoleShape], budget: int, min_budget: int | None, feasible,
 def check_pins(
     pins: Iterable[dict[str, Any] | ParallelConfig],
     mode: str,
-    legal_by_backend: dict[str, Iterable[ParallelConfig]],
+    legal_by_backend: Mapping[str, Iterable[ParallelConfig]],
 ) -> dict[ParallelConfig, tuple[str, ...]]:
     """Pinned parallel_configs -> the backends whose legal set holds them (user order, no duplicates).
 

@@ -39,23 +39,15 @@ re-scaled until they are ready.
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
+from spica_pipeline.config.goal import OptimizationGoal
 from spica_pipeline.search.load_predictor.predictors import make_predictor, predictor_fields
 
 TARGET_UTILISATION = 0.85
-SLA_TARGETS = ("goodput", "goodput_per_gpu")
 _EPS_MS = 1e-6
-
-
-def planner_target(goal: dict[str, Any]) -> str:
-    """Goal target -> planner optimisation target (spec §1 stage 2)."""
-    target = goal.get("target")
-    if target in SLA_TARGETS:
-        return "sla"
-    return "latency" if target == "e2e_latency" else "throughput"
 
 
 class EngineModel:
@@ -177,7 +169,8 @@ def _int_or_none(value: Any) -> int | None:
 class ScalingPolicy:
     """A planner for one candidate; see the module docstring for the model."""
 
-    def __init__(self, sample: dict[str, Any], goal: dict[str, Any], workload: dict[str, Any]) -> None:
+    def __init__(self, sample: dict[str, Any], goal: "OptimizationGoal | Mapping[str, Any]",
+                 workload: dict[str, Any]) -> None:
         self.mode = sample.get("deployment_mode", "agg")
         self.throughput_on = bool(sample.get("enable_throughput_scaling"))
         self.load_on = bool(sample.get("enable_load_scaling"))
@@ -188,10 +181,11 @@ class ScalingPolicy:
         self.gpu_budget = _int_or_none(sample.get("gpu_budget"))
         self.min_gpu_budget = _int_or_none(sample.get("min_gpu_budget"))
         self.min_endpoint = max(1, int(sample.get("min_endpoint") or 1))
-        sla = goal.get("sla") or {}
-        self.target = planner_target(goal)
-        self.sla_ttft_ms = sla.get("ttft_ms") if self.target == "sla" else None
-        self.sla_itl_ms = sla.get("itl_ms") if self.target == "sla" else None
+        goal = OptimizationGoal.model_validate(goal)  # the request's goal, typed once
+        self.target = goal.planner_target
+        sla = goal.sla if self.target == "sla" else None
+        self.sla_ttft_ms = sla.ttft_ms if sla is not None else None
+        self.sla_itl_ms = sla.itl_ms if sla is not None else None
         self.default_isl = float(workload.get("isl") or 0.0)
         self.default_osl = float(workload.get("osl") or 0.0)
         fpm = (int(sample.get("max_num_fpm_samples", 64)), int(sample.get("fpm_sample_bucket_size", 16)))
@@ -383,7 +377,8 @@ class ScalingPolicy:
         return out
 
 
-def build_scaling_policy(sample: dict[str, Any], goal: dict[str, Any], workload: dict[str, Any]) -> ScalingPolicy | None:
+def build_scaling_policy(sample: dict[str, Any], goal: "OptimizationGoal | Mapping[str, Any]",
+                         workload: dict[str, Any]) -> ScalingPolicy | None:
     """The planner for an unrolled sample, or None for a static candidate (both scaling flags off)."""
     if not (sample.get("enable_throughput_scaling") or sample.get("enable_load_scaling")):
         return None

@@ -26,9 +26,9 @@ def policy_flags(entry: PolicyEntry) -> tuple[bool, bool, int | float | None, in
             p["throughput_adjustment_interval_seconds"], p["load_adjustment_interval_seconds"])
 
 
-def throughput_intervals(entries: list[PolicyEntry]) -> list[int]:
+def throughput_intervals(entries: list[PolicyEntry]) -> list[float]:
     """Sorted distinct throughput intervals of the throughput-scaling entries (spec §11 item 17)."""
-    found = set()
+    found: set[float] = set()
     for entry in entries:
         throughput, _load, interval, _ = policy_flags(entry)
         if throughput and interval is not None:

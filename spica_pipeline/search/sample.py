@@ -106,7 +106,7 @@ def unroll_sample(
         sample.update(_shape_fields(parallel_config))
         sample["replicas"] = parallel_config.replicas
         sample["used_gpus"] = parallel_config.used_gpus
-        roles = ("agg",)
+        roles: tuple[str, ...] = ("agg",)
     elif mode == "disagg":
         if not isinstance(parallel_config, DisaggShape):
             raise TypeError(f"disagg needs a prefill/decode DisaggShape, got {type(parallel_config).__name__}")

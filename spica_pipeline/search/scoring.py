@@ -9,13 +9,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Mapping, NamedTuple, Sequence, TypeVar
 
+from spica_pipeline.config.goal import (
+    GOODPUT_KEY,
+    GOODPUT_TARGETS,
+    Target,
+    as_target,
+    objectives_for,
+    target_direction,
+)
 from spica_pipeline.search.calibration import REPORT_KEYS as CALIBRATION_KEYS
 
 Direction = Literal["max", "min"]
-
-PARETO = "pareto"
-GOODPUT_KEY = "goodput_output_throughput_tok_s"
-DEFAULT_PARETO_OBJECTIVES: tuple[str, str] = ("throughput_per_gpu", "throughput_per_user")
 
 # Report keys copied into Candidate.metrics (spec §8.1), in this order when present.
 METRIC_KEYS: tuple[str, ...] = (
@@ -24,7 +28,7 @@ METRIC_KEYS: tuple[str, ...] = (
     "mean_tpot_ms",
     "mean_e2e_latency_ms",
     "mean_output_token_throughput_per_user",
-    "goodput_output_throughput_tok_s",
+    GOODPUT_KEY,
     "gpu_hours",
     "duration_ms",
     "planner_total_ticks",
@@ -37,32 +41,26 @@ METRIC_KEYS: tuple[str, ...] = (
 )
 
 
-class Target(NamedTuple):
-    """One scalar goal: its direction, the report key it reads, and whether it divides by avg_gpu."""
+class TargetMetric(NamedTuple):
+    """How a scalar target reads a replay report: the key, and whether it divides by avg_gpu.
 
-    name: str
-    direction: Direction
+    Its direction is the goal's (`config.goal.target_direction`); a missing value is the worst one."""
+
     metric: str
     per_gpu: bool
-    missing: float
 
 
-TARGETS: dict[str, Target] = {
-    t.name: t
-    for t in (
-        Target("throughput", "max", "output_throughput_tok_s", False, 0.0),
-        Target("throughput_per_gpu", "max", "output_throughput_tok_s", True, 0.0),
-        Target("throughput_per_user", "max", "mean_output_token_throughput_per_user", False, 0.0),
-        Target("e2e_latency", "min", "mean_e2e_latency_ms", False, math.inf),
-        Target("goodput", "max", GOODPUT_KEY, False, 0.0),
-        Target("goodput_per_gpu", "max", GOODPUT_KEY, True, 0.0),
-        # min_gpus: the study's proxy is replayed requests/s per GPU (more per GPU, fewer GPUs for a
-        # given load); the exact fleet is sized after the sweep by size_fleet.
-        Target("min_gpus", "max", "request_throughput_rps", True, 0.0),
-    )
+TARGET_METRICS: dict[Target, TargetMetric] = {
+    Target.THROUGHPUT: TargetMetric("output_throughput_tok_s", False),
+    Target.THROUGHPUT_PER_GPU: TargetMetric("output_throughput_tok_s", True),
+    Target.THROUGHPUT_PER_USER: TargetMetric("mean_output_token_throughput_per_user", False),
+    Target.E2E_LATENCY: TargetMetric("mean_e2e_latency_ms", False),
+    Target.GOODPUT: TargetMetric(GOODPUT_KEY, False),
+    Target.GOODPUT_PER_GPU: TargetMetric(GOODPUT_KEY, True),
+    # min_gpus: the study's proxy is replayed requests/s per GPU (more per GPU, fewer GPUs for a
+    # given load); the exact fleet is sized after the sweep by size_fleet.
+    Target.MIN_GPUS: TargetMetric("request_throughput_rps", True),
 }
-MIN_GPUS = "min_gpus"
-GOODPUT_TARGETS = frozenset({"goodput", "goodput_per_gpu"})
 
 
 def _name(target: Any) -> str:
@@ -70,21 +68,16 @@ def _name(target: Any) -> str:
     return str(getattr(target, "value", target))
 
 
-def _target(target: Any) -> Target:
-    name = _name(target)
-    if name == PARETO:
+def _scalar(target: Any) -> Target:
+    t = as_target(_name(target))
+    if t is Target.PARETO:
         raise ValueError("'pareto' is multi-objective and has no scalar value; use objective_vector")
-    try:
-        return TARGETS[name]
-    except KeyError:
-        raise ValueError(f"unknown optimization target: {name!r}") from None
+    return t
 
 
 def direction(target: Any) -> Direction:
-    """'max' for every target but e2e_latency."""
-    if _name(target) == PARETO:
-        raise ValueError("'pareto' is multi-objective and has no scalar direction")
-    return _target(target).direction
+    """'max' for every target but e2e_latency (the goal's rule)."""
+    return target_direction(_name(target))
 
 
 def directions_for(objectives: Sequence[Any]) -> dict[str, Direction]:
@@ -119,12 +112,14 @@ def avg_gpu(report: Mapping[str, Any] | None) -> float:
 
 
 def objective_value(target: Any, report: Mapping[str, Any] | None) -> float:
-    """The raw (unsigned) value of one scalar target read from a flat replay report (spec §4.1)."""
-    t = _target(target)
-    v = _num(report, t.metric)
+    """The raw (unsigned) value of one scalar target read from a flat replay report (spec §4.1);
+    a missing metric is the worst value (0, or inf for a minimised target)."""
+    t = _scalar(target)
+    rule = TARGET_METRICS[t]
+    v = _num(report, rule.metric)
     if v is None:
-        return t.missing
-    if t.per_gpu:
+        return 0.0 if target_direction(t) == "max" else math.inf
+    if rule.per_gpu:
         g = avg_gpu(report)
         return v / g if g > 0 else 0.0
     return v
@@ -132,9 +127,9 @@ def objective_value(target: Any, report: Mapping[str, Any] | None) -> float:
 
 def score(target: Any, report: Mapping[str, Any] | None) -> float:
     """Signed value, higher is better: the raw value, negated for minimised targets."""
-    t = _target(target)
-    v = objective_value(t.name, report)
-    return v if t.direction == "max" else -v
+    t = _scalar(target)
+    v = objective_value(t, report)
+    return v if target_direction(t) == "max" else -v
 
 
 def objective_vector(objectives: Sequence[Any], report: Mapping[str, Any] | None) -> dict[str, float]:
@@ -142,38 +137,12 @@ def objective_vector(objectives: Sequence[Any], report: Mapping[str, Any] | None
     return {_name(o): objective_value(o, report) for o in objectives}
 
 
-def effective_objectives(target: Any, pareto_objectives: Sequence[Any] | None = None) -> list[str]:
-    """The objective set a goal scores: the scalar target, or the Pareto list (default pair)."""
-    name = _name(target)
-    if name == PARETO:
-        return [_name(o) for o in (pareto_objectives or DEFAULT_PARETO_OBJECTIVES)]
-    _target(name)
-    return [name]
-
-
-def sla_is_satisfying(sla: Mapping[str, Any] | None) -> bool:
-    """An SLA goodput can be judged against: e2e_ms alone, or both ttft_ms and itl_ms."""
-    if not sla:
-        return False
-    return sla.get("e2e_ms") is not None or (sla.get("ttft_ms") is not None and sla.get("itl_ms") is not None)
-
-
-def check_sla_requirement(target: Any, pareto_objectives: Sequence[Any] | None, sla: Mapping[str, Any] | None) -> None:
-    """Spec §4.2/4.3: a goodput objective needs a satisfying SLA; other goals accept any SLA.
-
-    Raises ValueError listing the offending objectives, sorted.
-    """
-    needing = sorted(o for o in effective_objectives(target, pareto_objectives) if o in GOODPUT_TARGETS)
-    if needing and not sla_is_satisfying(sla):
-        raise ValueError(f"{needing} require an SLA target (ttft_ms+itl_ms or e2e_ms)")
-
-
 def require_goodput(objectives: Iterable[Any], report: Mapping[str, Any] | None) -> None:
     """Fail closed when a goodput objective is active but replay did not account goodput.
 
     There is no fallback to mean latency: the trial must be recorded as failed.
     """
-    active = sorted(_name(o) for o in objectives if _name(o) in GOODPUT_TARGETS)
+    active = sorted(_name(o) for o in objectives if as_target(_name(o)) in GOODPUT_TARGETS)
     if active and (report is None or _num(report, GOODPUT_KEY) is None):
         raise RuntimeError(
             f"goal {active} needs '{GOODPUT_KEY}' but the replay report lacks it; install a replay "
@@ -293,8 +262,8 @@ class Candidate:
         spread: Mapping[str, Mapping[str, float]] | None = None,
     ) -> "Candidate":
         """Score a report under the goal; a Pareto goal fills `objectives` and the headline score."""
-        if _name(target) == PARETO:
-            objs = objective_vector(pareto_objectives or DEFAULT_PARETO_OBJECTIVES, report)
+        if as_target(_name(target)) is Target.PARETO:
+            objs = objective_vector(objectives_for(Target.PARETO, pareto_objectives), report)
             return cls.pareto(config, objs, metrics_from_report(report), branch=branch,
                               spec_hash=spec_hash, spread=spread)
         return cls(

@@ -48,7 +48,7 @@ class RoleShape:
             return "dtp"
         return "mixed"
 
-    def engine_key(self) -> tuple[int, ...]:
+    def engine_key(self) -> tuple[int, int, int, int, int]:
         """The shape without replicas: what KV capacity and step timing depend on."""
         return (self.tp, self.pp, self.attention_dp, self.moe_tp, self.moe_ep)
 

@@ -251,7 +251,7 @@ def _resolve_shape(role: Role, *, moe: bool, default_workers: int | None, concur
         mt, me = role.moe_tp or None, role.moe_ep or None
         if mt is None and me is None:
             return f"{name} MoE shape missing (moe_tp_size and moe_ep_size)"
-        if mt is None:
+        if mt is None and me is not None:
             mt = width // me if width % me == 0 else None
         if me is None and mt is not None:
             me = width // mt if width % mt == 0 else None

@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from spica_pipeline.search import cost
 from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, canonical_json, json_safe, spec_hash
@@ -62,6 +62,16 @@ class Sampler(Protocol):
     def propose(self, parameters: dict[str, Any], taken: Collection[tuple[str, ParallelConfig]] = ()) -> Proposal: ...
 
 
+class Finished(Protocol):
+    """One finished evaluation as `Backend.wait` hands it back (resources.pool's Completion)."""
+
+    @property
+    def ticket(self) -> int: ...
+
+    @property
+    def outcome(self) -> EvalOutcome: ...
+
+
 class Backend(Protocol):
     """What the asynchronous driver needs from an evaluation backend (resources.pool's
     EvaluationBackend): `submit` returns a ticket, `wait` returns finished (ticket, outcome)s."""
@@ -70,7 +80,7 @@ class Backend(Protocol):
 
     def submit(self, request: EvalRequest) -> int: ...
 
-    def wait(self, timeout: float | None = None) -> list[Any]: ...  # items with .ticket and .outcome
+    def wait(self, timeout: float | None = None) -> Sequence[Finished]: ...
 
 
 def selection_key(selection: dict[str, Any]) -> str:
@@ -94,7 +104,7 @@ class Journal(Protocol):
     def put_outcome(self, trial: int, spec_hash: str, outcome: EvalOutcome) -> None: ...
 
 
-class MemoryJournal:
+class MemoryJournal(Journal):
     """In-memory journal: enough for tests and for a single uninterrupted run."""
 
     def __init__(self) -> None:
@@ -237,7 +247,7 @@ class _BranchLoop:
         self.history: list[HistoryItem] = []
         self.result = BranchOutcome(branch=branch)
         # spec_hash -> the record that first produced it in this run (the dedup cache)
-        self.seen: dict[str, TrialRecord] = {}
+        self.seen: dict[str | None, TrialRecord] = {}
         self.taken: set[tuple[str, ParallelConfig]] = set()  # point keys already proposed in this branch
         self._first_failures: list[str] = []
         self._breaker_done = False
@@ -356,7 +366,7 @@ class _BranchLoop:
         """Triage, evaluate and record one batch; returns the number of trials it counted against
         the budget (every trial except cache hits and in-batch duplicates)."""
         records: list[TrialRecord] = []
-        primaries: dict[str, int] = {}  # spec_hash -> index of its first record in this batch
+        primaries: dict[str | None, int] = {}  # spec_hash -> index of its first record in this batch
         todo: list[tuple[int, EvalRequest]] = []
         duplicates: list[tuple[int, int]] = []  # (record index, primary index)
         for proposal in proposals:
@@ -646,7 +656,7 @@ class _AsyncDriver:
         self.counted += 1
         self.free_streak = 0
 
-    def _inflight_primary(self, spec: str) -> int | None:
+    def _inflight_primary(self, spec: str | None) -> int | None:
         for index in self.inflight.values():
             if self.slots[index].rec.spec_hash == spec:
                 return index

@@ -28,9 +28,14 @@ PredictorFactory = Callable[[dict[str, Any], float, "dict | None"], TrafficPredi
 class TraceArrays(Protocol):
     """What the sweep needs from a trace (e.g. `spica_pipeline.traces.TraceData`)."""
 
-    timestamp_ms: np.ndarray
-    input_length: np.ndarray
-    output_length: np.ndarray
+    @property
+    def timestamp_ms(self) -> np.ndarray: ...
+
+    @property
+    def input_length(self) -> np.ndarray: ...
+
+    @property
+    def output_length(self) -> np.ndarray: ...
 
 
 def _interval_key(value: Any) -> int | float:

@@ -1,0 +1,225 @@
+"""How one branch is searched: the plan, the proposals, the candidate build and the score.
+
+Pure functions of the config and the branch space, shared by the CLI sweep and the Dagster
+studies (`sweep.run_branch` wires them to the Vizier study, the evaluation backend and the
+journal). Nothing here opens a file, a study or a pool.
+"""
+
+import hashlib
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
+
+from spica_pipeline.config import OptimizationGoal, SmartSearchConfig, target_direction
+from spica_pipeline.config.sweep import DEFAULT_MAX_ROUNDS
+from spica_pipeline.search import scoring
+from spica_pipeline.search.branches import BranchSpace
+from spica_pipeline.search.encoding import SearchEncoding, build_encoding, enumerate_space
+from spica_pipeline.config.types import is_finite_number
+from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest
+from spica_pipeline.search.model_hw import latest_backend_version
+from spica_pipeline.search.sample import router_repeats_for, unroll_sample
+from spica_pipeline.search.shapes import ParallelConfig
+from spica_pipeline.search.study import HistoryItem, Proposal, Scored, StudySettings, selection_key
+
+if TYPE_CHECKING:
+    from spica_pipeline.search.load_predictor import LoadPredictorResult
+
+
+# --------------------------------------------------------------------------------------------
+# the plan
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class BranchPlan:
+    """How one branch will be searched, decided before any trial runs."""
+
+    branch: BranchSpace
+    encoding: SearchEncoding
+    finite_size: int | None
+    budget: int  # evaluations the rapid policy would spend
+    exhaustive: bool
+    why: str
+
+
+def finite_points(encoding: SearchEncoding) -> int | None:
+    """How many legal points `enumerate_space` would yield, counted without enumerating them:
+    the other knobs' product times, per pool config, the selectable backends that support it."""
+    if not encoding.is_finite:
+        return None
+    knobs = [p.name for p in encoding.params if p.role == "knob"]
+    product = 1
+    for name in knobs:
+        if name != "backend":
+            product *= len(encoding.knob_entries[name])
+    backends = (encoding.knob_entries["backend"] if "backend" in knobs
+                else (encoding.constants.get("backend"),))
+    pairs = sum(sum(1 for b in backends if b is None or b in supported)
+                for supported in encoding.supported_backends)
+    return product * pairs
+
+
+def plan_branch(branch: BranchSpace, config: SmartSearchConfig) -> BranchPlan:
+    encoding = build_encoding(branch)
+    # Only a time budget: a space a default trial budget would cover is still enumerated.
+    budget = config.sweep.evaluation_budget or DEFAULT_MAX_ROUNDS * config.sweep.per_round
+    size = finite_points(encoding)
+    if config.sweep.policy == "thorough":
+        return BranchPlan(branch, encoding, size, budget, True, f"policy thorough: all {size} points")
+    if size is not None and size <= budget:
+        return BranchPlan(branch, encoding, size, budget, True,
+                          f"finite space of {size} points <= evaluation budget {budget}: enumerated exhaustively")
+    why = (f"space of {size} points > evaluation budget {budget}" if size is not None
+           else "continuous space")
+    return BranchPlan(branch, encoding, size, budget, False, f"{why}: Vizier {config.sweep.algorithm}")
+
+
+def study_settings(config: SmartSearchConfig, deadline: float | None = None) -> StudySettings:
+    """The study loop's settings from `sweep:`; `deadline` (time.monotonic seconds) ends the branch."""
+    sweep = config.sweep
+    return StudySettings(per_round=sweep.per_round, max_rounds=sweep.max_rounds, workers=sweep.eval_workers,
+                         failure_breaker=sweep.failure_breaker, deadline=deadline,
+                         optimizer_share=sweep.optimizer_share)
+
+
+def branch_seed(config: SmartSearchConfig, mode: str) -> int:
+    """The branch study's seed: derived from the sweep seed, different per deployment mode."""
+    digest = hashlib.sha256(f"{config.sweep.seed}:{mode}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
+# --------------------------------------------------------------------------------------------
+# proposals
+# --------------------------------------------------------------------------------------------
+
+class SuggestingStudy(Protocol):
+    """The optimizer side of a study (resources/vizier.Study): parameter dicts for `count` trials."""
+
+    last_designer: str  # the designer that answered the last `suggest`
+
+    def suggest(self, count: int, history: Sequence[Any] = ..., pending: Sequence[dict[str, Any]] = ...,
+                algorithm: str | None = ...) -> list[dict[str, Any]]: ...
+
+
+class StudySampler:
+    """Study loop sampler over an optimizer study: suggest, then decode and project.
+
+    `study` is None for an exhaustive branch (only `propose` is used there)."""
+
+    def __init__(self, study: SuggestingStudy | None, encoding: SearchEncoding):
+        self.study = study
+        self.encoding = encoding
+
+    def suggest(self, count: int, history: list[HistoryItem]) -> list[dict[str, Any]]:
+        if self.study is None:
+            raise RuntimeError("an exhaustive branch has no optimizer study to ask")
+        items = [(h.parameters, h.metrics, h.infeasible_reason) for h in history]
+        return [dict(p) for p in self.study.suggest(count, items)]
+
+    def suggest_pending(self, count: int, history: list[HistoryItem], pending: list[dict[str, Any]],
+                        cheap: bool) -> tuple[list[dict[str, Any]], str]:
+        """The asynchronous loop's ask: in-flight trials as pending; `cheap` fills from the
+        quasi-random designer (the cost-aware policy). Returns the designer that answered."""
+        if self.study is None:
+            raise RuntimeError("an exhaustive branch has no optimizer study to ask")
+        items = [(h.parameters, h.metrics, h.infeasible_reason) for h in history]
+        out = self.study.suggest(count, items, pending, algorithm="QUASI_RANDOM_SEARCH" if cheap else None)
+        return [dict(p) for p in out], self.study.last_designer
+
+    @property
+    def designer(self) -> str:
+        return getattr(self.study, "last_designer", "") or "vizier"
+
+    def propose(self, parameters: dict[str, Any], taken: Collection[tuple[str, ParallelConfig]] = ()) -> Proposal:
+        return propose(self.encoding, parameters, taken)
+
+
+def propose(encoding: SearchEncoding, parameters: dict[str, Any],
+            taken: Collection[tuple[str, ParallelConfig]] = ()) -> Proposal:
+    """Decode and project one suggestion, steering away from points already proposed."""
+    selection, requested = encoding.decode(parameters)
+    meta: dict[str, Any] | None
+    if encoding.pinned_config is not None:
+        config, meta = encoding.pinned_config, None
+    else:
+        key = selection_key(selection)
+        exclude = [c for c in encoding.parallel_configs if (key, c) in taken] if taken else []
+        try:
+            projection = encoding.project(selection, requested, exclude)
+        except ValueError as exc:
+            return Proposal(parameters, selection, encoding.parallel_configs[0], None, supported=False,
+                            unsupported_reason=str(exc))
+        config, meta = projection.config, projection.to_dict()
+        if exclude:
+            nearest = encoding.project(selection, requested).config
+            meta["moved_to_unevaluated"] = nearest != config
+    index = encoding.parallel_configs.index(config)
+    backend = selection.get("backend")
+    supported = backend is None or backend in encoding.supported_backends[index]
+    return Proposal(parameters, selection, config, meta, supported=supported)
+
+
+def exhaustive_points(encoding: SearchEncoding) -> Iterable[Proposal]:
+    for selection, config in enumerate_space(encoding):
+        yield Proposal(encoding.encode(selection, config), selection, config, None)
+
+
+# --------------------------------------------------------------------------------------------
+# candidates and scores
+# --------------------------------------------------------------------------------------------
+
+def candidate_builder(config: SmartSearchConfig, load_predictor: "LoadPredictorResult | None",
+                      context: dict[str, Any]) -> Callable[[dict[str, Any], ParallelConfig], EvalRequest]:
+    """Main-process candidate build: unroll, resolve the perf-DB version, attach `context` (what,
+    besides the sample, changes a replay's result: `sweep.evaluation_context`)."""
+    workload = config.workload.model_dump(mode="json")
+    goal = config.goal
+    repeats = config.sweep.router_repeats
+
+    def build(selection: dict[str, Any], parallel_config: ParallelConfig) -> EvalRequest:
+        sample = unroll_sample(config.search_space, selection, parallel_config, load_predictor)
+        sample["backend_version"] = latest_backend_version(sample["hardware_sku"], sample["backend"])
+        if config.workload.concurrency is not None:
+            sample["concurrency"] = config.workload.concurrency
+        if "kv_load_ratio" in selection:  # searched (a range) or injected as a constant (a scalar)
+            sample["kv_load_ratio"] = float(selection["kv_load_ratio"])
+        ctx = dict(context, router_repeats=router_repeats_for(sample, repeats))
+        return EvalRequest(sample=sample, workload=workload, goal=goal, context=ctx)
+
+    return build
+
+
+def study_metrics(goal: OptimizationGoal) -> list[tuple[str, str]]:
+    """What the optimizer study maximises or minimises: the Pareto objectives, or the signed score."""
+    if goal.is_pareto:
+        return [(name, target_direction(name)) for name in goal.objective_names()]
+    return [("objective", "max")]  # the scorer pre-signs the score
+
+
+def scorer(goal: OptimizationGoal) -> Callable[[EvalOutcome], Scored]:
+    """Turn a feasible report into the score, objectives and what the optimizer is told."""
+    names = goal.objective_names()
+    sla = goal.sla_thresholds()
+
+    def score(outcome: EvalOutcome) -> Scored:
+        report = outcome.report or {}
+        passes, why = scoring.sla_gate(report, sla, goal.sla_gate)
+        if not passes:
+            return Scored(None, None, None, reason=why)
+        if goal.is_pareto:
+            objectives = scoring.objective_vector(names, report)
+            if not all(is_finite_number(v) for v in objectives.values()):
+                return Scored(None, objectives, None, reason="replay report lacks an objective metric")
+            return Scored(objectives[names[0]], objectives, dict(objectives))
+        value = scoring.score(goal.target.value, report)
+        if not is_finite_number(value):
+            return Scored(None, None, None, reason=f"replay report has no value for {goal.target.value}")
+        return Scored(value, None, {"objective": value})
+
+    return score
+
+
+__all__ = [
+    "BranchPlan", "StudySampler", "SuggestingStudy", "branch_seed", "candidate_builder", "exhaustive_points",
+    "finite_points", "plan_branch", "propose", "scorer", "study_metrics", "study_settings",
+]
