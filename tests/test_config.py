@@ -59,6 +59,7 @@ def test_defaults():
     assert c.sweep.max_rounds == 20 and c.sweep.candidates_per_round is None
     assert c.sweep.max_eval_seconds == 600.0 and c.sweep.seed == 0 and c.sweep.policy == "rapid"
     assert c.sweep.algorithm == "DEFAULT" and c.sweep.router_repeats == 3
+    assert c.sweep.cost_aware == "predicted" and c.sweep.optimizer_share == 0.25  # deterministic by default
 
 
 @pytest.mark.parametrize("section", ["search_space", "workload", "goal", "sweep", None])
@@ -437,7 +438,8 @@ def test_sweep_rules_and_per_round():
     assert SweepConfig(max_eval_seconds=None).max_eval_seconds is None
     for bad in ({"max_rounds": 0}, {"parallel_evals": 0}, {"candidates_per_round": 0},
                 {"max_eval_seconds": 0}, {"max_eval_seconds": math.inf}, {"router_repeats": 0},
-                {"seed": -1}, {"policy": "fast"}, {"algorithm": "CMA_ES"}, {"max_rounds": True}):
+                {"seed": -1}, {"policy": "fast"}, {"algorithm": "CMA_ES"}, {"max_rounds": True},
+                {"cost_aware": "wallclock"}, {"optimizer_share": 0}, {"optimizer_share": 1.5}):
         with pytest.raises(ValidationError):
             SweepConfig(**bad)
     assert SweepConfig(algorithm="NSGA2", policy="thorough", seed=7).seed == 7

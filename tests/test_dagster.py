@@ -12,7 +12,7 @@ import dagster as dg
 import pandas as pd
 import pytest
 
-from dagster_fakes import FakeEvaluator, InfeasibleEvaluator
+from dagster_fakes import FakeEvaluator, InfeasibleEvaluator, SlowEvaluator
 from spica_pipeline.assets import checks
 from spica_pipeline.assets.config import SweepLaunchConfig, read_sweep_config
 from spica_pipeline.assets.factory import sweeps_definitions
@@ -258,6 +258,26 @@ def test_failing_blocking_check_prevents_the_deploy_asset(tmp_path):
     assert inst.get_latest_materialization_event(dg.AssetKey(["nothing", "deploy"])) is None
     out = tmp_path / "spica" / "outputs" / "nothing"
     assert not (out / "deploy").exists() and not (out / "recommendation.json").exists()
+
+
+def test_dagster_studies_run_the_async_loop_within_the_time_budget_and_leave_an_anytime_result(tmp_path):
+    """The same study loop as `spica sweep`: asynchronous dispatch on the evaluation backend, the
+    sweep's time budget, and the branch's ranking so far written after every batch."""
+    yaml = (TINY_YAML.replace("  max_rounds: 1\n", "  time_budget: 2s\n")
+            .replace("parallel_evals: 1", "parallel_evals: 2")
+            .replace("planner_scaling_policy: [disabled]", "planner_scaling_policy: [disabled]\n"
+                     "  agg_max_num_seqs: [256, 512, 1024]\n  agg_max_num_batched_tokens: [8192, 16384, 32768]"))
+    spec = _spec(tmp_path, "timed", yaml)
+    defs = sweeps_definitions([spec], resources=_resources(tmp_path, SlowEvaluator(0.4)))
+    r = _run(defs, "timed", instance=dg.DagsterInstance.ephemeral())
+    assert r.success
+    md = _mats(r, "timed", "branch_study")[0].metadata
+    ledger = r.asset_value(dg.AssetKey(["timed", "branch_study"]))
+    assert md["out_of_time"].value is True and md["time_budget_s"].value == 2.0
+    assert 2 <= md["evaluated"].value < 27 and len(ledger) == md["trials"].value  # 27 points, not all
+    anytime = Path(md["anytime_result"].value)
+    assert anytime.exists() and len(pd.read_csv(anytime)) >= 1
+    assert pd.read_parquet(anytime.parent / "ledger.parquet")["trial"].is_monotonic_increasing
 
 
 def test_partitions_are_the_searched_modes_with_their_own_metadata(tmp_path):
