@@ -358,17 +358,17 @@ DEP8 = {"tp": 1, "attention_dp": 8, "moe_ep": 8}
 
 @pytest.mark.parametrize("space,match", [
     ({"parallel_configs": [{"tp": 4}]}, "exactly one mode"),
-    ({"deployment_mode": ["agg"], "parallel_configs": [{"moe_ep": 4}]}, "'tp' field"),
+    ({"deployment_mode": ["agg"], "parallel_configs": [{"moe_ep": 4}]}, r"parallel_configs\[0\]\.tp: field required"),
     ({"deployment_mode": ["disagg"], "parallel_configs": [{"tp": 4}]}, "prefill"),
     ({"deployment_mode": ["disagg"], "parallel_configs": [{"prefill": 4, "decode": TEP8}]}, r"prefill.*dict"),
     ({"deployment_mode": ["disagg"], "parallel_configs": [{"prefill": TEP8, "decode": {"moe_ep": 8}}]},
-     r"decode.*'tp' field"),
-    ({"deployment_mode": ["agg"], "parallel_configs": [{"tp": 0}]}, "positive integer"),
-    ({"deployment_mode": ["agg"], "parallel_configs": [{"tp": 2.5}]}, "positive integer"),
-    ({"deployment_mode": ["agg"], "parallel_configs": [{"tp": 2, "dp": 2}]}, "unknown keys"),
+     r"parallel_configs\[0\]\.decode\.tp: field required"),
+    ({"deployment_mode": ["agg"], "parallel_configs": [{"tp": 0}]}, "tp: input should be greater than or equal to 1"),
+    ({"deployment_mode": ["agg"], "parallel_configs": [{"tp": 2.5}]}, "tp: input should be a valid integer"),
+    ({"deployment_mode": ["agg"], "parallel_configs": [{"tp": 2, "dp": 2}]}, r"parallel_configs\[0\]\.dp: unknown key"),
     ({"deployment_mode": ["agg"], "parallel_configs": ["tp4"]}, "must be a dict"),
     ({"deployment_mode": ["disagg"], "parallel_configs": [{"prefill": TEP8, "decode": DEP8, "x": 1}]},
-     "only 'prefill' and 'decode'"),
+     r"parallel_configs\[0\]\.x: unknown key"),
 ])
 def test_parallel_configs_structure(space, match):
     rejects(match, search_space=space)
@@ -454,3 +454,12 @@ def test_length_jitter_is_a_synthetic_fraction():
         Workload(isl=1000, osl=100, concurrency=4, num_request_ratio=8, isl_jitter=0.1, turns_per_session=2)
     with pytest.raises(ValidationError, match="isl_jitter"):
         Workload(trace_path="t.jsonl", isl_jitter=0.1)
+
+
+def test_a_validated_config_is_frozen():
+    """Its hash keys the journal and the Dagster runs: nothing may change it after validation."""
+    config = build()
+    for model, field, value in ((config.sweep, "seed", 1), (config.search_space, "gpu_budget", 4),
+                                (config.goal, "sla_gate", "strict"), (config, "sweep", config.sweep)):
+        with pytest.raises(ValidationError, match="frozen"):
+            setattr(model, field, value)

@@ -24,15 +24,8 @@ from spica_pipeline.errors import ConfigError
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO / "examples" / "traces" / "small_mooncake.jsonl"
 
-TINY_YAML = """\
-search_space:
-  model_name: Qwen/Qwen3-32B
-  hardware_sku: h200_sxm
-  gpu_budget: 2
-  deployment_mode: [agg]
-  backend: [vllm]
-  router_mode: [round_robin]
-  planner_scaling_policy: [disabled]
+# the shared tiny space, then this file's workload and sweep
+TINY_YAML = (REPO / "tests" / "data" / "tiny_agg_space.yaml").read_text() + """\
 workload:
   isl: 512
   osl: 64
@@ -85,6 +78,14 @@ def _evaluations(result):
 def _failure_message(result):
     failure = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"][0]
     return failure.step_failure_data.user_failure_data.description
+
+
+def _failed_run_message(tmp_path, spec) -> str:
+    """Run `spec`'s sweep job, which must fail; its step failure's description."""
+    defs = sweeps_definitions([spec], resources=_resources(tmp_path))
+    r = _run(defs, spec.name, instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+    assert not r.success
+    return _failure_message(r)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,10 +149,7 @@ def test_launch_overrides_apply_to_the_sweep_file(tmp_path, monkeypatch):
 def test_bad_config_fails_the_run_with_one_line(tmp_path):
     spec = _spec(tmp_path, "bad", TINY_YAML.replace("gpu_budget: 2", "gpu_budget: -1"))
     assert spec.load_error and "gpu_budget" in spec.load_error  # the graph still loads
-    defs = sweeps_definitions([spec], resources=_resources(tmp_path))
-    r = _run(defs, "bad", instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
-    assert not r.success
-    message = _failure_message(r)
+    message = _failed_run_message(tmp_path, spec)
     assert "search_space.gpu_budget" in message and "\n" not in message
 
 
@@ -162,10 +160,7 @@ def test_malformed_trace_fails_validated_config_naming_file_and_line(tmp_path):
                                                                       str(trace))
     spec = _spec(tmp_path, "badtrace", text)
     assert spec.trace_path == str(trace)
-    defs = sweeps_definitions([spec], resources=_resources(tmp_path))
-    r = _run(defs, "badtrace", instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
-    assert not r.success
-    message = _failure_message(r)
+    message = _failed_run_message(tmp_path, spec)
     assert "bad.jsonl:2:" in message and "\n" not in message
 
 

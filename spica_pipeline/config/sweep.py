@@ -6,7 +6,7 @@ from typing import Literal, get_args
 
 from pydantic import field_validator, model_validator
 
-from spica_pipeline.config.types import Fraction, NonNegInt, PosFloat, PosInt, StrictModel
+from spica_pipeline.config.types import Fraction, NonNegInt, PosFloat, PosInt, StrictModel, at_most_one
 
 DEFAULT_MAX_ROUNDS = 20
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*$")
@@ -87,9 +87,7 @@ class SweepConfig(StrictModel):
     @field_validator("max_replay_memory_share")
     @classmethod
     def _share(cls, v: float) -> float:
-        if v > 1:
-            raise ValueError(f"max_replay_memory_share must be in (0, 1], got {v}")
-        return v
+        return at_most_one("max_replay_memory_share", v, zero_allowed=False)
 
     @field_validator("time_budget", mode="before")
     @classmethod

@@ -18,6 +18,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
+from spica_pipeline.errors import one_line
 from spica_pipeline.search import cost
 from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, canonical_json, json_safe, spec_hash
 from spica_pipeline.search.ledger import TrialRecord
@@ -359,7 +360,7 @@ class _BranchLoop:
         try:
             request = self.build(proposal.selection, proposal.parallel_config)
         except Exception as exc:  # a bad candidate never aborts the sweep
-            self._finish(rec, "failed", f"candidate build failed: {type(exc).__name__}: {_one_line(exc)}")
+            self._finish(rec, "failed", f"candidate build failed: {type(exc).__name__}: {one_line(exc)[:500]}")
             return rec, None
         rec.spec_hash = request.spec_hash
         rec.config = dict(request.sample)
@@ -726,11 +727,6 @@ def _reason_class(reason: str) -> str:
     import re
 
     return re.sub(r"\d+(\.\d+)?", "#", " ".join(reason.split()))[:200]
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text[:500]
 
 
 __all__ = [
