@@ -280,6 +280,25 @@ def test_dagster_studies_run_the_async_loop_within_the_time_budget_and_leave_an_
     assert pd.read_parquet(anytime.parent / "ledger.parquet")["trial"].is_monotonic_increasing
 
 
+def test_a_dagster_study_gives_the_ledger_spica_sweep_gives(tmp_path):
+    """One code path: the same config and seed through the Dagster partition and through
+    `spica sweep` (run_sweep) give the same ledger (timing columns aside)."""
+    from spica_pipeline.config.loader import load_config
+    from spica_pipeline.search.ledger import content_view
+    from spica_pipeline.sweep import run_sweep
+
+    yaml = (TINY_YAML.replace("max_rounds: 1", "max_rounds: 3").replace("parallel_evals: 1", "parallel_evals: 2")
+            .replace("planner_scaling_policy: [disabled]", "planner_scaling_policy: [disabled]\n"
+                     "  agg_max_num_seqs: [256, 512, 1024]\n  agg_max_num_batched_tokens: [8192, 16384, 32768]"))
+    spec = _spec(tmp_path, "same", yaml)
+    r = _run(sweeps_definitions([spec], resources=_resources(tmp_path)), "same",
+             instance=dg.DagsterInstance.ephemeral())
+    dagster_rows = r.asset_value(dg.AssetKey(["same", "branch_study"])).to_dict("records")
+    cli = run_sweep(load_config(tmp_path / "same.yaml"), tmp_path / "cli", evaluator=FakeEvaluator())
+    cli_rows = cli.ledger.to_dict("records")
+    assert len(dagster_rows) == 6 and [content_view(x) for x in dagster_rows] == [content_view(x) for x in cli_rows]
+
+
 def test_partitions_are_the_searched_modes_with_their_own_metadata(tmp_path):
     text = TINY_YAML.replace("deployment_mode: [agg]", "deployment_mode: [agg, disagg]").replace(
         "algorithm: RANDOM_SEARCH", "algorithm: QUASI_RANDOM_SEARCH")
