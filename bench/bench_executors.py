@@ -6,11 +6,18 @@
 2. per-task overhead: N candidates that each sleep 10 ms, streamed through 1 and 2 workers;
    overhead per candidate = (wall - N x 10 ms / workers) x workers / N (the target for Ray: <= 50 ms);
 3. candidates/s on a CPU-bound candidate (a fixed number of loop iterations, ~0.2 s on one idle
-   core) with 1 and 2 workers, local pool vs a local Ray on this machine; 1-3 alternate the four
+   core) with 1 and 2 workers, local pool vs a local Ray on this machine, and the scaling
+   efficiency of the second worker, throughput(2) / (2 x throughput(1)); 1-3 alternate the four
    variants over rounds and report medians (other work on a shared host comes in bursts);
 4. a simulated multi-node cluster (ray.cluster_utils.Cluster, 3 nodes of 1 CPU on 127.0.0.1):
    candidates/s with 1, 2, 3 workers (one per node) and the scaling efficiency of each added
    worker, throughput(n) / (n x throughput(1)).
+
+With every CPU-bound row goes the worker utilisation: the share of each worker's wall time spent
+inside a candidate (as the worker timed it). Contention slows candidates but leaves this near 1;
+only the backend's own gaps (dispatch, transfer, idle workers) lower it, so it is the backend's
+part of the scaling efficiency, which a crowded host cannot hide. Each row records the load
+average when it finished.
 
 Every node and server is on 127.0.0.1. What the machine can show is printed with the numbers: its
 core count and load average. Nodes of a simulated cluster share this machine's cores, so worker
@@ -60,14 +67,15 @@ def requests(kind: str, n: int) -> list[EvalRequest]:
     return [EvalRequest({"kind": kind, "i": i}, {}, {}) for i in range(n)]
 
 
-def stream(backend, reqs: list[EvalRequest]) -> float:
-    """Submit all, collect completions as they finish; wall seconds."""
+def stream(backend, reqs: list[EvalRequest]) -> tuple[float, float]:
+    """Submit all, collect completions as they finish; (wall seconds, the candidates' own seconds
+    summed, as each worker timed its candidate)."""
     t0 = time.perf_counter()
     for r in reqs:
         backend.submit(r)
-    got = sum(1 for _ in backend.completions())
-    assert got == len(reqs), (got, len(reqs))
-    return time.perf_counter() - t0
+    busy = [c.outcome.replay_seconds for c in backend.completions()]
+    assert len(busy) == len(reqs), (len(busy), len(reqs))
+    return time.perf_counter() - t0, sum(busy)
 
 
 def warm(backend, workers: int) -> float:
@@ -94,18 +102,22 @@ def calibrate(target_s: float) -> int:
 
 def measure(backend, workers: int, n_sleep: int, n_spin: int) -> dict:
     start = warm(backend, workers)
-    wall = stream(backend, requests("sleep", n_sleep))
+    wall, _ = stream(backend, requests("sleep", n_sleep))
     overhead_ms = (wall - n_sleep * SLEEP_S / workers) * workers / n_sleep * 1000
-    spin_wall = stream(backend, requests("spin", n_spin))
+    spin_wall, spin_busy = stream(backend, requests("spin", n_spin))
+    # utilisation: the share of each worker's time spent inside a candidate. Slower candidates on
+    # a crowded machine lower candidates/s but not this; only the backend's own gaps (dispatch,
+    # transfer, idle workers) do, so it is what a backend contributes to scaling efficiency.
     return {"workers": workers, "warm_s": round(start, 2), "sleep_candidates": n_sleep,
             "overhead_ms_per_candidate": round(overhead_ms, 2), "spin_candidates": n_spin,
-            "candidates_per_s": round(n_spin / spin_wall, 3)}
+            "candidates_per_s": round(n_spin / spin_wall, 3),
+            "worker_utilisation": round(spin_busy / (workers * spin_wall), 3), "loadavg": loadavg()}
 
 
 def median_row(rows: list[dict]) -> dict:
     """Per-field median over rounds, with each round's values kept."""
     out = dict(rows[0])
-    for key in ("warm_s", "overhead_ms_per_candidate", "candidates_per_s"):
+    for key in ("warm_s", "overhead_ms_per_candidate", "candidates_per_s", "worker_utilisation"):
         values = [r[key] for r in rows]
         out[key] = round(statistics.median(values), 3)
         out[f"{key}_rounds"] = values
@@ -154,7 +166,7 @@ def main() -> int:
     print(f"machine: {machine['nproc']} cores, load average {' '.join(machine['loadavg_at_start'])}; "
           f"spin candidate = {iterations} iterations (~{args.spin_seconds:g} s on one core when calibrated)")
     results: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                     "command": "bench/bench_executors.py" + (" --quick" if args.quick else ""),
+                     "command": " ".join(["bench/bench_executors.py", *sys.argv[1:]]),
                      "machine": machine, "spin_iterations": iterations, "sleep_s": SLEEP_S}
 
     # 1-3: local pool vs a local Ray on this machine, 1 and 2 workers, alternated over rounds so a
@@ -175,13 +187,18 @@ def main() -> int:
     ray.shutdown()
     for name in ("local", "ray"):
         results[name] = [median_row(runs[(name, w)]) for w in (1, 2)]
+        one, two = results[name]
+        two["scaling_efficiency"] = round(two["candidates_per_s"] / (2 * one["candidates_per_s"]), 3)
     local, on_ray = results["local"], results["ray"]
     if args.out:  # keep these even if the cluster part cannot start
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     for lo, ra in zip(local, on_ray):
         print(f"{lo['workers']} worker(s): overhead ms/candidate local {lo['overhead_ms_per_candidate']:.2f} | "
               f"ray {ra['overhead_ms_per_candidate']:.2f}; candidates/s local {lo['candidates_per_s']:.2f} | "
-              f"ray {ra['candidates_per_s']:.2f} (ray/local {ra['candidates_per_s'] / lo['candidates_per_s']:.2f})")
+              f"ray {ra['candidates_per_s']:.2f} (ray/local {ra['candidates_per_s'] / lo['candidates_per_s']:.2f})"
+              + (f"; scaling efficiency local {lo['scaling_efficiency']:.2f} | ray {ra['scaling_efficiency']:.2f}"
+                 if "scaling_efficiency" in lo else "")
+              + f"; worker utilisation local {lo['worker_utilisation']:.2f} | ray {ra['worker_utilisation']:.2f}")
 
     # 4: a simulated cluster of 1-CPU nodes on 127.0.0.1
     node = dict(num_cpus=1, object_store_memory=80 * 1024 * 1024, include_dashboard=False)
@@ -217,7 +234,8 @@ def main() -> int:
             row["scaling_efficiency"] = round(row["candidates_per_s"] / (workers * base), 3)
             scaling.append(row)
             print(f"cluster {workers} worker(s) on {row['nodes_used']} node(s): {row['candidates_per_s']:.2f}/s, "
-                  f"efficiency {row['scaling_efficiency']:.2f}, overhead {row['overhead_ms_per_candidate']:.2f} ms")
+                  f"efficiency {row['scaling_efficiency']:.2f}, utilisation {row['worker_utilisation']:.2f}, "
+                  f"overhead {row['overhead_ms_per_candidate']:.2f} ms, load {' '.join(row['loadavg'])}")
     finally:
         ray.shutdown()
         cluster.shutdown()

@@ -19,7 +19,6 @@ usage:
 
 import argparse
 import csv
-import json
 import os
 import subprocess
 import sys
@@ -31,6 +30,8 @@ from typing import Any
 os.environ.setdefault("DYN_LOG", "warn")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from spica_pipeline.storage import write_json_result  # noqa: E402
 
 AIC_VERSION = "0.12.0"
 VENV = ROOT / "bench" / ".venv-aic"
@@ -184,8 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             reason = " ".join(str(exc).split())
             result.update(status="unavailable", reason=reason)
             print(f"peer comparison unavailable: {reason}")
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(result, indent=2) + "\n")
+            write_json_result(out, result)
             return 0
         shown = [Path(c).name if i == 0 else ("<tmp>/aic" if c == str(Path(tmp) / "aic") else c)
                  for i, c in enumerate(cmd)]
@@ -231,8 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                              if best_ours and best_aic and best_aic["replayed_goodput_per_gpu"] > 0 else None),
     )
     print(f"ours {result['ours_best']} vs AIC {result['aic_best']}: ratio {result['ratio_ours_over_aic']}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    write_json_result(out, result)
     print(f"wrote {out}")
     return 0
 

@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 from spica_pipeline.config import SmartSearchConfig, load_config  # noqa: E402
 from spica_pipeline.search import scoring  # noqa: E402
 from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest  # noqa: E402
+from spica_pipeline.storage import write_json_result  # noqa: E402
 from spica_pipeline.search.study import MemoryJournal, TrialCounter  # noqa: E402
 
 SPACES_DIR = ROOT / "bench" / "spaces"
@@ -329,8 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     def write(result: dict[str, Any], started: float, complete: bool) -> None:
         result["complete"] = complete
         result["wall_seconds"] = round(time.perf_counter() - started, 1)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        write_json_result(out, result)
 
     spaces = [s.strip() for s in args.spaces.split(",") if s.strip()]
     gp_spaces = spaces[:1] if args.quick else spaces

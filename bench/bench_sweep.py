@@ -25,6 +25,8 @@ os.environ.setdefault("DYN_LOG", "warn")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from spica_pipeline.storage import write_json_result  # noqa: E402
+
 
 def measure(config: Any, algorithm: str, workdir: Path) -> dict[str, Any]:
     from spica_pipeline.config import SmartSearchConfig
@@ -94,8 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / ("sweep_quick.json" if args.quick
                                                                         else "sweep.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    write_json_result(out, result)
     print(f"wrote {out}")
     return 0
 

@@ -142,6 +142,7 @@ def main() -> None:
     ap.add_argument("--objectives", default="1,2", help="series mode: objective counts to run")
     ap.add_argument("--reps", type=int, default=3, help="series mode: suggests per N")
     ap.add_argument("--rss-suggests", type=int, default=0, help="series mode: extra suggests to measure RSS growth")
+    ap.add_argument("--rss-objectives", default="1", help="series mode: objective counts that get the RSS check")
     ap.add_argument("--json", dest="json_out", default="", help="series mode: write the summary JSON here")
     args = ap.parse_args()
     if args.after_first:
@@ -297,17 +298,30 @@ def after_first(args) -> None:
                 key = f"{algo}|n_trials={n}|objectives={objectives}"
                 summary["median_suggest_s_after_first"][key] = round(statistics.median(walls), 3)
                 summary["median_suggest_cpu_s_after_first"][key] = round(statistics.median(cpus), 3)
-            if args.rss_suggests:
+                summary.setdefault("max_suggest_cpu_s_after_first", {})[key] = round(max(cpus), 3)
+                _write_summary(args, summary, complete=False)  # a bounded run keeps what it measured
+            if args.rss_suggests and str(objectives) in args.rss_objectives.split(","):
                 before = rss_now_mb()
                 for i in range(args.rss_suggests):
                     study.suggest(args.count, _history(enc, ns[i % len(ns)] + i % 3, objectives, seed=1000 + i))
                 summary["rss"][tag] = {"suggests": args.rss_suggests, "before_mb": round(before),
                                        "after_mb": round(rss_now_mb()), "growth_mb": round(rss_now_mb() - before)}
                 print(json.dumps({"rss": tag, **summary["rss"][tag]}), flush=True)
+                _write_summary(args, summary, complete=False)
     print(json.dumps({k: summary[k] for k in ("median_suggest_s_after_first", "first_call_s", "rss")}), flush=True)
-    if args.json_out:
-        with open(args.json_out, "w") as fh:
-            json.dump(summary, fh, indent=2)
+    _write_summary(args, summary, complete=True)
+
+
+def _write_summary(args, summary: dict, complete: bool) -> None:
+    """Atomic JSON write of the series summary (also after each N, so a stopped run is kept)."""
+    if not args.json_out:
+        return
+    summary.update(complete=complete, argv=sys.argv[1:], loadavg=os.getloadavg(),
+                   date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    tmp = args.json_out + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(summary, fh, indent=2)
+    os.replace(tmp, args.json_out)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ truth (the README's table lists them):
 import argparse
 import contextlib
 import errno
-import re
 import signal
 import sys
 import time
@@ -22,7 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from spica_pipeline.errors import ConfigError, SpicaError, TraceError
+from spica_pipeline.errors import ConfigError, SpicaError, TraceError, one_line
+from spica_pipeline.journal import JOURNAL_NAME, QUARANTINE_SUFFIX
 
 EXIT_OK = 0
 EXIT_NOTHING_FEASIBLE = 1
@@ -39,12 +39,8 @@ DESCRIPTION = (
 )
 
 
-def _one_line(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip()
-
-
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> int:
-    print(_one_line(message), file=sys.stderr)
+    print(one_line(message), file=sys.stderr)
     return code
 
 
@@ -104,7 +100,7 @@ def environment_failure(err: BaseException, output_dir: Path | None) -> str | No
         return None
     name = getattr(err, "filename", None)
     where = f" writing {name}" if name else ""
-    resume = (f"; finished trials are journalled in {output_dir}/journal.jsonl and are not recomputed"
+    resume = (f"; finished trials are journalled in {output_dir}/{JOURNAL_NAME} and are not recomputed"
               if output_dir is not None else "")
     return f"environment failure: {what}{where}; {todo.format(dir=place)}, then run the same command again{resume}"
 
@@ -131,10 +127,10 @@ def internal_error(err: BaseException, debug: bool, log_dir: Path | None = None)
             where = f"traceback in {log} (or rerun with --debug to print it)"
         except OSError:
             pass
-    message = _one_line(f"{type(err).__name__}: {err}")
+    message = one_line(f"{type(err).__name__}: {err}")
     if len(message) > 300:
         message = message[:297] + "..."
-    print(_one_line(f"internal error (a bug in spica, please report it): {message}; {where}"), file=sys.stderr)
+    print(one_line(f"internal error (a bug in spica, please report it): {message}; {where}"), file=sys.stderr)
     return EXIT_INTERNAL
 
 
@@ -486,7 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "is spent (max_rounds, when also set, still caps the trials)")
     sweep.add_argument("--show", type=int, default=10, help="candidates to print (default 10)")
     sweep.add_argument("--repair", action="store_true",
-                       help="move damaged journal records to journal.jsonl.quarantine and continue "
+                       help=f"move damaged journal records to {JOURNAL_NAME}{QUARANTINE_SUFFIX} and continue "
                             "(without it a damaged journal is refused with exit 2)")
     sweep.set_defaults(func=cmd_sweep)
     export = sub.add_parser(

@@ -1,6 +1,17 @@
 """Exceptions shared across the package; each carries a one-line, user-facing message."""
 
 
+
+def one_line(text: object) -> str:
+    """Any message on one line, whitespace runs folded: the one form of every error text we show."""
+    return " ".join(str(text).split())
+
+
+def describe(exc: BaseException) -> str:
+    """`Type: message` on one line (the type alone when the message is empty)."""
+    text = one_line(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
 class SpicaError(Exception):
     """Base class: the message is meant to be printed as is, on one line.
 
@@ -81,7 +92,7 @@ class CandidateBuildError(SpicaError):
 
     def __init__(self, message: str, detail: str | None = None):
         super().__init__(message)
-        self.detail = detail if detail is not None else f"{type(self).__name__}: {' '.join(message.split())}"
+        self.detail = detail if detail is not None else f"{type(self).__name__}: {one_line(message)}"
 
 
 class PerfModelError(CandidateBuildError):
@@ -89,8 +100,7 @@ class PerfModelError(CandidateBuildError):
 
     @classmethod
     def wrap(cls, exc: BaseException) -> "PerfModelError":
-        text = " ".join(str(exc).split())
-        detail = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        detail = describe(exc)
         err = cls(detail, detail=detail)
         err.__cause__ = exc  # what AIC said, for callers that tell a data gap from other refusals
         return err

@@ -6,7 +6,9 @@ The temp file is created 0600 by `mkstemp`; it is given the mode a plain `open()
 writes.
 """
 
+import hashlib
 import io
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -68,8 +70,24 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes, read in 1 MiB chunks: an edit changes it, a touch does not.
+    OSError (missing, a directory, unreadable) propagates for the caller to word."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_json_result(path: str | os.PathLike, data: Any) -> Path:
+    """A bench or run result as indented JSON (other values as str), written atomically: a run
+    stopped mid-write leaves the previous result, never half a file."""
+    return atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def atomic_write_parquet(path: str | os.PathLike, frame: Any) -> Path:

@@ -7,7 +7,6 @@ Each stage takes and returns plain values, so a Dagster asset is a thin wrapper 
 `run_sweep` chains them for the CLI, with an on-disk journal so an interrupted sweep resumes.
 """
 
-import hashlib
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -43,6 +42,7 @@ from spica_pipeline.search.study import (
     run_branch_study,
 )
 from spica_pipeline.search.timings import Timings
+from spica_pipeline.storage import file_sha256
 
 if TYPE_CHECKING:
     from spica_pipeline.report.dgd import DeployOptions
@@ -145,7 +145,7 @@ def evaluation_context(config: SmartSearchConfig, load_predictor: "LoadPredictor
     if load_predictor is not None:
         context["load_predictor"] = load_predictor.to_dict()
     if config.workload.trace_path:
-        context["trace_sha256"] = _file_sha256(config.workload.trace_path)
+        context["trace_sha256"] = file_sha256(config.workload.trace_path)
     from spica_pipeline.resources.calibration import load_profile
 
     profile, digest = load_profile(config.evaluation.calibration)  # ConfigError (exit 2) names a bad file
@@ -515,14 +515,6 @@ def _write_partial_ledger(output_dir: Path, records: list[TrialRecord]) -> None:
     from spica_pipeline.storage import atomic_write_parquet
 
     atomic_write_parquet(output_dir / "ledger.parquet", ledger_frame(records))
-
-
-def _file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 __all__ = [

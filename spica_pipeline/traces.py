@@ -5,7 +5,6 @@ is checked here first; each problem raises `TraceError` with `<path>:<line>: <re
 `<path>: <reason>` for file-level problems) so one bad line never costs a sweep.
 """
 
-import hashlib
 import json
 import math
 import os
@@ -214,13 +213,11 @@ def read_mooncake_trace(
 
 def trace_content_hash(path: str | os.PathLike) -> str:
     """sha256 of the file bytes: a trace edited in place changes the hash, a touch does not."""
-    digest = hashlib.sha256()
+    from spica_pipeline.storage import file_sha256
+
     try:
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(chunk)
+        return file_sha256(path)
     except FileNotFoundError:
         raise TraceError(f"{path}: trace file does not exist") from None
     except IsADirectoryError:
         raise TraceError(f"{path}: is a directory, expected a JSONL trace file") from None
-    return digest.hexdigest()

@@ -22,3 +22,16 @@ class InfeasibleEvaluator(Evaluator):
 
     def evaluate(self, request):
         return EvalOutcome(status="infeasible", reason="injected: over the SLA", replay_seconds=0.01, repeats=1)
+
+
+class SlowEvaluator(FakeEvaluator):
+    """FakeEvaluator that takes `seconds` per candidate: a time budget ends the study early."""
+
+    def __init__(self, seconds: float = 0.4):
+        self.seconds = seconds
+
+    def evaluate(self, request):
+        import time
+
+        time.sleep(self.seconds)
+        return super().evaluate(request)

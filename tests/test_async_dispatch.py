@@ -180,7 +180,14 @@ def _default_cost_aware_run(run_no):
     clock = {"t": 0.0}
     sampler = DesignerSampler(seed=3, menu=range(2000), clock=clock)
     sampler.model_cost = (0.05, 25.0)[run_no] * jitter.uniform(0.5, 1.5)  # fast vs slow machine
-    backend = SimBackend(2, duration=lambda s: jitter.uniform(0.01, 5.0))
+    seconds = {}  # the replay time varies run to run; the request count an outcome records does not
+
+    def outcome(s):
+        return EvalOutcome("feasible", report={"throughput": s["agg_max_num_seqs"],
+                                               "num_requests": 10_000 + 1_000 * (s["agg_max_num_seqs"] % 20)},
+                           replay_seconds=seconds.setdefault(s["agg_max_num_seqs"], jitter.uniform(0.01, 5.0)))
+
+    backend = SimBackend(2, duration=lambda s: outcome(s).replay_seconds, outcome=outcome)
     settings = StudySettings(per_round=4, max_rounds=15, workers=2, replay_estimate_s=2.0,
                              clock=lambda: clock["t"] + backend.now)  # cost_aware / optimizer_share: defaults
     result = run_branch_study("agg", sampler, build, None, score, settings, backend=backend)

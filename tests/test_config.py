@@ -59,6 +59,7 @@ def test_defaults():
     assert c.sweep.max_rounds == 20 and c.sweep.candidates_per_round is None
     assert c.sweep.max_eval_seconds == 600.0 and c.sweep.seed == 0 and c.sweep.policy == "rapid"
     assert c.sweep.algorithm == "DEFAULT" and c.sweep.router_repeats == 3
+    assert c.sweep.cost_aware == "predicted" and c.sweep.optimizer_share == 0.25  # deterministic by default
 
 
 @pytest.mark.parametrize("section", ["search_space", "workload", "goal", "sweep", None])
@@ -357,17 +358,17 @@ DEP8 = {"tp": 1, "attention_dp": 8, "moe_ep": 8}
 
 @pytest.mark.parametrize("space,match", [
     ({"parallel_configs": [{"tp": 4}]}, "exactly one mode"),
-    ({"deployment_mode": ["agg"], "parallel_configs": [{"moe_ep": 4}]}, "'tp' field"),
+    ({"deployment_mode": ["agg"], "parallel_configs": [{"moe_ep": 4}]}, r"parallel_configs\[0\]\.tp: field required"),
     ({"deployment_mode": ["disagg"], "parallel_configs": [{"tp": 4}]}, "prefill"),
     ({"deployment_mode": ["disagg"], "parallel_configs": [{"prefill": 4, "decode": TEP8}]}, r"prefill.*dict"),
     ({"deployment_mode": ["disagg"], "parallel_configs": [{"prefill": TEP8, "decode": {"moe_ep": 8}}]},
-     r"decode.*'tp' field"),
-    ({"deployment_mode": ["agg"], "parallel_configs": [{"tp": 0}]}, "positive integer"),
-    ({"deployment_mode": ["agg"], "parallel_configs": [{"tp": 2.5}]}, "positive integer"),
-    ({"deployment_mode": ["agg"], "parallel_configs": [{"tp": 2, "dp": 2}]}, "unknown keys"),
+     r"parallel_configs\[0\]\.decode\.tp: field required"),
+    ({"deployment_mode": ["agg"], "parallel_configs": [{"tp": 0}]}, "tp: input should be greater than or equal to 1"),
+    ({"deployment_mode": ["agg"], "parallel_configs": [{"tp": 2.5}]}, "tp: input should be a valid integer"),
+    ({"deployment_mode": ["agg"], "parallel_configs": [{"tp": 2, "dp": 2}]}, r"parallel_configs\[0\]\.dp: unknown key"),
     ({"deployment_mode": ["agg"], "parallel_configs": ["tp4"]}, "must be a dict"),
     ({"deployment_mode": ["disagg"], "parallel_configs": [{"prefill": TEP8, "decode": DEP8, "x": 1}]},
-     "only 'prefill' and 'decode'"),
+     r"parallel_configs\[0\]\.x: unknown key"),
 ])
 def test_parallel_configs_structure(space, match):
     rejects(match, search_space=space)
@@ -437,7 +438,8 @@ def test_sweep_rules_and_per_round():
     assert SweepConfig(max_eval_seconds=None).max_eval_seconds is None
     for bad in ({"max_rounds": 0}, {"parallel_evals": 0}, {"candidates_per_round": 0},
                 {"max_eval_seconds": 0}, {"max_eval_seconds": math.inf}, {"router_repeats": 0},
-                {"seed": -1}, {"policy": "fast"}, {"algorithm": "CMA_ES"}, {"max_rounds": True}):
+                {"seed": -1}, {"policy": "fast"}, {"algorithm": "CMA_ES"}, {"max_rounds": True},
+                {"cost_aware": "wallclock"}, {"optimizer_share": 0}, {"optimizer_share": 1.5}):
         with pytest.raises(ValidationError):
             SweepConfig(**bad)
     assert SweepConfig(algorithm="NSGA2", policy="thorough", seed=7).seed == 7
@@ -452,3 +454,12 @@ def test_length_jitter_is_a_synthetic_fraction():
         Workload(isl=1000, osl=100, concurrency=4, num_request_ratio=8, isl_jitter=0.1, turns_per_session=2)
     with pytest.raises(ValidationError, match="isl_jitter"):
         Workload(trace_path="t.jsonl", isl_jitter=0.1)
+
+
+def test_a_validated_config_is_frozen():
+    """Its hash keys the journal and the Dagster runs: nothing may change it after validation."""
+    config = build()
+    for model, field, value in ((config.sweep, "seed", 1), (config.search_space, "gpu_budget", 4),
+                                (config.goal, "sla_gate", "strict"), (config, "sweep", config.sweep)):
+        with pytest.raises(ValidationError, match="frozen"):
+            setattr(model, field, value)

@@ -12,7 +12,7 @@ import dagster as dg
 import pandas as pd
 import pytest
 
-from dagster_fakes import FakeEvaluator, InfeasibleEvaluator
+from dagster_fakes import FakeEvaluator, InfeasibleEvaluator, SlowEvaluator
 from spica_pipeline.assets import checks
 from spica_pipeline.assets.config import SweepLaunchConfig, read_sweep_config
 from spica_pipeline.assets.factory import sweeps_definitions
@@ -24,15 +24,8 @@ from spica_pipeline.errors import ConfigError
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO / "examples" / "traces" / "small_mooncake.jsonl"
 
-TINY_YAML = """\
-search_space:
-  model_name: Qwen/Qwen3-32B
-  hardware_sku: h200_sxm
-  gpu_budget: 2
-  deployment_mode: [agg]
-  backend: [vllm]
-  router_mode: [round_robin]
-  planner_scaling_policy: [disabled]
+# the shared tiny space, then this file's workload and sweep
+TINY_YAML = (REPO / "tests" / "data" / "tiny_agg_space.yaml").read_text() + """\
 workload:
   isl: 512
   osl: 64
@@ -85,6 +78,14 @@ def _evaluations(result):
 def _failure_message(result):
     failure = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"][0]
     return failure.step_failure_data.user_failure_data.description
+
+
+def _failed_run_message(tmp_path, spec) -> str:
+    """Run `spec`'s sweep job, which must fail; its step failure's description."""
+    defs = sweeps_definitions([spec], resources=_resources(tmp_path))
+    r = _run(defs, spec.name, instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+    assert not r.success
+    return _failure_message(r)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,10 +149,7 @@ def test_launch_overrides_apply_to_the_sweep_file(tmp_path, monkeypatch):
 def test_bad_config_fails_the_run_with_one_line(tmp_path):
     spec = _spec(tmp_path, "bad", TINY_YAML.replace("gpu_budget: 2", "gpu_budget: -1"))
     assert spec.load_error and "gpu_budget" in spec.load_error  # the graph still loads
-    defs = sweeps_definitions([spec], resources=_resources(tmp_path))
-    r = _run(defs, "bad", instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
-    assert not r.success
-    message = _failure_message(r)
+    message = _failed_run_message(tmp_path, spec)
     assert "search_space.gpu_budget" in message and "\n" not in message
 
 
@@ -162,10 +160,7 @@ def test_malformed_trace_fails_validated_config_naming_file_and_line(tmp_path):
                                                                       str(trace))
     spec = _spec(tmp_path, "badtrace", text)
     assert spec.trace_path == str(trace)
-    defs = sweeps_definitions([spec], resources=_resources(tmp_path))
-    r = _run(defs, "badtrace", instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
-    assert not r.success
-    message = _failure_message(r)
+    message = _failed_run_message(tmp_path, spec)
     assert "bad.jsonl:2:" in message and "\n" not in message
 
 
@@ -263,6 +258,45 @@ def test_failing_blocking_check_prevents_the_deploy_asset(tmp_path):
     assert inst.get_latest_materialization_event(dg.AssetKey(["nothing", "deploy"])) is None
     out = tmp_path / "spica" / "outputs" / "nothing"
     assert not (out / "deploy").exists() and not (out / "recommendation.json").exists()
+
+
+def test_dagster_studies_run_the_async_loop_within_the_time_budget_and_leave_an_anytime_result(tmp_path):
+    """The same study loop as `spica sweep`: asynchronous dispatch on the evaluation backend, the
+    sweep's time budget, and the branch's ranking so far written after every batch."""
+    yaml = (TINY_YAML.replace("  max_rounds: 1\n", "  time_budget: 2s\n")
+            .replace("parallel_evals: 1", "parallel_evals: 2")
+            .replace("planner_scaling_policy: [disabled]", "planner_scaling_policy: [disabled]\n"
+                     "  agg_max_num_seqs: [256, 512, 1024]\n  agg_max_num_batched_tokens: [8192, 16384, 32768]"))
+    spec = _spec(tmp_path, "timed", yaml)
+    defs = sweeps_definitions([spec], resources=_resources(tmp_path, SlowEvaluator(0.4)))
+    r = _run(defs, "timed", instance=dg.DagsterInstance.ephemeral())
+    assert r.success
+    md = _mats(r, "timed", "branch_study")[0].metadata
+    ledger = r.asset_value(dg.AssetKey(["timed", "branch_study"]))
+    assert md["out_of_time"].value is True and md["time_budget_s"].value == 2.0
+    assert 2 <= md["evaluated"].value < 27 and len(ledger) == md["trials"].value  # 27 points, not all
+    anytime = Path(md["anytime_result"].value)
+    assert anytime.exists() and len(pd.read_csv(anytime)) >= 1
+    assert pd.read_parquet(anytime.parent / "ledger.parquet")["trial"].is_monotonic_increasing
+
+
+def test_a_dagster_study_gives_the_ledger_spica_sweep_gives(tmp_path):
+    """One code path: the same config and seed through the Dagster partition and through
+    `spica sweep` (run_sweep) give the same ledger (timing columns aside)."""
+    from spica_pipeline.config.loader import load_config
+    from spica_pipeline.search.ledger import content_view
+    from spica_pipeline.sweep import run_sweep
+
+    yaml = (TINY_YAML.replace("max_rounds: 1", "max_rounds: 3").replace("parallel_evals: 1", "parallel_evals: 2")
+            .replace("planner_scaling_policy: [disabled]", "planner_scaling_policy: [disabled]\n"
+                     "  agg_max_num_seqs: [256, 512, 1024]\n  agg_max_num_batched_tokens: [8192, 16384, 32768]"))
+    spec = _spec(tmp_path, "same", yaml)
+    r = _run(sweeps_definitions([spec], resources=_resources(tmp_path)), "same",
+             instance=dg.DagsterInstance.ephemeral())
+    dagster_rows = r.asset_value(dg.AssetKey(["same", "branch_study"])).to_dict("records")
+    cli = run_sweep(load_config(tmp_path / "same.yaml"), tmp_path / "cli", evaluator=FakeEvaluator())
+    cli_rows = cli.ledger.to_dict("records")
+    assert len(dagster_rows) == 6 and [content_view(x) for x in dagster_rows] == [content_view(x) for x in cli_rows]
 
 
 def test_partitions_are_the_searched_modes_with_their_own_metadata(tmp_path):

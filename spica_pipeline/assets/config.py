@@ -18,7 +18,7 @@ from pydantic import Field
 from spica_pipeline.config import ALGORITHMS, SmartSearchConfig, load_config, parse_yaml_text
 from spica_pipeline.config.loader import validate_config
 from spica_pipeline import sweep as sweep_stages
-from spica_pipeline.errors import ConfigError, SpicaError
+from spica_pipeline.errors import ConfigError, SpicaError, describe
 from spica_pipeline.search.evaluation import canonical_json
 from spica_pipeline.assets.spec import SweepSpec, resolve_path
 
@@ -107,7 +107,7 @@ def frame_value(frame: pd.DataFrame, column: str) -> Any:
 
 def fail(err: Exception) -> dg.Failure:
     """A Dagster failure carrying the one-line domain error."""
-    return dg.Failure(description=f"{type(err).__name__}: {' '.join(str(err).split())}")
+    return dg.Failure(description=describe(err))
 
 
 def build_validated_config(spec: SweepSpec) -> dg.AssetsDefinition:

@@ -8,13 +8,13 @@ without launching a run (cheaper than a scheduled observation run); the UI's "Ob
 button runs the same observe function.
 """
 
-import hashlib
 import json
 import warnings
 from pathlib import Path
 
 import dagster as dg
 
+from spica_pipeline import storage
 from spica_pipeline.assets.spec import SweepSpec
 
 MISSING = "missing"
@@ -23,14 +23,10 @@ WATCH_INTERVAL_S = 30
 
 def file_sha256(path: str | Path) -> str:
     """Content identity of a watched file; `missing` when it cannot be read."""
-    digest = hashlib.sha256()
     try:
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(chunk)
+        return storage.file_sha256(path)
     except OSError:
         return MISSING
-    return digest.hexdigest()
 
 
 def watched_files(spec: SweepSpec) -> dict[dg.AssetKey, str]:

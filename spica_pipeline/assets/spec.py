@@ -81,7 +81,7 @@ def sweep_spec(name: str, config_path: str | Path, *, base: Path | None = None,
     """Read the config once for the graph's shape. A config that does not validate still yields a
     graph (both modes, no trace): its `validated_config` step fails with the one-line reason."""
     from spica_pipeline.config import load_config
-    from spica_pipeline.errors import SpicaError
+    from spica_pipeline.errors import SpicaError, one_line
 
     if not _NAME.match(name):
         raise ValueError(f"sweep name {name!r}: use letters, digits and underscores (it prefixes asset keys)")
@@ -90,7 +90,7 @@ def sweep_spec(name: str, config_path: str | Path, *, base: Path | None = None,
         config = load_config(path)
     except SpicaError as err:
         return SweepSpec(name=name, config_path=str(path), nightly_cron=nightly_cron, owners=tuple(owners),
-                         load_error=" ".join(str(err).split()))
+                         load_error=one_line(err))
     modes = tuple(m for m in MODES if m in config.search_space.deployment_mode) or MODES
     trace = config.workload.trace_path
     return SweepSpec(name=name, config_path=str(path), modes=modes,

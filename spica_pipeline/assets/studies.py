@@ -1,9 +1,13 @@
 """Stage 5 asset: one study per deployment mode, a static partition each.
 
-A partition runs `run_branch` for its mode and stores that branch's ledger. Evaluations and
-optimizer suggestions go through a `FileJournal` keyed by the config hash (and the warm-start
-history), so a retried or interrupted partition resumes where it stopped instead of replaying
-again. Only the modes the sweep searches are partitions (read from its config at load).
+A partition runs its mode's study through `open_studies` / `StudySession.run`, the same lock,
+journal and study loop as `spica sweep`: asynchronous dispatch on the evaluation backend (a free
+worker gets the next suggestion), the sweep's time budget (shared equally by the searched modes,
+since partitions may run in separate runs), and the anytime result (the branch's ledger and ranking
+so far, rewritten atomically next to its journal after every batch). Evaluations and optimizer
+suggestions go through a `FileJournal` keyed by the config hash (and the warm-start history), so a
+retried or interrupted partition resumes where it stopped instead of replaying again. Only the
+modes the sweep searches are partitions (read from its config at load).
 """
 
 import hashlib
@@ -27,10 +31,10 @@ from spica_pipeline.resources.pool import EvaluationBackend
 from spica_pipeline.resources.vizier import VizierClient
 from spica_pipeline.search.branch_plan import plan_branch
 from spica_pipeline.search.evaluation import Evaluator, canonical_json, json_safe
-from spica_pipeline.search.ledger import STATUSES
+from spica_pipeline.search.ledger import STATUSES, TrialRecord
 from spica_pipeline.search.study import BranchOutcome, HistoryItem
 from spica_pipeline.search.timings import Timings
-from spica_pipeline.sweep import ledger_frame, open_studies, warm_history_for
+from spica_pipeline.sweep import ledger_frame, open_studies, warm_history_for, write_anytime
 
 # the branch ledger's frame attribute carrying its study's Timings (Parquet keeps DataFrame.attrs),
 # so the deploy asset reports the studies' real wall time, not its own
@@ -106,19 +110,29 @@ def study_partition(
     load_predictor = load_predictor_from_frame(load_predictor_result)
     context.log.info(f"{mode}: {plan.why}; {len(warm)} warm-start trials; journal {journal_dir}")
 
+    records: list[TrialRecord] = []
+    # the sweep's time budget, shared equally by the searched modes (the CLI shares it between the
+    # branches as they run; partitions may run in separate runs, so each gets its share up front)
+    budget = config.sweep.time_budget
+    time_budget = None if budget is None else budget / max(1, len(spaces))
+
     def on_round(result: BranchOutcome) -> None:
-        context.log.info(f"{mode}: round {result.rounds}: {dict(result.counts)}")
+        context.log.info(f"{mode}: {result.evaluated} evaluated: {dict(result.counts)}")
+        write_anytime(journal_dir, config, records)  # the anytime result, as `spica sweep` writes it
 
     try:
         with open_studies(journal_dir, store=storage) as session:
             for warning in session.journal.warnings:  # a torn last record cut back on open
                 context.log.warning(warning)
-            run = session.run([plan], config, load_predictor, evaluate_wave=pool.evaluate_wave, vizier=vizier,
-                              warm_history=lambda plan: warm, on_round=on_round)
+            run = session.run([plan], config, load_predictor, evaluate_wave=pool.evaluate_wave, backend=pool,
+                              vizier=vizier, time_budget=time_budget, warm_history=lambda plan: warm,
+                              on_record=records.append, on_round=on_round)
     except SpicaError as err:  # OutputDirBusy included: another run holds this journal
         raise fail(err) from None
 
     outcome = run.outcomes[0]
+    if outcome.out_of_time:
+        context.log.info(f"{mode}: time budget ({time_budget:.0f} s) spent after {outcome.evaluated} evaluations")
     ledger = ledger_frame(outcome.records)
     ledger.attrs[TIMINGS_ATTR] = run.timings.to_dict()
     feasible = [r.score for r in outcome.records if r.status == "feasible" and r.score is not None]
@@ -137,7 +151,12 @@ def study_partition(
         "warm_start": warm_note,
         "space_hash": str(row["space_hash"]),
         "journal": dg.MetadataValue.path(str(session.journal_path)),
+        "evaluated": int(outcome.evaluated),
+        "out_of_time": bool(outcome.out_of_time),
+        "anytime_result": dg.MetadataValue.path(str(journal_dir / "candidates.csv")),
     })
+    if time_budget is not None:
+        metadata["time_budget_s"] = round(time_budget, 1)
     if feasible:
         metadata["best_score"] = round(float(max(feasible)), 4)
     return ledger, metadata

@@ -90,7 +90,7 @@ def check_resource_limits(config: Any, trace: Any = None, memory_bytes: int | No
     total = memory_bytes if memory_bytes is not None else machine_memory_bytes()
     if not total:
         return
-    workers = max(1, min(sweep.parallel_evals, sweep.per_round))
+    workers = sweep.eval_workers
     if sweep.executor == "ray":  # the replays spread over the Ray cluster's nodes: one must fit here
         workers = 1
     allowed = sweep.max_replay_memory_share * total

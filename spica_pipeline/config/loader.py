@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import ValidationError
 
-from spica_pipeline.errors import ConfigError
+from spica_pipeline.errors import ConfigError, one_line
 
 if TYPE_CHECKING:
     from spica_pipeline.config.model import SmartSearchConfig
@@ -113,17 +113,13 @@ def _check_expanded_size(root: Any) -> None:
     size(root)
 
 
-def _one_line(text: str) -> str:
-    return re.sub(r"\s+", " ", str(text)).strip()
-
-
 def _yaml_reason(err: yaml.YAMLError) -> str:
     if isinstance(err, yaml.MarkedYAMLError):
         mark = err.problem_mark or err.context_mark
         parts = [p for p in (err.context, err.problem) if p]
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        return _one_line(where + "; ".join(parts))
-    return _one_line(str(err))
+        return one_line(where + "; ".join(parts))
+    return one_line(str(err))
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
@@ -156,7 +152,7 @@ def render_validation_error(err: ValidationError) -> str:
     text = f"{path}: {msg}" if path else msg
     if len(errors) > 1:
         text += f" (+{len(errors) - 1} more)"
-    return _one_line(text)
+    return one_line(text)
 
 
 def parse_yaml_text(text: str, path: str | Path = "<string>") -> Any:
@@ -189,7 +185,7 @@ def load_config(path: str | Path) -> "SmartSearchConfig":
         raise ConfigError(f"could not read config {path}: is a directory") from None
     except OSError as err:
         reason = err.strerror or str(err)
-        raise ConfigError(f"could not read config {path}: {_one_line(reason)}") from None
+        raise ConfigError(f"could not read config {path}: {one_line(reason)}") from None
     if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError(f"could not read config {path}: larger than {MAX_CONFIG_BYTES} bytes")
     try:
@@ -215,4 +211,4 @@ def validate_config(data: dict[str, Any], where: str | Path) -> "SmartSearchConf
     except ValidationError as err:
         raise ConfigError(f"invalid config {where}: {render_validation_error(err)}") from None
     except (ValueError, TypeError) as err:
-        raise ConfigError(f"invalid config {where}: {_one_line(str(err))}") from None
+        raise ConfigError(f"invalid config {where}: {one_line(str(err))}") from None

@@ -20,7 +20,7 @@ def _goal_is_pareto(goal: Any) -> bool:
     target = goal.target if isinstance(goal, OptimizationGoal) else (
         goal.get("target") if isinstance(goal, dict) else None
     )
-    return target is Target.PARETO or target == "pareto"
+    return target == Target.PARETO  # a str enum: the member and "pareto" alike
 
 
 class SmartSearchConfig(StrictModel):

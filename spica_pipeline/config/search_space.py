@@ -2,9 +2,10 @@
 
 from typing import Any, Iterable
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from spica_pipeline.config import presets
+from spica_pipeline.config.loader import render_validation_error
 from spica_pipeline.config.precision import Precision
 from spica_pipeline.config.types import (
     Bool,
@@ -18,7 +19,6 @@ from spica_pipeline.config.types import (
     StrictModel,
 )
 
-SHAPE_FIELDS = ("tp", "pp", "attention_dp", "moe_tp", "moe_ep", "replicas")
 
 
 def _check_choices(field: str, value: list[Any], allowed: tuple[Any, ...]) -> list[Any]:
@@ -34,17 +34,25 @@ def _check_choices(field: str, value: list[Any], allowed: tuple[Any, ...]) -> li
     return value
 
 
-def _check_shape(where: str, shape: Any) -> None:
-    if not isinstance(shape, dict):
-        raise ValueError(f"{where} must be a dict with a 'tp' field, got {shape!r}")
-    if "tp" not in shape:
-        raise ValueError(f"{where} needs a 'tp' field")
-    unknown = sorted(str(k) for k in shape if k not in SHAPE_FIELDS)
-    if unknown:
-        raise ValueError(f"{where} has unknown keys {unknown}; allowed: {list(SHAPE_FIELDS)}")
-    for key, value in shape.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{where}.{key} must be a positive integer, got {value!r}")
+class ShapePin(StrictModel):
+    """One pinned engine shape (`search/shapes.RoleShape`'s fields); omitted dimensions are 1."""
+
+    tp: PosInt
+    pp: PosInt = 1
+    attention_dp: PosInt = 1
+    moe_tp: PosInt = 1
+    moe_ep: PosInt = 1
+    replicas: PosInt = 1
+
+
+class DisaggPin(StrictModel):
+    """One pinned disagg config: a prefill and a decode shape."""
+
+    prefill: ShapePin
+    decode: ShapePin
+
+
+PIN_MODELS: dict[str, type[StrictModel]] = {"agg": ShapePin, "disagg": DisaggPin}
 
 
 def _names(names: Iterable[str]) -> list[str | dict[str, Any]]:
@@ -201,19 +209,13 @@ class SearchSpace(StrictModel):
                 "pinning parallel_configs requires deployment_mode to list exactly one mode "
                 f"(got {self.deployment_mode}); pin the mode too"
             )
-        mode = self.deployment_mode[0]
+        # validated by the pin model of the mode; stored as written, so the config hash keeps its form
+        model = PIN_MODELS[self.deployment_mode[0]]
         for i, entry in enumerate(self.parallel_configs):
-            where = f"parallel_configs[{i}]"
-            if mode == "agg":
-                _check_shape(where, entry)
-                continue
-            for role in ("prefill", "decode"):
-                if role not in entry:
-                    raise ValueError(f"{where}: a disagg entry needs 'prefill' and 'decode' shape dicts")
-                _check_shape(f"{where}.{role}", entry[role])
-            extra = sorted(str(k) for k in entry if k not in ("prefill", "decode"))
-            if extra:
-                raise ValueError(f"{where}: a disagg entry allows only 'prefill' and 'decode', got {extra}")
+            try:
+                model.model_validate(entry)
+            except ValidationError as err:
+                raise ValueError(f"parallel_configs[{i}].{render_validation_error(err)}") from None
 
     # ---- helpers used by the search ----------------------------------------------------------
 

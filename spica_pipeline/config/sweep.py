@@ -6,7 +6,7 @@ from typing import Literal, get_args
 
 from pydantic import field_validator, model_validator
 
-from spica_pipeline.config.types import Fraction, NonNegInt, PosFloat, PosInt, StrictModel
+from spica_pipeline.config.types import Fraction, NonNegInt, PosFloat, PosInt, StrictModel, at_most_one
 
 DEFAULT_MAX_ROUNDS = 20
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*$")
@@ -59,10 +59,12 @@ class SweepConfig(StrictModel):
     time_budget: float | None = None
     # Stop a branch when its first N trials all failed for the same reason (0: never).
     failure_breaker: NonNegInt = 5
-    # Cost-aware asks: while model-based suggestions would take more than this share of a branch's
-    # wall time, fill asks from the quasi-random designer (recorded per trial). Judged from
-    # predicted seconds (search/cost.py), never a clock, so the same seed gives the same ledger;
-    # null keeps the configured algorithm for every ask.
+    # Cost-aware asks: while model-based suggestions would take more than `optimizer_share` of a
+    # branch's wall time, fill asks from the quasi-random designer (recorded per trial).
+    # predicted (default): judged from predicted seconds (search/cost.py), so the same seed gives
+    # the same ledger; measured: from measured seconds (adapts to the machine, but two fresh runs
+    # can differ); off (or optimizer_share: null): the configured algorithm answers every ask.
+    cost_aware: Literal["predicted", "measured", "off"] = "predicted"
     optimizer_share: Fraction | None = 0.25
     parallel_evals: PosInt = 16
     candidates_per_round: PosInt | None = None
@@ -85,9 +87,7 @@ class SweepConfig(StrictModel):
     @field_validator("max_replay_memory_share")
     @classmethod
     def _share(cls, v: float) -> float:
-        if v > 1:
-            raise ValueError(f"max_replay_memory_share must be in (0, 1], got {v}")
-        return v
+        return at_most_one("max_replay_memory_share", v, zero_allowed=False)
 
     @field_validator("time_budget", mode="before")
     @classmethod

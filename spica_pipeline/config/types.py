@@ -25,7 +25,15 @@ def is_finite_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-class StrictModel(BaseModel):
-    """Every config model rejects unknown keys and re-validates on assignment."""
+def at_most_one(field: str, value: float, *, zero_allowed: bool = True) -> float:
+    """A share or ratio is at most 1 (the field's type already bounds it below): one message form."""
+    if value > 1:
+        raise ValueError(f"{field} must be in {'[' if zero_allowed else '('}0, 1], got {value}")
+    return value
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+class StrictModel(BaseModel):
+    """Every config model rejects unknown keys and is frozen: a validated config is a value (its
+    hash keys the journal and the Dagster runs), so nothing may change it after validation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)

@@ -5,7 +5,7 @@ from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
 
-from spica_pipeline.config.types import NonNegFloat, NonNegInt, PosFloat, PosInt, StrictModel
+from spica_pipeline.config.types import NonNegFloat, NonNegInt, PosFloat, PosInt, StrictModel, at_most_one
 
 SYNTHETIC_FIELDS = ("isl", "osl", "request_rate", "concurrency", "kv_load_ratio", "num_request_ratio")
 LOAD_FIELDS = ("request_rate", "concurrency", "kv_load_ratio")
@@ -59,9 +59,7 @@ class Workload(StrictModel):
     @field_validator("shared_prefix_ratio")
     @classmethod
     def _prefix_ratio(cls, v: float) -> float:
-        if v > 1:
-            raise ValueError(f"shared_prefix_ratio must be in [0, 1], got {v}")
-        return v
+        return at_most_one("shared_prefix_ratio", v)
 
     @field_validator("isl_jitter", "osl_jitter")
     @classmethod

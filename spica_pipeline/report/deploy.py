@@ -89,11 +89,9 @@ def deployment_dict(c: Candidate, rank: int, *, target: str | None = None) -> di
 
 def _bands(c: Candidate, target: str | None) -> dict[str, Any]:
     """P10-P90 bands of calibrated TTFT/TPOT and of the goal value (empty without a calibration profile)."""
-    from spica_pipeline.report.tables import goal_value
-    from spica_pipeline.search.calibration import bands
+    from spica_pipeline.report.tables import candidate_bands
 
-    goal = target if target and target != "pareto" else None
-    found = bands(c.metrics, goal, goal_value(c, goal) if goal else None)
+    found = candidate_bands(c, target)
     if not found:
         return {}
     return {"bands_p10_p90": {k: [float(lo), float(hi)] for k, (lo, hi) in found.items()},

@@ -6,9 +6,10 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from spica_pipeline.config.goal import Target
 from spica_pipeline.report.merge import MergeResult
 from spica_pipeline.report.tables import (
-    describe_candidate, fmt_value, goal_value, plot_axes, router_spread_pct, sla_attainment,
+    candidate_bands, describe_candidate, fmt_value, goal_value, plot_axes, router_spread_pct, sla_attainment,
 )
 
 TOP_RANKED = 10
@@ -55,13 +56,12 @@ def _range(v: float | None, band: tuple[float, float] | None) -> str:
 
 def _bands(c: Any, target: str) -> list[str]:
     """Calibrated mean TTFT, mean TPOT and the goal value, each with its P10-P90 band."""
-    from spica_pipeline.search.calibration import bands
-
-    goal = goal_value(c, target) if target != "pareto" else None
-    b = bands(c.metrics, target if target != "pareto" else None, goal)
+    scalar = target != Target.PARETO
+    goal = goal_value(c, target) if scalar else None
+    b = candidate_bands(c, target)
     return [_range(c.metrics.get("calibrated_mean_ttft_ms"), b.get("ttft_ms")),
             _range(c.metrics.get("calibrated_mean_tpot_ms"), b.get("tpot_ms")),
-            _range(goal, b.get("goal")) if target != "pareto" else "–"]
+            _range(goal, b.get("goal")) if scalar else "–"]
 
 
 BAND_HEADER = ["TTFT ms (cal.) [P10–P90]", "TPOT ms (cal.) [P10–P90]", "goal [P10–P90]"]

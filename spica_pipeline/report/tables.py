@@ -56,6 +56,15 @@ def goal_value(c: Candidate, target: str) -> float:
     return scoring.objective_value(target, c.metrics)
 
 
+def candidate_bands(c: Candidate, target: str | None) -> dict[str, tuple[float, float]]:
+    """The P10-P90 bands of a candidate's calibrated TTFT, TPOT and, for a scalar goal, its goal
+    value (empty without a calibration profile): the one reading for the table, report.md and deploy."""
+    from spica_pipeline.search.calibration import bands
+
+    goal = target if target and target != Target.PARETO else None
+    return bands(c.metrics, goal, goal_value(c, goal) if goal else None)
+
+
 def fmt_value(value: float, target: str) -> str:
     if value is None or not math.isfinite(value):
         return str(value)
@@ -161,7 +170,6 @@ def candidates_frame(candidates: Sequence[Candidate], objectives: Sequence[str] 
                      target: str | None = None) -> pd.DataFrame:
     """One row per candidate in the given order: rank, branch, score/objectives, metrics, spread,
     P10-P90 bands (calibrated TTFT/TPOT and the goal value, when a calibration profile was on), cfg.*."""
-    from spica_pipeline.search.calibration import bands
 
     rows = []
     for i, c in enumerate(candidates, start=1):
@@ -182,8 +190,7 @@ def candidates_frame(candidates: Sequence[Candidate], objectives: Sequence[str] 
             for s in SPREAD_STATS:
                 if s in stats:
                     row[f"spread.{metric}.{s}"] = stats[s]
-        goal = target if target and target != Target.PARETO else None
-        for name, (lo, hi) in bands(c.metrics, goal, goal_value(c, goal) if goal else None).items():
+        for name, (lo, hi) in candidate_bands(c, target).items():
             row[f"band.{name}.p10"], row[f"band.{name}.p90"] = lo, hi
         for k in ("fleet_replicas", "fleet_gpus", "replica_capacity"):
             if k in c.metrics:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from spica_pipeline.errors import ConfigError
+from spica_pipeline.errors import ConfigError, one_line
 
 PACKAGED = Path(__file__).resolve().parent.parent / "calibration" / "replay-v2.json"
 
@@ -43,7 +43,7 @@ def load_profile(setting: str | None) -> tuple[dict[str, Any] | None, str | None
         profile = validate(json.loads(raw))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, ProfileError) as exc:
         raise ConfigError(f"evaluation.calibration: {path} is not a valid calibration profile: "
-                          f"{' '.join(str(exc).split())}") from None
+                          f"{one_line(exc)}") from None
     out = (profile, hashlib.sha256(raw).hexdigest()[:16])
     _memo[key] = out
     return out

@@ -31,7 +31,7 @@ from multiprocessing.process import BaseProcess
 from types import EllipsisType
 from typing import Any, Iterator, Sequence
 
-from spica_pipeline.errors import BackendStartError
+from spica_pipeline.errors import BackendStartError, one_line
 from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, Evaluator
 
 STARTUP_TIMEOUT_S = 300.0
@@ -205,10 +205,6 @@ def timed_out_outcome(limit: float | None) -> EvalOutcome:
                        replay_seconds=float(limit or 0.0))
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
 def _where(exc: BaseException) -> str:
     """" at file.py:LINE" of the frame that raised, or ""."""
     last = traceback.extract_tb(exc.__traceback__)[-1:] or []
@@ -222,7 +218,7 @@ def evaluate_safely(evaluator: Evaluator, request: EvalRequest) -> EvalOutcome:
     try:
         return evaluator.evaluate(request)
     except Exception as exc:
-        return EvalOutcome("failed", reason=f"evaluator raised {type(exc).__name__}: {_one_line(str(exc))}{_where(exc)}",
+        return EvalOutcome("failed", reason=f"evaluator raised {type(exc).__name__}: {one_line(str(exc))}{_where(exc)}",
                            replay_seconds=time.perf_counter() - started)
 
 
@@ -244,7 +240,7 @@ def _worker_main(conn: Connection, evaluator: Evaluator) -> None:
         warm_up(evaluator)
         conn.send((_READY, None))
     except Exception as exc:  # report and exit: the parent gives up after repeated start failures
-        conn.send(("startup_error", (_one_line(f"{type(exc).__name__}: {exc}") + _where(exc),
+        conn.send(("startup_error", (one_line(f"{type(exc).__name__}: {exc}") + _where(exc),
                                      traceback.format_exc())))
         return
     while True:
@@ -350,7 +346,7 @@ class EvaluationPool(EvaluationBackend):
                 self._pool.append(_Worker(self._ctx, self.evaluator))
             except OSError as exc:  # fork/exec refused: process or memory limits (EAGAIN, ENOMEM)
                 raise BackendStartError(
-                    f"the local worker pool cannot start a process: {type(exc).__name__}: {_one_line(str(exc))}",
+                    f"the local worker pool cannot start a process: {type(exc).__name__}: {one_line(str(exc))}",
                     "free memory or processes on this machine (ulimit -u), or lower sweep.parallel_evals",
                 ) from exc
 

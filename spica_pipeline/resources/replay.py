@@ -25,7 +25,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from spica_pipeline.errors import CandidateBuildError, InfeasibleKVCapacity, PerfModelError, SpicaError
+from spica_pipeline.errors import CandidateBuildError, InfeasibleKVCapacity, PerfModelError, SpicaError, describe
 from spica_pipeline.search import measurement, scoring
 from spica_pipeline.search.engine_args import (
     EngineIdentity,
@@ -66,14 +66,9 @@ class _TickCounter:
         return self._policy.on_tick(snapshot)
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 def _describe(exc: SpicaError) -> str:
     """The ledger text of an expected failure: a wrapped library error keeps its own type name."""
-    return getattr(exc, "detail", None) or _one_line(exc)
+    return getattr(exc, "detail", None) or describe(exc)
 
 
 def _numeric(value: Any) -> float | None:
@@ -158,7 +153,7 @@ class ReplayEvaluator(dg.ConfigurableResource, Evaluator):
                 if n_ticks is not None:
                     ticks.append(n_ticks)
         except REPLAY_ERRORS as exc:
-            return EvalOutcome("failed", reason=f"replay failed: {_one_line(exc)}", derived=derived,
+            return EvalOutcome("failed", reason=f"replay failed: {describe(exc)}", derived=derived,
                                replay_seconds=time.perf_counter() - started, repeats=len(summaries))
         except Exception as exc:
             outcome = _internal_error(exc, request, "running the replay", derived)
@@ -265,7 +260,7 @@ def _rebuild_evaluator(cls: type, fields: dict[str, Any]) -> "ReplayEvaluator":
 def _internal_error(exc: Exception, request: EvalRequest, stage: str, derived: dict[str, Any]) -> EvalOutcome:
     """A bug, not a bad candidate: log the traceback and record it as such (never 'infeasible')."""
     log.exception("internal error while %s for candidate %s", stage, request.spec_hash)
-    return EvalOutcome("failed", reason=f"internal error: {_one_line(exc)} (traceback in the log)",
+    return EvalOutcome("failed", reason=f"internal error: {describe(exc)} (traceback in the log)",
                        derived=derived)
 
 

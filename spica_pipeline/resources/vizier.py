@@ -509,7 +509,8 @@ def _ucb_pe_class():
                 from vizier.pyvizier import converters
                 from vizier.pyvizier.converters import padding
 
-                schedule = self._padding_schedule
+                # an attrs field of the untyped vizier base class: mypy cannot see its type
+                schedule = self._padding_schedule  # type: ignore[has-type]
                 self._padding_schedule = padding.PaddingSchedule()
                 super().__attrs_post_init__()
                 self._padding_schedule = schedule

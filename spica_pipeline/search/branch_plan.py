@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 
 from spica_pipeline.config import OptimizationGoal, SmartSearchConfig, target_direction
 from spica_pipeline.config.sweep import DEFAULT_MAX_ROUNDS
-from spica_pipeline.search import scoring
+from spica_pipeline.search import cost, scoring
 from spica_pipeline.search.branches import BranchSpace
 from spica_pipeline.search.encoding import SearchEncoding, build_encoding, enumerate_space
 from spica_pipeline.config.types import is_finite_number
@@ -79,7 +79,23 @@ def study_settings(config: SmartSearchConfig, deadline: float | None = None) -> 
     sweep = config.sweep
     return StudySettings(per_round=sweep.per_round, max_rounds=sweep.max_rounds, workers=sweep.eval_workers,
                          failure_breaker=sweep.failure_breaker, deadline=deadline,
-                         optimizer_share=sweep.optimizer_share)
+                         optimizer_share=sweep.optimizer_share, cost_aware=sweep.cost_aware,
+                         replay_estimate_s=replay_estimate_s(config),
+                         objectives=len(study_metrics(config.goal)))
+
+
+def replay_estimate_s(config: SmartSearchConfig) -> float:
+    """A-priori seconds of one candidate's replay(s) (search/cost.py), which the cost-aware fill uses
+    for trials still running until outcomes report their own request counts: the synthetic request
+    count (a trace's or a kv_load's is only known per candidate: the default estimate then)."""
+    from spica_pipeline.config.limits import synthetic_requests
+
+    workload = config.workload
+    requests = None
+    if not workload.trace_path and workload.kv_load_ratio is None:
+        requests = synthetic_requests(workload)[0]
+    repeats = config.sweep.router_repeats if "kv_router" in config.search_space.router_mode else 1
+    return cost.predicted_replay_seconds(requests, repeats)
 
 
 def branch_seed(config: SmartSearchConfig, mode: str) -> int:

@@ -9,7 +9,7 @@ import itertools
 import math
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 from spica_pipeline.search.projection import (
     ATTENTION_ORDER,
@@ -24,33 +24,14 @@ from spica_pipeline.search.projection import (
 )
 from spica_pipeline.search.shapes import ParallelConfig
 
+if TYPE_CHECKING:
+    from spica_pipeline.search.branches import BranchSpace
+
 ParamKind = Literal["double", "discrete", "categorical"]
 ParamRole = Literal["feature", "knob", "float", "internal"]
 
 CONSTANT_PARAM = "_spica_constant"
 FLOAT_TOL = 1e-9
-
-
-class BranchLike(Protocol):
-    """The attributes of `search.branches.BranchSpace` this module reads."""
-
-    @property
-    def deployment_mode(self) -> str: ...
-
-    @property
-    def parallel_configs(self) -> tuple: ...
-
-    @property
-    def supported_backends(self) -> tuple: ...
-
-    @property
-    def knob_choices(self) -> dict: ...
-
-    @property
-    def gpu_budget(self) -> Any: ...
-
-    @property
-    def float_ranges(self) -> dict: ...
 
 
 @dataclass(frozen=True)
@@ -304,7 +285,7 @@ def _knob_param(name: str, choices: Sequence[Any]) -> tuple[ParamSpec | None, tu
     return ParamSpec(name, "categorical", values=indices, indexed=True), entries
 
 
-def build_encoding(branch: BranchLike) -> SearchEncoding:
+def build_encoding(branch: "BranchSpace") -> SearchEncoding:
     """Encode one branch (spec §6.2): structural features, knobs, the kv_load_ratio range."""
     pool = tuple(branch.parallel_configs)
     if not pool:
@@ -356,7 +337,7 @@ def build_encoding(branch: BranchLike) -> SearchEncoding:
 
 
 def enumerate_space(
-    encoding: SearchEncoding, branch: BranchLike | None = None, *, supported_only: bool = True
+    encoding: SearchEncoding, branch: "BranchSpace | None" = None, *, supported_only: bool = True
 ) -> Iterator[tuple[dict[str, Any], ParallelConfig]]:
     """Every (selection, parallel_config) point of the finite space, knob product x pool, in a
     deterministic order (knob choices in their configured order, pool in its branch order).
@@ -384,7 +365,7 @@ def enumerate_space(
             yield dict(selection), config
 
 
-def space_size(encoding: SearchEncoding, branch: BranchLike | None = None) -> int:
+def space_size(encoding: SearchEncoding, branch: "BranchSpace | None" = None) -> int:
     """Number of points `enumerate_space` yields (without materialising them)."""
     return sum(1 for _ in enumerate_space(encoding, branch))
 

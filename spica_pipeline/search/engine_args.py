@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from spica_pipeline.config.goal import OptimizationGoal, planner_target
 from spica_pipeline.config.precision import precision_of
 from spica_pipeline.config.workload import Workload
-from spica_pipeline.errors import CandidateBuildError, InfeasibleKVCapacity
+from spica_pipeline.errors import CandidateBuildError, InfeasibleKVCapacity, describe
 from spica_pipeline.search import measurement
 from spica_pipeline.search.deploy import DeploymentPlan, active_roles, build_deployment_plan, role_replicas, role_shape
 from spica_pipeline.search.evaluation import EvalRequest
@@ -178,7 +178,7 @@ def build_replay_call(request: EvalRequest, settings: ReplaySettings, facts: Eng
     try:
         plan = build_deployment_plan(sample, planner_target=planner_target(goal.target), sla=sla)
     except ValueError as exc:  # an 'sla' planner target without both ttft_ms and itl_ms
-        raise CandidateBuildError(str(exc), detail=_one_line(exc)) from exc
+        raise CandidateBuildError(str(exc), detail=describe(exc)) from exc
 
     # 3. model context and trace checks, before any replay
     context = sample.get("context_length") or facts.context_length(sample["model_name"])
@@ -265,7 +265,7 @@ def build_replay_call(request: EvalRequest, settings: ReplaySettings, facts: Eng
 
             policy_factory = build_scaling_policy
         except ImportError as exc:
-            raise CandidateBuildError(str(exc), detail=_one_line(exc)) from exc
+            raise CandidateBuildError(str(exc), detail=describe(exc)) from exc
     return ReplayCall(function, args, kwargs, repeats, derived, policy_factory=policy_factory)
 
 
@@ -423,11 +423,6 @@ def check_context(isl: int, osl: int, context: int) -> None:
     if isl + osl > context:
         raise CandidateBuildError(f"workload.isl={isl} + workload.osl={osl} = {isl + osl} tokens exceeds the "
                                   f"model context length {context}")
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def role_gpus(sample: dict[str, Any]) -> int:

@@ -4,10 +4,13 @@
 of every token), so a role's capacity is per-rank tokens x attention_dp x replicas.
 """
 
-from functools import lru_cache
+from functools import lru_cache, wraps
+from typing import Callable, ParamSpec
 
-from spica_pipeline.errors import InfeasibleKVCapacity
+from spica_pipeline.errors import InfeasibleKVCapacity, one_line
 from spica_pipeline.search.model_hw import QuietAIC
+
+P = ParamSpec("P")
 
 # Messages from estimate_kv_cache that mean "this shape cannot hold any KV", not "bad input".
 _INFEASIBLE_MARKERS = ("no KV budget", "Invalid quantized MoE configuration")
@@ -16,29 +19,6 @@ _INFEASIBLE_MARKERS = ("no KV budget", "Invalid quantized MoE configuration")
 def memory_fraction_kind(backend: str) -> str:
     """TRT-LLM reserves a fraction of free memory; vLLM and SGLang a fraction of total memory."""
     return "of_free" if backend == "trtllm" else "of_total"
-
-
-def estimate_kv_tokens(
-    model_name: str,
-    hardware_sku: str,
-    backend: str,
-    backend_version: str,
-    shape: tuple[int, int, int, int, int],
-    *,
-    max_num_tokens: int = 8192,
-    max_batch_size: int = 256,
-    memory_fraction: float = 0.9,
-    nextn: int = 0,
-    precision: tuple[str | None, str | None, str | None, str | None] | None = None,
-) -> int:
-    """Per-rank KV tokens for one engine shape (tp, pp, attention_dp, moe_tp, moe_ep).
-
-    Raises InfeasibleKVCapacity when the weights leave no KV budget; other estimator errors
-    (unknown model, bad parallel width) propagate as ValueError.
-    """
-    return estimate_kv(model_name, hardware_sku, backend, backend_version, shape, max_num_tokens=max_num_tokens,
-                       max_batch_size=max_batch_size, memory_fraction=memory_fraction, nextn=nextn,
-                       precision=precision)[0]
 
 
 def estimate_kv(
@@ -54,13 +34,29 @@ def estimate_kv(
     nextn: int | None = 0,
     precision: tuple[str | None, str | None, str | None, str | None] | None = None,
 ) -> tuple[int, int]:
-    """(per-rank KV tokens, KV bytes per token per GPU); the same errors as `estimate_kv_tokens`.
+    """(per-rank KV tokens, KV bytes per token per GPU) for one engine shape (tp, pp, attention_dp,
+    moe_tp, moe_ep).
 
-    `precision` is (gemm, moe, kvcache, fmha) in AIC's quant-mode names; None = the checkpoint's own.
+    Raises InfeasibleKVCapacity when the weights leave no KV budget; other estimator errors
+    (unknown model, bad parallel width) propagate as ValueError. `precision` is (gemm, moe,
+    kvcache, fmha) in AIC's quant-mode names; None = the checkpoint's own.
     """
     return _estimate(model_name, hardware_sku, backend, backend_version, tuple(int(x) for x in shape),
                      int(max_num_tokens), int(max_batch_size), float(memory_fraction), int(nextn or 0),
                      tuple(precision) if precision else (None, None, None, None))
+
+
+
+def _first(estimate: Callable[P, tuple[int, int]]) -> Callable[P, int]:
+    @wraps(estimate)
+    def tokens(*args: P.args, **kwargs: P.kwargs) -> int:
+        return estimate(*args, **kwargs)[0]
+
+    return tokens
+
+
+# Per-rank KV tokens only: `estimate_kv` with the same arguments and errors.
+estimate_kv_tokens = _first(estimate_kv)
 
 
 @lru_cache(maxsize=4096)
@@ -84,7 +80,7 @@ def _estimate(model_name, hardware_sku, backend, backend_version, shape, max_num
             )
     except ValueError as exc:
         if any(marker in str(exc) for marker in _INFEASIBLE_MARKERS):
-            why = "" if "no KV budget" in str(exc) else f" ({' '.join(str(exc).split(': ')[-1].split())})"
+            why = "" if "no KV budget" in str(exc) else f" ({one_line(str(exc).split(': ')[-1])})"
             raise InfeasibleKVCapacity(
                 f"no KV budget for backend={backend}, shape=tp{tp}/pp{pp}/dp{dp}/moe_tp{moe_tp}/moe_ep{moe_ep}{why}"
             ) from None

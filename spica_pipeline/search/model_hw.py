@@ -102,24 +102,22 @@ def available_systems() -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+def _require_known(value: str, known: tuple[str, ...], refusal: str, limit: int = 8) -> None:
+    """Raise ModelHardwareError: `refusal`, then the known names nearest `value` (one line)."""
+    if value not in known:
+        raise ModelHardwareError(f"{refusal}: {_one_line_choices(value, list(known), limit)}")
+
+
 def check_model(model_name: str) -> None:
     """Raise ModelHardwareError (one line) unless AIC ships a config for `model_name`."""
     models = available_models()
-    if model_name not in models:
-        raise ModelHardwareError(
-            f"model_name {model_name!r} is not one of aiconfigurator-core's shipped offline models; "
-            f"available ({len(models)}): {_one_line_choices(model_name, list(models))}"
-        )
+    _require_known(model_name, models, f"model_name {model_name!r} is not one of aiconfigurator-core's "
+                   f"shipped offline models; available ({len(models)})")
 
 
 def check_hardware(hardware_sku: str) -> None:
     """Raise ModelHardwareError (one line) unless `hardware_sku` is an AIC system."""
-    systems = available_systems()
-    if hardware_sku not in systems:
-        raise ModelHardwareError(
-            f"unknown hardware_sku {hardware_sku!r}; "
-            f"available: {_one_line_choices(hardware_sku, list(systems), 20)}"
-        )
+    _require_known(hardware_sku, available_systems(), f"unknown hardware_sku {hardware_sku!r}; available", 20)
 
 
 @lru_cache(maxsize=256)

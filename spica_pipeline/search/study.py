@@ -18,6 +18,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
+from spica_pipeline.errors import one_line
 from spica_pipeline.search import cost
 from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, canonical_json, json_safe, spec_hash
 from spica_pipeline.search.ledger import TrialRecord
@@ -160,7 +161,9 @@ class StudySettings:
     # (adapts to the machine; two fresh runs may differ; a resume still repeats the journal).
     # "off": always the configured designer.
     cost_aware: str = "predicted"
-    replay_estimate_s: float = cost.DEFAULT_REPLAY_S  # predicted seconds of one trial's replay(s)
+    # a-priori predicted seconds of one trial's replay(s), for trials whose outcome is not in yet
+    # (finished trials are predicted from the request count their outcome records)
+    replay_estimate_s: float = cost.DEFAULT_REPLAY_S
     objectives: int = 1  # metrics the designer models (two objectives cost more per suggest)
 
     def __post_init__(self) -> None:
@@ -252,6 +255,7 @@ class _BranchLoop:
         self._first_failures: list[str] = []
         self._breaker_done = False
         self.designer = "exhaustive"  # who produced the proposals of the batch in progress
+        self.replay_estimates: dict[int, float] = {}  # trial -> predicted replay seconds (cost-aware fill)
 
     # -- the two drivers ---------------------------------------------------------------------
 
@@ -356,7 +360,7 @@ class _BranchLoop:
         try:
             request = self.build(proposal.selection, proposal.parallel_config)
         except Exception as exc:  # a bad candidate never aborts the sweep
-            self._finish(rec, "failed", f"candidate build failed: {type(exc).__name__}: {_one_line(exc)}")
+            self._finish(rec, "failed", f"candidate build failed: {type(exc).__name__}: {one_line(exc)[:500]}")
             return rec, None
         rec.spec_hash = request.spec_hash
         rec.config = dict(request.sample)
@@ -451,6 +455,8 @@ class _BranchLoop:
 
     def _apply(self, rec: TrialRecord, outcome: EvalOutcome) -> int:
         rec.replay_seconds = outcome.replay_seconds
+        self.replay_estimates[rec.trial] = cost.outcome_replay_seconds(
+            outcome.report, outcome.derived, outcome.repeats, self.settings.replay_estimate_s)
         rec.report = outcome.report
         rec.spread = outcome.spread or {}
         if outcome.derived:
@@ -582,7 +588,7 @@ class _AsyncDriver:
         history = list(loop.history[:len(loop.history) - (self.committed - need)])
         pending = [self.slots[i].rec.parameters for i in range(need, k)]
         ask_s = cost.predicted_ask_seconds(len(history) + len(pending), count, st.objectives)
-        cheap = self._cheap(k + count, ask_s)
+        cheap = self._cheap(need, k + count, ask_s)
         key = spec_hash(json_safe({
             "v": 2, "branch": loop.branch, "position": k, "count": count,
             "history": [[h.parameters, h.metrics, h.infeasible_reason] for h in history],
@@ -601,15 +607,21 @@ class _AsyncDriver:
         self.queue = [(p, designer, share) for p in suggestions]
         return True
 
-    def _cheap(self, trials_after: int, ask_s: float) -> bool:
-        """Whether the next ask goes to the cheap designer (see the class docstring)."""
+    def _cheap(self, known: int, trials_after: int, ask_s: float) -> bool:
+        """Whether the next ask goes to the cheap designer (see the class docstring). "predicted":
+        the replays of the first `known` trials (all finished) are predicted from their outcomes,
+        the rest up to `trials_after` at those trials' mean (or the a-priori estimate)."""
         st = self.loop.settings
         if st.optimizer_share is None or st.cost_aware == "off":
             return False
         if st.cost_aware == "measured":
             return self.model_seconds > 0 and self.model_seconds > st.optimizer_share * (st.clock() - self.started)
-        return not cost.model_ask_fits(self.predicted_model_s, ask_s, trials_after, st.replay_estimate_s,
-                                       self.workers, st.optimizer_share)
+        estimates = self.loop.replay_estimates
+        done = [estimates.get(self.slots[i].rec.trial, 0.0) for i in range(known)]  # 0: no replay (cache hit...)
+        replayed = [e for e in done if e > 0]
+        per_trial = sum(replayed) / len(replayed) if replayed else st.replay_estimate_s
+        replays = sum(done) + (trials_after - known) * per_trial
+        return not cost.model_ask_fits(self.predicted_model_s, ask_s, replays, self.workers, st.optimizer_share)
 
     # -- one trial -----------------------------------------------------------------------------
 
@@ -715,11 +727,6 @@ def _reason_class(reason: str) -> str:
     import re
 
     return re.sub(r"\d+(\.\d+)?", "#", " ".join(reason.split()))[:200]
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text[:500]
 
 
 __all__ = [

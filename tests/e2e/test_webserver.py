@@ -21,15 +21,8 @@ TESTS = REPO / "tests"
 TRACE = REPO / "examples" / "traces" / "small_mooncake.jsonl"
 CHROMIUM = os.environ.get("SPICA_CHROMIUM", "/usr/bin/chromium")
 pytestmark = [pytest.mark.e2e]
-SWEEP_YAML = """\
-search_space:
-  model_name: Qwen/Qwen3-32B
-  hardware_sku: h200_sxm
-  gpu_budget: 2
-  deployment_mode: [agg]
-  backend: [vllm]
-  router_mode: [round_robin]
-  planner_scaling_policy: [disabled]
+# the tiny space test_dagster.py sweeps too, one point of it, over a trace
+SWEEP_YAML = (TESTS / "data" / "tiny_agg_space.yaml").read_text() + """\
   agg_max_num_seqs: [256]
   agg_max_num_batched_tokens: [8192]
 workload:

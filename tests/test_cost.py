@@ -1,0 +1,30 @@
+"""search/cost.py: the predictions the default cost-aware fill decides on (no clock involved)."""
+
+from spica_pipeline.search import cost
+
+
+def test_suggest_cost_is_flat_for_few_rows_then_grows_and_scales_with_the_batch():
+    p = cost.predicted_ask_seconds
+    assert p(0, 8) == p(8, 8) == p(16, 8) == cost.ASK_FLOOR_S
+    assert p(16, 8) < p(32, 8) < p(64, 8) < p(100, 8)  # the GP's linear algebra
+    assert p(16, 4) < p(16, 8) < p(16, 16)
+    assert p(16, 8, objectives=2) > p(16, 8)
+
+
+def test_replay_estimate_grows_with_requests_and_repeats():
+    r = cost.predicted_replay_seconds
+    assert r(None) == r(0) == cost.DEFAULT_REPLAY_S
+    assert r(240) < r(10_000) and r(240, repeats=3) == 3 * r(240)
+
+
+def test_the_share_rule():
+    # 2 s of model time against 6 s of replays per worker: 25 % exactly fits, a little more does not
+    assert cost.model_ask_fits(0.0, 2.0, replay_seconds=12.0, workers=2, share=0.25)
+    assert not cost.model_ask_fits(0.1, 2.0, replay_seconds=12.0, workers=2, share=0.25)
+
+
+def test_a_finished_trial_is_predicted_from_the_request_count_its_outcome_records():
+    f = cost.outcome_replay_seconds
+    assert f(None, {"request_count": 1896}, 1, 9.9) == cost.predicted_replay_seconds(1896)
+    assert f({"num_requests": 240.0}, {}, 3, 9.9) == cost.predicted_replay_seconds(240, 3)
+    assert f(None, None, 0, 9.9) == 9.9  # a failure without a request count: the a-priori estimate
