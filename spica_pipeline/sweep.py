@@ -366,7 +366,7 @@ def run_sweep(
             with make_pool(evaluator, config.sweep.eval_workers, config.sweep.max_eval_seconds,
                            executor=config.sweep.executor, ray_address=config.sweep.ray_address) as pool:
                 run = session.run(
-                    plans, config, prepared.load_predictor, evaluate_wave=pool.evaluate_wave, backend=pool,
+                    plans, config, prepared.load_predictor, backend=pool,
                     vizier=vizier, time_budget=config.sweep.time_budget,
                     warm_history=lambda plan: warm_history_for(warm_start_ledger, plan),
                     on_branch=lambda plan: emit({"event": "branch", "branch": plan.branch.deployment_mode,

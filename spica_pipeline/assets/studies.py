@@ -124,7 +124,7 @@ def study_partition(
         with open_studies(journal_dir, store=storage) as session:
             for warning in session.journal.warnings:  # a torn last record cut back on open
                 context.log.warning(warning)
-            run = session.run([plan], config, load_predictor, evaluate_wave=pool.evaluate_wave, backend=pool,
+            run = session.run([plan], config, load_predictor, backend=pool,
                               vizier=vizier, time_budget=time_budget, warm_history=lambda plan: warm,
                               on_record=records.append, on_round=on_round)
     except SpicaError as err:  # OutputDirBusy included: another run holds this journal
