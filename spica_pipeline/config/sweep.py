@@ -29,6 +29,8 @@ def parse_duration(value: "str | int | float") -> float:
     return seconds
 
 # The Vizier designers a sweep may name: the one list (CLI help, Dagster launch config, the Vizier resource).
+# how the cost-aware fill judges the optimizer share (search/study.py, search/cost.py)
+CostAware = Literal["predicted", "measured", "off"]
 Algorithm = Literal["DEFAULT", "GAUSSIAN_PROCESS_BANDIT", "RANDOM_SEARCH", "QUASI_RANDOM_SEARCH", "NSGA2"]
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
 ALGO_ENV = "SPICA_VIZIER_ALGO"
@@ -64,7 +66,7 @@ class SweepConfig(StrictModel):
     # predicted (default): judged from predicted seconds (search/cost.py), so the same seed gives
     # the same ledger; measured: from measured seconds (adapts to the machine, but two fresh runs
     # can differ); off (or optimizer_share: null): the configured algorithm answers every ask.
-    cost_aware: Literal["predicted", "measured", "off"] = "predicted"
+    cost_aware: CostAware = "predicted"
     optimizer_share: Fraction | None = 0.25
     parallel_evals: PosInt = 16
     candidates_per_round: PosInt | None = None

@@ -16,8 +16,9 @@ import time
 from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence, get_args
 
+from spica_pipeline.config.sweep import CostAware
 from spica_pipeline.errors import one_line
 from spica_pipeline.search import cost
 from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, canonical_json, json_safe, spec_hash
@@ -25,7 +26,7 @@ from spica_pipeline.search.ledger import TrialRecord
 from spica_pipeline.search.shapes import ParallelConfig
 
 ATTEMPT_FACTOR = 11  # a round asks for its batch plus up to 10x replacements (spec §6.4)
-COST_AWARE_MODES = ("predicted", "measured", "off")
+COST_AWARE_MODES: tuple[str, ...] = get_args(CostAware)
 
 
 @dataclass
