@@ -542,25 +542,95 @@ def _masked_mt_loss_class():
                 dist, aux = sp.StochasticProcessWithCoroutine(self.coroutine, params).call_with_aux(clean)
                 x = dist.index_points
                 labels = self.data.labels
-                missing = jnp.reshape(~jnp.asarray(labels._mask), (-1,))  # pylint: disable=protected-access
-                cov = dist.kernel.matrix_over_all_tasks(x, x).to_dense()
-                cov = cov + jnp.eye(cov.shape[-1], dtype=cov.dtype) * jnp.reshape(
-                    dist.observation_noise_variance, (-1,))[0]
-                # TFP's mask_matrix: missing rows / columns become those of the identity
-                cov = jnp.where(missing[:, None] | missing[None, :], jnp.eye(cov.shape[-1], dtype=cov.dtype), cov)
-                chol = dist.cholesky_fn(cov) if dist.cholesky_fn is not None else jnp.linalg.cholesky(cov)
                 n, m = labels.padded_array.shape
-                loc = jnp.reshape(jnp.broadcast_to(dist.mean_fn(x), (n, m)), (-1,))
-                y = jnp.reshape(jnp.asarray(labels.padded_array), (-1,))
-                diff = jnp.where(missing, 0.0, jnp.where(missing, 0.0, y) - loc)
-                sol = jax.scipy.linalg.solve_triangular(chol, diff, lower=True)
-                n_obs = jnp.sum(~missing)
-                log_prob = (-0.5 * jnp.sum(sol**2) - jnp.sum(jnp.log(jnp.diagonal(chol)))
-                            - 0.5 * n_obs * np.log(2 * np.pi))
+                missing = ~jnp.asarray(labels._mask)  # [n, m]  # pylint: disable=protected-access
+                y = jnp.asarray(labels.padded_array)
+                diff = jnp.where(missing, 0.0, jnp.where(missing, 0.0, y) - jnp.broadcast_to(dist.mean_fn(x), (n, m)))
+                noise = jnp.reshape(dist.observation_noise_variance, (-1,))[0]
+                if type(dist.kernel).__name__ == "Independent":
+                    # Vizier's default (INDEPENDENT): one n x n covariance shared by the metrics,
+                    # masked per metric; m Cholesky factors of n x n instead of one of nm x nm
+                    cov = dist.kernel.base_kernel.matrix(x, x)
+                    cov = jnp.broadcast_to(cov + noise * jnp.eye(n, dtype=cov.dtype), (m, n, n))
+                    miss, res = missing.T, diff.T  # [m, n]
+                else:
+                    cov = dist.kernel.matrix_over_all_tasks(x, x).to_dense()
+                    cov = (cov + noise * jnp.eye(n * m, dtype=cov.dtype))[None]
+                    miss, res = jnp.reshape(missing, (1, -1)), jnp.reshape(diff, (1, -1))
+                # TFP's mask_matrix: missing rows / columns become those of the identity
+                eye = jnp.eye(cov.shape[-1], dtype=cov.dtype)
+                cov = jnp.where(miss[:, :, None] | miss[:, None, :], eye, cov)
+                chol = jax.vmap(dist.cholesky_fn if dist.cholesky_fn is not None else jnp.linalg.cholesky)(cov)
+                sol = jax.vmap(lambda c, r: jax.scipy.linalg.solve_triangular(c, r, lower=True))(chol, res)
+                log_prob = (-0.5 * jnp.sum(sol**2) - jnp.sum(jnp.log(jnp.diagonal(chol, axis1=-2, axis2=-1)))
+                            - 0.5 * jnp.sum(~missing) * np.log(2 * np.pi))
                 return -log_prob + jax.tree_util.tree_reduce(jnp.add, aux["losses"]), aux
 
         _STABLE["mt_loss"] = MaskedMultiTaskLoss
     return _STABLE["mt_loss"]
+
+
+def _threshold_pe_class():
+    """GP-UCB-PE's pure-exploration score with its UCB threshold computed ONCE per optimisation.
+    The stock score recomputes it (a GP prediction at every observed and pending trial, O(n^3) in
+    the padded trial count) inside each of the ~160 acquisition-optimiser steps; at 128 padded
+    rows that was most of a suggest. Same formula, same value."""
+    if "pe_score" not in _STABLE:
+        import equinox as eqx
+        import jax.numpy as jnp
+        from vizier._src.algorithms.designers import gp_ucb_pe
+
+        def threshold(predictive, predictive_all_features, ucb_coefficient):
+            features = predictive_all_features.predictives.observed_data.features
+            is_missing = features.continuous.is_missing[0] | features.categorical.is_missing[0]
+            return gp_ucb_pe._compute_ucb_threshold(predictive.predict(features), is_missing, ucb_coefficient)
+
+        threshold_fn = eqx.filter_jit(threshold)
+        base = gp_ucb_pe.PEScoreFunction
+
+        class ThresholdPEScore(base):  # type: ignore[misc, valid-type]
+            threshold: Any
+
+            def __init__(self, predictive, predictive_all_features, ucb_coefficient, explore_ucb_coefficient,
+                         penalty_coefficient, trust_region, multimetric_promising_region_penalty_type):
+                self.predictive = predictive
+                self.predictive_all_features = predictive_all_features
+                self.ucb_coefficient = ucb_coefficient
+                self.explore_ucb_coefficient = explore_ucb_coefficient
+                self.penalty_coefficient = penalty_coefficient
+                self.trust_region = trust_region
+                self.multimetric_promising_region_penalty_type = multimetric_promising_region_penalty_type
+                self.threshold = threshold_fn(predictive, predictive_all_features, ucb_coefficient)
+
+            def score_with_aux(self, xs, seed=None):
+                # the stock body (vizier 0.1.24 PEScoreFunction.score_with_aux), threshold precomputed
+                del seed
+                gprm = self.predictive.predict(xs)
+                mean = gprm.mean()
+                stddev = gprm.stddev()
+                explore_ucb = mean + stddev * self.explore_ucb_coefficient
+                stddev_from_all = self.predictive_all_features.predict(xs).stddev()
+                penalty = self.penalty_coefficient * jnp.minimum(explore_ucb - self.threshold, 0.0)
+                if stddev_from_all.ndim > 1:
+                    kind = self.multimetric_promising_region_penalty_type
+                    kinds = gp_ucb_pe.MultimetricPromisingRegionPenaltyType
+                    if kind == kinds.UNION:
+                        scalarized_penalty = jnp.max(penalty, axis=-1)
+                    elif kind == kinds.INTERSECTION:
+                        scalarized_penalty = jnp.min(penalty, axis=-1)
+                    elif kind == kinds.AVERAGE:
+                        scalarized_penalty = jnp.mean(penalty, axis=-1)
+                    else:
+                        raise ValueError(f"Unsupported multimetric promising region penalty type: {kind}")
+                    acq_values = jnp.mean(stddev_from_all, axis=-1) + scalarized_penalty
+                else:
+                    acq_values = stddev_from_all + penalty
+                if self.trust_region is not None:
+                    acq_values = gp_ucb_pe._apply_trust_region(self.trust_region, xs, acq_values)
+                return acq_values, {"mean": mean, "stddev": stddev, "stddev_from_all": stddev_from_all}
+
+        _STABLE["pe_score"] = ThresholdPEScore
+    return _STABLE["pe_score"]
 
 
 def _ucb_pe_class():
@@ -616,6 +686,15 @@ def _ucb_pe_class():
                     pe_model = model
                 return sp.UniformEnsemblePredictive(
                     predictives=eqx.filter_jit(pe_model.precompute_predictive)(all_data))
+
+            def _suggest_one(self, *args, **kwargs):
+                # PE scores built here precompute their UCB threshold (see _threshold_pe_class)
+                stock = gp_ucb_pe.PEScoreFunction
+                gp_ucb_pe.PEScoreFunction = _threshold_pe_class()
+                try:
+                    return super()._suggest_one(*args, **kwargs)
+                finally:
+                    gp_ucb_pe.PEScoreFunction = stock
 
         _STABLE["ucb_pe"] = StableUCBPE
     return _STABLE["ucb_pe"]
