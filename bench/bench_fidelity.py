@@ -586,9 +586,12 @@ def compare_methods(records: list[dict[str, Any]]) -> dict[str, Any]:
         print(f"   {row['variant']:28s} TTFT {_fmt(row['ttft'])} score {row['ttft']['score']:.2f} | "
               f"TPOT {_fmt(row['tpot'])} score {row['tpot']['score']:.2f}", flush=True)
     chosen = {phase: min(rows, key=lambda r: r[phase]["score"])["variant"] for phase in TARGETS}
-    print(f"   chosen by leave-one-model-out score: TTFT {chosen['ttft']}, TPOT {chosen['tpot']} "
-          f"(search/calibration.py CHOSEN: {calibration.CHOSEN.describe()[:80]}...)")
+    shipped = {phase: calibration.CHOSEN.phase(phase).label() for phase in TARGETS}
+    print(f"   chosen by leave-one-model-out score: TTFT {chosen['ttft']}, TPOT {chosen['tpot']}; "
+          f"search/calibration.py CHOSEN ({calibration.CHOSEN.name}): TTFT {shipped['ttft']}, TPOT {shipped['tpot']}"
+          + ("" if shipped == chosen else "  <- differs"))
     return {"rows": len({r['id'] for r in records}), "models": sorted({r["model"] for r in records}),
+            "shipped": shipped, "shipped_is_chosen": shipped == chosen,
             "rule": "per phase: min over variants of LOMO MdAPE/target + LOMO P90/target "
                     "(targets TTFT 20 %/50 %, TPOT 10 %/50 %); calibration split only",
             "variants": rows, "chosen": chosen}

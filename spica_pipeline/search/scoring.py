@@ -183,8 +183,8 @@ def sla_gate(
     """An optional aggregate SLA gate, stricter than Spica (which only uses the SLA via goodput).
 
     mode "strict": reject a candidate whose p<percentile> (default p90) TTFT, ITL or E2E latency in
-    the replay report (calibrated when the report has it, `ranked_value`) exceeds the corresponding SLA threshold that is set (report keys
-    `p90_ttft_ms`, `p90_itl_ms`, `p90_e2e_latency_ms`). A set threshold whose percentile key is
+    the replay report (calibrated when the report has it, `ranked_value`) exceeds the corresponding
+    SLA threshold that is set (report keys `p90_ttft_ms`, `p90_itl_ms`, `p90_e2e_latency_ms`). A set threshold whose percentile key is
     missing fails closed. mode None/"off"/"goodput": always passes (the Spica rule).
     Returns (passes, reason); the reason is a one-line text for the ledger.
     """
@@ -220,7 +220,7 @@ def replica_capacity(kind: str, report: Mapping[str, Any] | None, config: Mappin
     """The load one copy of a candidate carried in replay: its completed request rate, or the
     concurrency it was replayed at. None when the replay did not record it."""
     if kind == "request_rate":
-        return _num(report, "request_throughput_rps")
+        return ranked_value(report, "request_throughput_rps")
     if kind == "concurrency":
         for key in ("concurrency", "kv_load_concurrency"):
             v = _num(config, key)
