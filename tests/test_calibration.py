@@ -18,8 +18,12 @@ def record(i, system="h200_sxm", backend="vllm", c=8, ttft_ratio=2.0, tpot_ratio
             "silicon": {"ttft": 100.0 * ttft_ratio * (1 + 0.01 * (i % 5)), "tpot": 10.0 * tpot_ratio}}
 
 
+# a fixed method (slices in both phases), so these tests do not move with the shipped choice (cal.CHOSEN)
+SLICED = cal.Method("test", cal.PhaseMethod(1.0), cal.PhaseMethod(1.0))
+
+
 def profile(records=None):
-    return cal.fit(records or [record(i) for i in range(10)], fitted="2026-12-04", source="test")
+    return cal.fit(records or [record(i) for i in range(10)], fitted="2026-12-04", source="test", method=SLICED)
 
 
 def test_fit_recovers_a_slice_factor_and_records_provenance():
@@ -28,7 +32,8 @@ def test_fit_recovers_a_slice_factor_and_records_provenance():
     assert s["rows"] == 10 and s["factor"] == pytest.approx(2.04, rel=0.02)
     assert p["slices"]["h200_sxm/vllm/tpot"]["factor"] == pytest.approx(0.5, rel=0.01)
     assert p["rows_used"] == sorted(f"r{i}" for i in range(10)) and p["fitted"] == "2026-12-04"
-    assert p["method"] == cal.METHOD and p["format"] == cal.PROFILE_FORMAT and cal.validate(json.loads(json.dumps(p)))
+    assert p["method"] == SLICED.describe() and p["format"] == cal.PROFILE_FORMAT
+    assert cal.validate(json.loads(json.dumps(p)))
 
 
 def test_fit_refuses_held_out_rows():
@@ -131,11 +136,14 @@ def test_calibrate_puts_calibrated_and_bands_beside_raw():
 
 
 def test_the_packaged_profile_is_valid_and_fitted_on_calibration_rows_only():
-    from spica_pipeline.search.silicon import CALIBRATION_MODELS  # noqa: F401  (the rule the fit enforces)
+    from spica_pipeline.search.silicon import CALIBRATION_MODELS
 
     p, digest = loader.load_profile("auto")
-    assert p["format"] in cal.READABLE_FORMATS and digest and p["rows_used"]
+    assert p["format"] == cal.PROFILE_FORMAT and digest and p["rows_used"]
     assert set(p["phase"]) == set(cal.PHASES)
+    # the packaged profile is the shipped method's fit (bench_fidelity.py --fit-calibration)
+    assert p["method_name"] == cal.CHOSEN.name and p["method"] == cal.METHOD
+    assert p["provenance"]["split"] == "calibration" and set(p["provenance"]["models"]) <= set(CALIBRATION_MODELS)
 
 
 @pytest.mark.parametrize("content,why", [

@@ -59,10 +59,11 @@ class PhaseMethod:
     slope_shrink: float = 1.0
     extra: str | None = None
     slices: bool = True
+    centred: bool = False  # anchor the load term at the rows' median load instead of one request per engine
 
     def label(self) -> str:
-        return (f"s={self.slope_shrink:.3g}" + (f" +{self.extra}" if self.extra else "")
-                + ("" if self.slices else " backend-only"))
+        return (f"s={self.slope_shrink:.3g}" + (" centred" if self.centred else "")
+                + (f" +{self.extra}" if self.extra else "") + ("" if self.slices else " backend-only"))
 
 
 @dataclass(frozen=True)
@@ -88,14 +89,17 @@ class Method:
 def phase_options() -> tuple[PhaseMethod, ...]:
     """The per-phase variants compared (each phase's choice is independent of the other's)."""
     return (*(PhaseMethod(s) for s in (0.0, 0.25, 0.5, math.log(2), 0.75, 1.0)),
+            *(PhaseMethod(s, centred=True) for s in (0.0, 0.25, 0.5, 0.75)),
             PhaseMethod(math.log(2), slices=False), PhaseMethod(1.0, slices=False),
             *(PhaseMethod(s, extra=e) for s in (math.log(2), 1.0) for e in ("log2_isl", "log2_osl")))
 
 
 # The v2 method as it was applied (s = ln 2 in both phases, see above).
 V2_AS_APPLIED = Method("v2-as-applied", PhaseMethod(math.log(2)), PhaseMethod(math.log(2)))
-# chosen by leave-one-model-out error on the calibration split (bench_fidelity.py --compare-methods)
-CHOSEN = V2_AS_APPLIED
+# replay-v3: chosen per phase by leave-one-model-out error on the calibration split only (465 rows of
+# 6 models, bench_fidelity.py --compare-methods, 2026-12-04; docs/fidelity.md): TTFT keeps the
+# (system, backend) slices with a quarter of the fitted load slope, TPOT the backend level with ln 2 of it
+CHOSEN = Method("v3", PhaseMethod(0.25), PhaseMethod(math.log(2), slices=False))
 METHOD = CHOSEN.describe()
 
 # report key -> (phase, exponent): calibrated = raw x factor**exponent
@@ -224,10 +228,11 @@ def _terms(rows: list[dict[str, Any]], method: Method) -> dict[str, list[dict[st
             have = [r for r in members if name in r["x"]]
             b = theil_sen([r["x"][name] for r in have], [r["residual"] for r in have]) if shrink else 0.0
             centre = statistics.median(r["x"][name] for r in have) if have else 0.0
+            anchor = centre if (pm.centred and name == LOAD) else 0.0
             for r in members:  # the offsets are fitted on the detrended residuals
-                r["residual"] -= b * r["x"].get(name, centre)
+                r["residual"] -= b * (r["x"].get(name, centre) - anchor)
             phase_terms.append({"feature": name, "fitted": round(b, 6), "coefficient": round(shrink * b, 6),
-                                "centre": round(centre, 6)})
+                                "centre": round(centre, 6), "anchor": round(anchor, 6)})
         terms[phase] = phase_terms
     return terms
 
@@ -347,7 +352,7 @@ def validate(profile: Any) -> dict[str, Any]:
             raise ProfileError(f"terms.{phase} must be a list")
         for i, t in enumerate(terms):
             if not isinstance(t, dict) or t.get("feature") not in FEATURES or not _number(t.get("coefficient")) \
-                    or not _number(t.get("centre")):
+                    or not _number(t.get("centre")) or not _number(t.get("anchor", 0.0)):
                 raise ProfileError(f"terms.{phase}[{i}] must be {{feature: one of {list(FEATURES)}, coefficient, "
                                    f"centre}}, got {t!r}")
     return profile
@@ -359,7 +364,8 @@ def _factor(profile: Mapping[str, Any], system: str, backend: str, phase: str,
     if profile["format"] == 1:  # replay-v1/v2 as they were applied: exp(m) c^b
         log_load = profile["load_slope"][phase] * math.log(2) * x.get(LOAD, 0.0)
     else:
-        log_load = sum(t["coefficient"] * x.get(t["feature"], t["centre"]) for t in profile["terms"][phase])
+        log_load = sum(t["coefficient"] * (x.get(t["feature"], t["centre"]) - t.get("anchor", 0.0))
+                       for t in profile["terms"][phase])
     entry = profile["slices"].get(f"{system}/{backend}/{phase}")
     source = "slice"
     if entry is None:
