@@ -543,7 +543,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
     return final
 
 
-def leave_one_model_out(records: list[dict[str, Any]], method=None) -> dict[str, Any]:
+def leave_one_model_out(records: list[dict[str, Any]], method=None, lomo_bands: bool = True) -> dict[str, Any]:
     """Calibrated errors on each calibration model with a profile fitted without it: the
     calibration split's own estimate of how the profile does on a model it never saw."""
     import copy
@@ -556,7 +556,9 @@ def leave_one_model_out(records: list[dict[str, Any]], method=None) -> dict[str,
         test = [copy.deepcopy(r) for r in records if r["model"] == model]
         if not train or not test:
             continue
-        apply_profile(test, calibration.fit(train, fitted="lomo", source="lomo", method=method, lomo_bands=False))
+        # lomo_bands: the held-out model's band coverage as the shipped profile's bands are built
+        # (themselves leave-one-model-out); off for the method comparison, which reads only errors
+        apply_profile(test, calibration.fit(train, fitted="lomo", source="lomo", method=method, lomo_bands=lomo_bands))
         scored += test
     return {"rows": len(scored), "calibrated": summarise(scored)["calibrated"], "band_coverage": band_coverage(scored)}
 
@@ -577,7 +579,8 @@ def compare_methods(records: list[dict[str, Any]]) -> dict[str, Any]:
         raise SystemExit(f"--compare-methods uses calibration rows only; got held-out {held[:3]}")
     rows: list[dict[str, Any]] = []
     for option in calibration.phase_options():
-        stats = leave_one_model_out(records, calibration.Method(option.label(), option, option))["calibrated"]
+        stats = leave_one_model_out(records, calibration.Method(option.label(), option, option),
+                                    lomo_bands=False)["calibrated"]
         row: dict[str, Any] = {"variant": option.label(), "option": vars(option)}
         for phase, (t_md, t_p90) in TARGETS.items():
             st = stats[phase]
