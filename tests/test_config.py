@@ -62,6 +62,15 @@ def test_defaults():
     assert c.sweep.cost_aware == "predicted" and c.sweep.optimizer_share == 0.25  # deterministic by default
 
 
+@pytest.mark.parametrize("algorithm,share", [("DEFAULT", 0.25), ("RANDOM_SEARCH", None), ("QUASI_RANDOM_SEARCH", None)])
+def test_a_model_free_study_is_never_filled_from_another_designer(algorithm, share, monkeypatch):
+    """The cost-aware fill replaces model-based asks only: a random study stays random."""
+    from spica_pipeline.search.branch_plan import study_settings
+
+    monkeypatch.delenv("SPICA_VIZIER_ALGO", raising=False)
+    assert study_settings(build(sweep={"algorithm": algorithm})).optimizer_share == share
+
+
 @pytest.mark.parametrize("section", ["search_space", "workload", "goal", "sweep", None])
 def test_unknown_key_anywhere_fails(section):
     d = cfg(goal={"target": "throughput"}, sweep={})

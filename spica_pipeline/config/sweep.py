@@ -33,6 +33,8 @@ def parse_duration(value: "str | int | float") -> float:
 CostAware = Literal["predicted", "measured", "off"]
 Algorithm = Literal["DEFAULT", "GAUSSIAN_PROCESS_BANDIT", "RANDOM_SEARCH", "QUASI_RANDOM_SEARCH", "NSGA2"]
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
+# Designers without a model: nothing to save by filling their asks from a cheaper one (cost-aware off).
+MODEL_FREE_ALGORITHMS: tuple[str, ...] = ("RANDOM_SEARCH", "QUASI_RANDOM_SEARCH")
 ALGO_ENV = "SPICA_VIZIER_ALGO"
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 
 from spica_pipeline.config import OptimizationGoal, SmartSearchConfig, target_direction
-from spica_pipeline.config.sweep import DEFAULT_MAX_ROUNDS
+from spica_pipeline.config.sweep import DEFAULT_MAX_ROUNDS, MODEL_FREE_ALGORITHMS, resolve_algorithm
 from spica_pipeline.search import cost, scoring
 from spica_pipeline.search.branches import BranchSpace
 from spica_pipeline.search.encoding import SearchEncoding, build_encoding, enumerate_space
@@ -78,9 +78,11 @@ def plan_branch(branch: BranchSpace, config: SmartSearchConfig) -> BranchPlan:
 def study_settings(config: SmartSearchConfig, deadline: float | None = None) -> StudySettings:
     """The study loop's settings from `sweep:`; `deadline` (time.monotonic seconds) ends the branch."""
     sweep = config.sweep
+    # A model-free study is already the cheap designer: the cost-aware fill must not swap it for another.
+    model_free = resolve_algorithm(sweep.algorithm) in MODEL_FREE_ALGORITHMS
     return StudySettings(per_round=sweep.per_round, max_rounds=sweep.max_rounds, workers=sweep.eval_workers,
                          failure_breaker=sweep.failure_breaker, deadline=deadline,
-                         optimizer_share=sweep.optimizer_share, cost_aware=sweep.cost_aware,
+                         optimizer_share=None if model_free else sweep.optimizer_share, cost_aware=sweep.cost_aware,
                          replay_estimate_s=replay_estimate_s(config),
                          objectives=len(study_metrics(config.goal)))
 
