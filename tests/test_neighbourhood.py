@@ -57,7 +57,9 @@ def test_the_designer_is_deterministic_and_ignores_nothing_it_is_told():
     seen = rng.sample(SPACE, 10)
     a = NeighbourhoodDesigner(ENCODING, SCALAR, seed=7).suggest(8, known(seen[:8]), seen[8:], keys(seen))
     b = NeighbourhoodDesigner(ENCODING, SCALAR, seed=7).suggest(8, known(seen[:8]), seen[8:], keys(seen))
-    assert a == b and len(a) == 6  # 8 minus a quarter left to quasi-random exploration
+    assert a == b and len(a) == 7  # trials 11-18: one (trial 16) left to quasi-random exploration
+    designer = NeighbourhoodDesigner(ENCODING, SCALAR, seed=7)
+    assert [designer.local_count(4, p) for p in range(0, 16, 4)] == [4, 3, 4, 3]  # one in eight explores
 
 
 @pytest.mark.parametrize("metrics", [SCALAR, PARETO])
@@ -219,6 +221,22 @@ def test_an_exhausted_neighbourhood_falls_back_to_the_quasi_random_fill():
     assert len(result.records) == len({r.spec_hash for r in result.records}) == len(SPACE)
     exhausted = sweep(Backend(), rounds=30, local=False)
     assert len(exhausted.records) == len(SPACE)
+
+
+class OneNeighbour(NeighbourhoodDesigner):
+    """A neighbourhood with room for one point per ask (what an almost used-up one answers)."""
+
+    def suggest(self, count, known, pending, taken):
+        return super().suggest(count, known, pending, taken)[:1]
+
+
+def test_a_short_local_answer_is_filled_quasi_randomly_and_each_trial_names_its_designer():
+    sampler = StudySampler(FakeStudy(1), ENCODING, OneNeighbour(ENCODING, SCALAR, seed=1))
+    settings = StudySettings(per_round=4, max_rounds=5, workers=2, replay_estimate_s=0.01)
+    result = run_branch_study("agg", sampler, build, None, score, settings, backend=Backend())
+    designers = [r.designer for r in result.records]
+    assert designers[8:] == [NEIGHBOURHOOD, "QUASI_RANDOM_SEARCH", "QUASI_RANDOM_SEARCH", "QUASI_RANDOM_SEARCH"] * 3
+    assert len({r.spec_hash for r in result.records}) == 20  # the fill was told the local point as pending
 
 
 def test_the_incumbent_improves_on_the_plain_fill():

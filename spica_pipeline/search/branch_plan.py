@@ -224,15 +224,11 @@ def local_designer(config: SmartSearchConfig, encoding: SearchEncoding,
                    seed: int) -> "NeighbourhoodDesigner | None":
     """The cost-aware fill's neighbourhood designer, for a model-based algorithm (whose asks the
     fill replaces); None for the cheap designers, which answer every ask themselves."""
-    from spica_pipeline.config.sweep import resolve_algorithm
     from spica_pipeline.search.neighbourhood import NeighbourhoodDesigner
 
-    if resolve_algorithm(config.sweep.algorithm) in CHEAP_ALGORITHMS:
+    if resolve_algorithm(config.sweep.algorithm) in MODEL_FREE_ALGORITHMS:
         return None
     return NeighbourhoodDesigner(encoding, study_metrics(config.goal), seed=seed)
-
-
-CHEAP_ALGORITHMS = ("RANDOM_SEARCH", "QUASI_RANDOM_SEARCH")
 
 
 def study_metrics(goal: OptimizationGoal) -> list[tuple[str, str]]:

@@ -41,7 +41,7 @@ from spica_pipeline.search.shapes import SHAPE_KEYS, DisaggShape, ParallelConfig
 from spica_pipeline.search.study import point_key
 
 NEIGHBOURHOOD = "NEIGHBOURHOOD"  # the designer name recorded on the trials it proposed
-EXPLORE_SHARE = 0.25  # share of each batch left to quasi-random exploration
+EXPLORE_SHARE = 0.125  # share of the trials left to quasi-random exploration (one in eight)
 FLOAT_STEPS = 8  # a float knob's step: 1/8 of its range
 INERT_TOL = 1e-3  # relative: metrics this close count as unchanged (a knob that did nothing)
 
@@ -116,16 +116,20 @@ class NeighbourhoodDesigner:
         self._rings: dict[tuple[PointKey, int], list[_Candidate]] = {}
 
     # ----- the ask ---------------------------------------------------------------------------
-    def local_count(self, count: int) -> int:
-        """How many of a batch of `count` go to neighbours (the rest: quasi-random exploration)."""
-        return max(0, count - int(math.floor(count * self.explore_share + 0.5)))
+    def local_count(self, count: int, position: int = 0) -> int:
+        """How many of a batch of `count` trials starting at trial `position` of the branch go to
+        neighbours; the rest, `explore_share` of the trials counted over the whole branch (so a
+        share below 1 / batch still explores every few batches), to quasi-random exploration."""
+        explore = math.floor((position + count) * self.explore_share + 1e-9) - math.floor(
+            position * self.explore_share + 1e-9)
+        return max(0, count - explore)
 
     def suggest(self, count: int, known: Sequence[Known], pending: Sequence[tuple[dict[str, Any], ParallelConfig]],
                 taken: Collection[PointKey]) -> list[dict[str, Any]]:
         """Up to `local_count(count)` parameter dicts of points not in `taken` (fewer, or none,
         when no trial is feasible yet or every neighbourhood is used up). `known`: the trials
         whose outcomes the ask may use, in trial order; `pending`: the trials proposed since."""
-        want = self.local_count(count)
+        want = self.local_count(count, len(known) + len(pending))
         rows = self._rows(known)
         anchors = self._anchors(rows)
         if want <= 0 or not anchors:

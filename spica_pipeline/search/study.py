@@ -535,7 +535,9 @@ class _AsyncDriver:
     Records are emitted in trial order as soon as every earlier trial is resolved.
 
     Cost-aware asks: while model-based suggest time would exceed `optimizer_share` of the branch's
-    wall time, asks are filled from the sampler's cheap designer. By default ("predicted") both
+    wall time, asks are filled from the sampler's cheap designers: its local (neighbourhood)
+    designer first when it has one (`suggest_local`, told only the trials the ask's history holds),
+    then quasi-random for the rest of the batch. By default ("predicted") both
     times are predictions (search/cost.py) from positions, history sizes and a fixed per-trial
     replay estimate, never from a clock, so the choice is a function of the seed and the outcomes;
     "measured" compares measured seconds instead. The choice is recorded on each trial
