@@ -428,8 +428,11 @@ def main(argv: list[str] | None = None) -> int:
                      math.ceil(args.budget_frac * truth["points"]))
         print(f"[{name}] {truth['points']} points, optimum {optimum:.6g} ({truth['measure']}), "
               f"budget {budget} evaluations", flush=True)
-        warm = warm_up(config, prepared) if "ours" in algorithms and not args.no_warm_up else (
-            previous.get("details", {}).get(name, {}).get("warm_up_s"))  # only ours uses the compiled GP
+        if args.no_warm_up and "ours" in algorithms:
+            warm = None
+        else:
+            warm = warm_up(config, prepared) if "ours" in algorithms else (
+                previous.get("details", {}).get(name, {}).get("warm_up_s"))  # only ours uses the compiled GP
         runs: list[dict[str, Any]] = []
         if args.merge and name in previous.get("details", {}):  # keep the other algorithms' runs
             runs = [r for r in previous["details"][name]["runs"] if r["algorithm"] not in algorithms]
