@@ -366,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-wall-s", type=float, default=None,
                     help="wall cap per run (bounded runs on a shared machine); capped runs are counted")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--no-warm-up", action="store_true",
+                    help="skip the GP warm-up: ours then pays the first GP compile if the cost rule ever asks "
+                         "the GP (each run's designers say whether it did; warm_up_s is null)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the runs of other algorithms already in --out (results built in bounded steps)")
     ap.add_argument("--truth-only", action="store_true", help="compute (or read) the cached truths and stop")
@@ -425,8 +428,11 @@ def main(argv: list[str] | None = None) -> int:
                      math.ceil(args.budget_frac * truth["points"]))
         print(f"[{name}] {truth['points']} points, optimum {optimum:.6g} ({truth['measure']}), "
               f"budget {budget} evaluations", flush=True)
-        warm = warm_up(config, prepared) if "ours" in algorithms else (
-            previous.get("details", {}).get(name, {}).get("warm_up_s"))  # only ours uses the compiled GP
+        if args.no_warm_up and "ours" in algorithms:
+            warm = None
+        else:
+            warm = warm_up(config, prepared) if "ours" in algorithms else (
+                previous.get("details", {}).get(name, {}).get("warm_up_s"))  # only ours uses the compiled GP
         runs: list[dict[str, Any]] = []
         if args.merge and name in previous.get("details", {}):  # keep the other algorithms' runs
             runs = [r for r in previous["details"][name]["runs"] if r["algorithm"] not in algorithms]
