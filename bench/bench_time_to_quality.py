@@ -8,7 +8,8 @@ summary next to it, so reruns and every algorithm/seed reuse them (no replay twi
 
 Algorithms:
   ours        the sweep's default: GP-UCB-PE with compile-once programs, asynchronous dispatch
-              (in-flight trials pending), cost-aware fill (optimizer <= 25 % of wall time);
+              (in-flight trials pending), cost-aware fill (optimizer <= 25 % of wall time) from the
+              neighbourhood designer (search/neighbourhood.py) and quasi-random;
   spica       Spica-style: stock Vizier DEFAULT settings (75,000 acquisition evaluations, ARD 500
               iterations, no padding, stock classes, compile caches cleared), barrier rounds of
               candidates_per_round, duplicates re-asked (up to 10x replacements per round);
@@ -29,8 +30,11 @@ median; `seeds_reaching_*` says how many got there.
 
 usage:
   .venv/bin/python bench/bench_time_to_quality.py [--quick] [--spaces goodput_agg,pareto_disagg,trace_agg]
-      [--algorithms ours,spica,RANDOM_SEARCH,QUASI_RANDOM_SEARCH] [--seeds 5] [--spica-seeds 5]
-      [--workers 2] [--budget-frac 0.5] [--replay-scale 1.0] [--out PATH]
+      [--algorithms ours,spica,RANDOM_SEARCH,QUASI_RANDOM_SEARCH] [--seeds 5] [--first-seed 0]
+      [--spica-seeds 5] [--workers 2] [--budget-frac 0.5] [--replay-scale 1.0] [--out PATH]
+Validation (held out from tuning the neighbourhood fill): `--first-seed 10` on the three spaces, and
+the disagg_goodput space (bench/spaces/disagg_goodput.yaml), written with --out
+bench/results/time_to_quality_validation.json.
 --quick: 2 seeds, Spica-style 1 seed on the first space only (a stock GP-UCB-PE suggest takes
 30-90 s of CPU on 2 busy cores). --max-wall-s S caps every run (counted as `runs_capped`).
 
@@ -353,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spaces", default="goodput_agg,pareto_disagg,trace_agg")
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
     ap.add_argument("--seeds", type=int, default=None)
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="seeds first-seed .. first-seed + seeds - 1 (e.g. 10 for held-out seeds)")
     ap.add_argument("--spica-seeds", type=int, default=None)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--budget-frac", type=float, default=0.5)
@@ -360,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-wall-s", type=float, default=None,
                     help="wall cap per run (bounded runs on a shared machine); capped runs are counted")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--no-warm-up", action="store_true",
+                    help="skip the GP warm-up: ours then pays the first GP compile if the cost rule ever asks "
+                         "the GP (each run's designers say whether it did; warm_up_s is null)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the runs of other algorithms already in --out (results built in bounded steps)")
     ap.add_argument("--truth-only", action="store_true", help="compute (or read) the cached truths and stop")
@@ -385,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": platform.node(),
         "cpus": os.cpu_count(), "loadavg_at_start": os.getloadavg(), "workers": args.workers,
         "replay_scale": args.replay_scale, "budget_frac": args.budget_frac, "seeds": seeds,
+        "first_seed": args.first_seed,
         "spica_seeds": spica_seeds, "max_wall_s": args.max_wall_s, "spaces": {}, "details": {},
     }
     previous: dict[str, Any] = {}
@@ -418,8 +428,11 @@ def main(argv: list[str] | None = None) -> int:
                      math.ceil(args.budget_frac * truth["points"]))
         print(f"[{name}] {truth['points']} points, optimum {optimum:.6g} ({truth['measure']}), "
               f"budget {budget} evaluations", flush=True)
-        warm = warm_up(config, prepared) if "ours" in algorithms else (
-            previous.get("details", {}).get(name, {}).get("warm_up_s"))  # only ours uses the compiled GP
+        if args.no_warm_up and "ours" in algorithms:
+            warm = None
+        else:
+            warm = warm_up(config, prepared) if "ours" in algorithms else (
+                previous.get("details", {}).get(name, {}).get("warm_up_s"))  # only ours uses the compiled GP
         runs: list[dict[str, Any]] = []
         if args.merge and name in previous.get("details", {}):  # keep the other algorithms' runs
             runs = [r for r in previous["details"][name]["runs"] if r["algorithm"] not in algorithms]
@@ -427,9 +440,9 @@ def main(argv: list[str] | None = None) -> int:
         detail = {"points": truth["points"], "optimum": optimum, "measure": truth["measure"], "budget": budget,
                   "truth_replay_seconds": truth.get("replay_seconds"), "warm_up_s": warm, "runs": runs}
         result["details"][name] = detail
-        for seed in range(seeds):
+        for seed in range(args.first_seed, args.first_seed + seeds):
             for algorithm in algorithms:
-                if algorithm == "spica" and (seed >= spica_seeds or (args.quick and index > 0)):
+                if algorithm == "spica" and (seed - args.first_seed >= spica_seeds or (args.quick and index > 0)):
                     continue
                 run = run_one(name, config, prepared, evaluator, algorithm, seed, optimum, budget, args.workers,
                               args.replay_scale, args.max_wall_s)

@@ -23,6 +23,7 @@ from spica_pipeline.search.branch_plan import (
     branch_seed,
     candidate_builder,
     exhaustive_points,
+    local_designer,
     plan_branch,
     scorer,
     study_metrics,
@@ -178,9 +179,10 @@ def run_branch(
         sampler = StudySampler(None, plan.encoding)
         points = exhaustive_points(plan.encoding)
     else:
-        study = vizier.open_study(plan.encoding, study_metrics(config.goal), seed=branch_seed(config, mode),
+        seed = branch_seed(config, mode)
+        study = vizier.open_study(plan.encoding, study_metrics(config.goal), seed=seed,
                                   algorithm=config.sweep.algorithm)
-        sampler = StudySampler(study, plan.encoding)
+        sampler = StudySampler(study, plan.encoding, local_designer(config, plan.encoding, seed))
     build = candidate_builder(config, load_predictor, evaluation_context(config, load_predictor))
     return run_branch_study(
         mode, sampler, build, evaluate_wave, scorer(config.goal), study_settings(config, deadline),

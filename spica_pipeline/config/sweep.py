@@ -64,7 +64,8 @@ class SweepConfig(StrictModel):
     # Stop a branch when its first N trials all failed for the same reason (0: never).
     failure_breaker: NonNegInt = 5
     # Cost-aware asks: while model-based suggestions would take more than `optimizer_share` of a
-    # branch's wall time, fill asks from the quasi-random designer (recorded per trial).
+    # branch's wall time, fill asks from the cheap designers: the neighbourhood designer
+    # (search/neighbourhood.py), then quasi-random (recorded per trial).
     # predicted (default): judged from predicted seconds (search/cost.py), so the same seed gives
     # the same ledger; measured: from measured seconds (adapts to the machine, but two fresh runs
     # can differ); off (or optimizer_share: null): the configured algorithm answers every ask.

@@ -20,9 +20,10 @@ from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest
 from spica_pipeline.search.model_hw import latest_backend_version
 from spica_pipeline.search.sample import router_repeats_for, unroll_sample
 from spica_pipeline.search.shapes import ParallelConfig
-from spica_pipeline.search.study import HistoryItem, Proposal, Scored, StudySettings, selection_key
+from spica_pipeline.search.study import HistoryItem, KnownPoint, Proposal, Scored, StudySettings, selection_key
 
 if TYPE_CHECKING:
+    from spica_pipeline.search.neighbourhood import NeighbourhoodDesigner
     from spica_pipeline.search.load_predictor import LoadPredictorResult
 
 
@@ -122,11 +123,15 @@ class SuggestingStudy(Protocol):
 class StudySampler:
     """Study loop sampler over an optimizer study: suggest, then decode and project.
 
-    `study` is None for an exhaustive branch (only `propose` is used there)."""
+    `study` is None for an exhaustive branch (only `propose` is used there). `local`: the
+    cost-aware fill's neighbourhood designer (search/neighbourhood.py), asked before the
+    quasi-random fill; None: the fill is quasi-random only."""
 
-    def __init__(self, study: SuggestingStudy | None, encoding: SearchEncoding):
+    def __init__(self, study: SuggestingStudy | None, encoding: SearchEncoding,
+                 local: "NeighbourhoodDesigner | None" = None):
         self.study = study
         self.encoding = encoding
+        self.local = local
 
     def suggest(self, count: int, history: list[HistoryItem]) -> list[dict[str, Any]]:
         if self.study is None:
@@ -143,6 +148,14 @@ class StudySampler:
         items = [(h.parameters, h.metrics, h.infeasible_reason) for h in history]
         out = self.study.suggest(count, items, pending, algorithm="QUASI_RANDOM_SEARCH" if cheap else None)
         return [dict(p) for p in out], self.study.last_designer
+
+    def suggest_local(self, count: int, known: Sequence[KnownPoint], pending: Sequence[tuple[dict[str, Any], ParallelConfig]],
+                      taken: Collection[tuple[str, ParallelConfig]]) -> tuple[list[dict[str, Any]], str]:
+        """The cost-aware fill's local part: up to `count` unevaluated neighbours of the best
+        known trials (none without a local designer), and the designer's name."""
+        if self.local is None:
+            return [], ""
+        return self.local.suggest(count, known, pending, taken), self.local.name
 
     @property
     def designer(self) -> str:
@@ -207,6 +220,17 @@ def candidate_builder(config: SmartSearchConfig, load_predictor: "LoadPredictorR
     return build
 
 
+def local_designer(config: SmartSearchConfig, encoding: SearchEncoding,
+                   seed: int) -> "NeighbourhoodDesigner | None":
+    """The cost-aware fill's neighbourhood designer, for a model-based algorithm (whose asks the
+    fill replaces); None for the cheap designers, which answer every ask themselves."""
+    from spica_pipeline.search.neighbourhood import NeighbourhoodDesigner
+
+    if resolve_algorithm(config.sweep.algorithm) in MODEL_FREE_ALGORITHMS:
+        return None
+    return NeighbourhoodDesigner(encoding, study_metrics(config.goal), seed=seed)
+
+
 def study_metrics(goal: OptimizationGoal) -> list[tuple[str, str]]:
     """What the optimizer study maximises or minimises: the Pareto objectives, or the signed score."""
     if goal.is_pareto:
@@ -239,5 +263,5 @@ def scorer(goal: OptimizationGoal) -> Callable[[EvalOutcome], Scored]:
 
 __all__ = [
     "BranchPlan", "StudySampler", "SuggestingStudy", "branch_seed", "candidate_builder", "exhaustive_points",
-    "finite_points", "plan_branch", "propose", "scorer", "study_metrics", "study_settings",
+    "finite_points", "local_designer", "plan_branch", "propose", "scorer", "study_metrics", "study_settings",
 ]

@@ -64,6 +64,10 @@ class Sampler(Protocol):
     def propose(self, parameters: dict[str, Any], taken: Collection[tuple[str, ParallelConfig]] = ()) -> Proposal: ...
 
 
+# One trial a local (neighbourhood) fill learns from: (selection, parallel config, told metrics or None).
+KnownPoint = tuple[dict[str, Any], ParallelConfig, dict[str, float] | None]
+
+
 class Finished(Protocol):
     """One finished evaluation as `Backend.wait` hands it back (resources.pool's Completion)."""
 
@@ -318,29 +322,42 @@ class _BranchLoop:
             "branch": self.branch, "round": round_no, "ask": ask_no, "count": count,
             "history": [[h.parameters, h.metrics, h.infeasible_reason] for h in self.history],
         }))
-        suggestions, seconds, self.designer = self._ask(key, count, list(self.history), [], False)
+        suggestions, seconds, designers = self._ask(key, count, list(self.history), [], False)
+        self.designer = designers[0] if designers else ""
         return suggestions, seconds
 
     def _ask(self, key: str, count: int, history: list[HistoryItem], pending: list[dict[str, Any]],
-             cheap: bool) -> tuple[list[dict[str, Any]], float, str]:
-        """(suggestions, seconds, designer): journalled under `key`, so a resume reads back the
-        very answer (and designer) the interrupted run got."""
+             cheap: bool, local: Callable[[int], tuple[list[dict[str, Any]], str]] | None = None,
+             ) -> tuple[list[dict[str, Any]], float, list[str]]:
+        """(suggestions, seconds, designer of each): journalled under `key`, so a resume reads back
+        the very answer (and designers) the interrupted run got. `local(count)`, when given, answers
+        first (the cost-aware fill's neighbourhood designer); the sampler fills the rest, told the
+        local proposals as pending."""
         cached = self.journal.get_suggestions(key)
         if cached is not None:
             if cached and not all(set(e) == {"designer", "parameters"} for e in cached):
-                return [dict(e) for e in cached], 0.0, ""  # a journal written before designers were recorded
-            return [e["parameters"] for e in cached], 0.0, (cached[0]["designer"] if cached else "")
+                return [dict(e) for e in cached], 0.0, [""] * len(cached)  # written before designers were recorded
+            return [e["parameters"] for e in cached], 0.0, [e["designer"] for e in cached]
         start = time.perf_counter()
-        ask = getattr(self.sampler, "suggest_pending", None)
-        if ask is not None:
-            suggestions, designer = ask(count, history, pending, cheap)
-        else:
-            suggestions, designer = self.sampler.suggest(count, history), getattr(self.sampler, "designer", "sampler")
-        suggestions = [dict(p) for p in suggestions]
+        suggestions: list[dict[str, Any]] = []
+        designers: list[str] = []
+        if local is not None:
+            near, name = local(count)
+            suggestions, designers = [dict(p) for p in near[:count]], [name] * min(count, len(near))
+        rest = count - len(suggestions)
+        if rest > 0:
+            ask = getattr(self.sampler, "suggest_pending", None)
+            if ask is not None:
+                more, designer = ask(rest, history, pending + suggestions, cheap)
+            else:
+                more, designer = self.sampler.suggest(rest, history), getattr(self.sampler, "designer", "sampler")
+            suggestions += [dict(p) for p in more]
+            designers += [designer] * len(more)
         seconds = time.perf_counter() - start
-        self.journal.put_suggestions(key, [{"designer": designer, "parameters": p} for p in suggestions], seconds)
+        self.journal.put_suggestions(key, [{"designer": d, "parameters": p} for d, p in zip(designers, suggestions)],
+                                     seconds)
         self.result.optimizer_seconds += seconds
-        return suggestions, seconds, designer
+        return suggestions, seconds, designers
 
     def _new_record(self, round_no: int, source: str, proposal: Proposal, opt_share: float,
                     designer: str) -> tuple[TrialRecord, EvalRequest | None]:
@@ -502,6 +519,7 @@ class _Slot:
     """One trial of the asynchronous driver, in trial order."""
 
     rec: TrialRecord
+    config: ParallelConfig | None = None  # the parallel config it evaluates (None: an unsupported proposal)
     done: bool = False
     primary: int | None = None  # index of the slot whose outcome this duplicate copies
 
@@ -517,7 +535,9 @@ class _AsyncDriver:
     Records are emitted in trial order as soon as every earlier trial is resolved.
 
     Cost-aware asks: while model-based suggest time would exceed `optimizer_share` of the branch's
-    wall time, asks are filled from the sampler's cheap designer. By default ("predicted") both
+    wall time, asks are filled from the sampler's cheap designers: its local (neighbourhood)
+    designer first when it has one (`suggest_local`, told only the trials the ask's history holds),
+    then quasi-random for the rest of the batch. By default ("predicted") both
     times are predictions (search/cost.py) from positions, history sizes and a fixed per-trial
     replay estimate, never from a clock, so the choice is a function of the seed and the outcomes;
     "measured" compares measured seconds instead. The choice is recorded on each trial
@@ -595,9 +615,10 @@ class _AsyncDriver:
             "history": [[h.parameters, h.metrics, h.infeasible_reason] for h in history],
             "pending": pending,
         }))
+        local = self._local(need) if cheap else None
         t0 = st.clock()
-        suggestions, seconds, designer = loop._ask(key, count, history, pending, cheap)
-        if designer not in _CHEAP_DESIGNERS:
+        suggestions, seconds, designers = loop._ask(key, count, history, pending, cheap, local)
+        if not cheap and any(d not in _CHEAP_DESIGNERS for d in designers):
             self.predicted_model_s += ask_s  # journal hit or not: the prediction is the same
             if seconds:  # a fresh model-based ask (not a journal hit)
                 self.model_seconds += st.clock() - t0
@@ -605,8 +626,28 @@ class _AsyncDriver:
             return False
         self.asks += 1
         share = seconds / len(suggestions)
-        self.queue = [(p, designer, share) for p in suggestions]
+        self.queue = [(p, d, share) for p, d in zip(suggestions, designers)]
         return True
+
+    def _local(self, known: int) -> Callable[[int], tuple[list[dict[str, Any]], str]] | None:
+        """The cost-aware fill's local designer, when the sampler has one (`suggest_local`): it
+        learns from the first `known` trials (those the ask's history holds: never a trial that
+        merely happened to finish early, so the answer does not depend on timing) and avoids
+        every point already proposed (history and pending)."""
+        ask = getattr(self.loop.sampler, "suggest_local", None)
+        if ask is None:
+            return None
+        points: list[KnownPoint] = []
+        pending: list[tuple[dict[str, Any], ParallelConfig]] = []
+        for index, slot in enumerate(self.slots):
+            if slot.config is None or slot.rec.selection is None:
+                continue
+            if index < known:
+                points.append((slot.rec.selection, slot.config, slot.rec.told_metrics))
+            else:
+                pending.append((slot.rec.selection, slot.config))
+        taken = frozenset(self.loop.taken)
+        return lambda count: ask(count, points, pending, taken)
 
     def _cheap(self, known: int, trials_after: int, ask_s: float) -> bool:
         """Whether the next ask goes to the cheap designer (see the class docstring). "predicted":
@@ -635,7 +676,7 @@ class _AsyncDriver:
             loop.taken.add(point_key(proposal.selection, proposal.parallel_config))
         rec, request = loop._new_record(self.asks, source, proposal, share, designer)
         index = len(self.slots)
-        slot = _Slot(rec)
+        slot = _Slot(rec, proposal.parallel_config if proposal.supported else None)
         self.slots.append(slot)
         if request is None:  # unsupported or build failure: decided, and counted
             slot.done = True
@@ -731,6 +772,6 @@ def _reason_class(reason: str) -> str:
 
 
 __all__ = [
-    "BranchOutcome", "HistoryItem", "Journal", "MemoryJournal", "Proposal", "Sampler", "Scored",
+    "BranchOutcome", "HistoryItem", "Journal", "KnownPoint", "MemoryJournal", "Proposal", "Sampler", "Scored",
     "StudySettings", "TrialCounter", "point_key", "run_branch_study", "selection_key",
 ]

@@ -1,0 +1,260 @@
+"""The cost-aware fill's neighbourhood designer (search/neighbourhood.py), alone and in the study loop.
+
+Fakes: `FakeStudy` stands in for the Vizier study (a seeded pick of unseen points, named like the
+quasi-random designer), `SimBackend` (test_async_dispatch) for the evaluation backend; the designer,
+the sampler and the study loop are the real ones."""
+
+import random
+
+import pytest
+from branch_stub import Branch
+from test_async_dispatch import SimBackend
+
+from spica_pipeline.search.branch_plan import StudySampler, SuggestingStudy, propose
+from spica_pipeline.search.encoding import build_encoding, enumerate_space
+from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest
+from spica_pipeline.search.ledger import content_view
+from spica_pipeline.search.neighbourhood import NEIGHBOURHOOD, NeighbourhoodDesigner, config_steps, crowding
+from spica_pipeline.search.shapes import RoleShape
+from spica_pipeline.search.study import MemoryJournal, Scored, StudySettings, point_key, run_branch_study
+
+POOL = tuple([RoleShape(tp=1, replicas=r) for r in range(1, 9)] + [RoleShape(tp=2, replicas=r) for r in range(1, 5)]
+             + [RoleShape(tp=4, replicas=1), RoleShape(tp=4, replicas=2), RoleShape(tp=8, replicas=1)])
+ENCODING = build_encoding(Branch("agg", POOL, (("vllm",),) * len(POOL),
+                                 {"backend": ["vllm"], "agg_max_num_seqs": [256, 512, 1024],
+                                  "agg_max_num_batched_tokens": [8192, 16384]}, 8))
+SPACE = list(enumerate_space(ENCODING))  # 15 configs x 6 knob pairs = 90 points
+SCALAR = [("objective", "max")]
+PARETO = [("throughput", "max"), ("speed", "max")]
+
+
+def objective(selection, config):
+    """A single peak at tp2 x3 (6 GPUs), whatever the batched tokens (an inert knob)."""
+    return 100.0 - 10 * abs(config.used_gpus - 6) - 15 * abs(config.tp - 2) + selection["agg_max_num_seqs"] / 1024
+
+
+def pareto_metrics(selection, config):
+    """Throughput grows with GPUs, per-user speed falls with them (and grows with tp): a front."""
+    return {"throughput": float(config.used_gpus * 10 + config.tp + selection["agg_max_num_seqs"] / 1024),
+            "speed": float(100 / config.used_gpus + 2 * config.tp)}
+
+
+def known(points, metrics=lambda s, c: {"objective": objective(s, c)}):
+    return [(s, c, metrics(s, c)) for s, c in points]
+
+
+def keys(points):
+    return {point_key(s, c) for s, c in points}
+
+
+def landed(parameters, taken=()):
+    p = propose(ENCODING, parameters, taken)
+    return p.selection, p.parallel_config
+
+
+def test_the_designer_is_deterministic_and_ignores_nothing_it_is_told():
+    rng = random.Random(3)
+    seen = rng.sample(SPACE, 10)
+    a = NeighbourhoodDesigner(ENCODING, SCALAR, seed=7).suggest(8, known(seen[:8]), seen[8:], keys(seen))
+    b = NeighbourhoodDesigner(ENCODING, SCALAR, seed=7).suggest(8, known(seen[:8]), seen[8:], keys(seen))
+    assert a == b and len(a) == 7  # trials 11-18: one (trial 16) left to quasi-random exploration
+    designer = NeighbourhoodDesigner(ENCODING, SCALAR, seed=7)
+    assert [designer.local_count(4, p) for p in range(0, 16, 4)] == [4, 3, 4, 3]  # one in eight explores
+
+
+@pytest.mark.parametrize("metrics", [SCALAR, PARETO])
+def test_it_never_proposes_a_taken_or_pending_point_nor_one_twice(metrics):
+    fn = pareto_metrics if metrics is PARETO else (lambda s, c: {"objective": objective(s, c)})
+    rng = random.Random(5)
+    for _ in range(20):
+        seen = rng.sample(SPACE, rng.randrange(3, 60))
+        cut = rng.randrange(1, len(seen))
+        out = NeighbourhoodDesigner(ENCODING, metrics, seed=1).suggest(12, known(seen[:cut], fn), seen[cut:],
+                                                                       keys(seen))
+        points = [landed(p) for p in out]
+        assert not keys(points) & keys(seen)
+        assert len(keys(points)) == len(points)
+
+
+def test_a_scalar_goal_steps_from_the_incumbent_and_the_runner_up_in_turn():
+    incumbent = ({"deployment_mode": "agg", "backend": "vllm", "agg_max_num_seqs": 512,
+                  "agg_max_num_batched_tokens": 8192}, RoleShape(tp=2, replicas=2))
+    worse = ({**incumbent[0], "agg_max_num_seqs": 256}, RoleShape(tp=8, replicas=1))
+    out = NeighbourhoodDesigner(ENCODING, SCALAR, seed=0, explore_share=0).suggest(
+        4, known([worse, incumbent]), [], keys([worse, incumbent]))
+
+    def steps(anchor, point):
+        knobs = ("agg_max_num_seqs", "agg_max_num_batched_tokens")
+        return config_steps(anchor[1], point[1]) + sum(point[0][k] != anchor[0][k] for k in knobs)
+
+    assert [steps(incumbent, p) for p in map(landed, out[0::2])] == [1, 1]  # best first
+    assert [steps(worse, p) for p in map(landed, out[1::2])] == [1, 1]
+
+
+def test_a_knob_that_changed_nothing_is_stepped_last():
+    base = {"deployment_mode": "agg", "backend": "vllm", "agg_max_num_seqs": 512}
+    seen = [({**base, "agg_max_num_batched_tokens": t}, RoleShape(tp=2, replicas=2)) for t in (8192, 16384)]
+    designer = NeighbourhoodDesigner(ENCODING, SCALAR, seed=0, explore_share=0)
+    rows = designer._rows(known(seen))
+    assert designer.inert_knobs(rows) == {"agg_max_num_batched_tokens"}
+    out = [landed(p) for p in designer.suggest(6, known(seen), [], keys(seen))]
+
+    def alike(point):  # the point but for the inert knob
+        return point_key({k: v for k, v in point[0].items() if k != "agg_max_num_batched_tokens"}, point[1])
+
+    # new points first: none equal to a seen one (or to another proposal) but for the inert knob
+    assert len({alike(p) for p in out} | {alike(seen[0])}) == len(out) + 1
+
+
+def test_pareto_anchors_are_the_front_with_its_ends_first():
+    seen = [({"deployment_mode": "agg", "backend": "vllm", "agg_max_num_seqs": 512,
+              "agg_max_num_batched_tokens": 8192}, c) for c in POOL]
+    anchors = NeighbourhoodDesigner(ENCODING, PARETO, seed=0).anchors(known(seen, pareto_metrics))
+    values = [pareto_metrics(s, c) for s, c in anchors]
+    every = [pareto_metrics(s, c) for s, c in seen]
+    assert len(values) >= 4
+    for v in values:  # non-dominated
+        assert not any(o["throughput"] >= v["throughput"] and o["speed"] >= v["speed"] and o != v for o in every)
+    assert {values[0]["throughput"], values[1]["throughput"]} == {min(v["throughput"] for v in values),
+                                                                  max(v["throughput"] for v in values)}
+    assert crowding([(1.0, 3.0), (2.0, 2.0), (3.0, 1.0)]) == [float("inf"), 2.0, float("inf")]
+
+
+def test_no_feasible_trial_or_an_exhausted_neighbourhood_gives_nothing():
+    designer = NeighbourhoodDesigner(ENCODING, SCALAR, seed=0)
+    assert designer.suggest(4, [(s, c, None) for s, c in SPACE[:5]], [], keys(SPACE[:5])) == []
+    assert designer.suggest(4, known(SPACE), [], keys(SPACE)) == []
+
+
+# --------------------------------------------------------------------------------------------
+# in the study loop
+# --------------------------------------------------------------------------------------------
+
+class FakeStudy(SuggestingStudy):
+    """A seeded pick of points not yet in history or pending (position-seeded, stateless)."""
+
+    def __init__(self, seed=0):
+        self.seed = seed
+        self.last_designer = ""
+
+    def suggest(self, count, history=(), pending=(), algorithm=None):
+        seen = [p for p, _, _ in history] + [dict(p) for p in pending]
+        rng = random.Random(self.seed * 7919 + len(seen))
+        order = list(range(len(SPACE)))
+        rng.shuffle(order)
+        out = []
+        for i in order:
+            params = ENCODING.encode(*SPACE[i])
+            if params not in seen and params not in out:
+                out.append(params)
+            if len(out) == count:
+                break
+        self.last_designer = "QUASI_RANDOM_SEARCH" if (algorithm or not history) else "DEFAULT"
+        return out
+
+
+def build(selection, config):
+    sample = {**selection, **config.to_dict(), "used_gpus": config.used_gpus}
+    return EvalRequest(sample=sample, workload={"isl": 100}, goal={"target": "throughput"})
+
+
+def outcome(sample):
+    config = RoleShape(tp=sample["tp"], replicas=sample["replicas"])
+    value = objective({"agg_max_num_seqs": sample["agg_max_num_seqs"]}, config)
+    return EvalOutcome("feasible", report={"objective": value, "agg_max_num_seqs": sample["agg_max_num_seqs"]},
+                       replay_seconds=0.01)
+
+
+def score(result):
+    value = float(result.report["objective"])
+    return Scored(score=value, objectives=None, told_metrics={"objective": value})
+
+
+class Backend(SimBackend):
+    def __init__(self, duration=lambda sample: 1.0, kill_after=None):
+        super().__init__(2, duration=duration, outcome=outcome, kill_after=kill_after)
+
+
+def sweep(backend, seed=0, local=True, journal=None, rounds=6):
+    sampler = StudySampler(FakeStudy(seed), ENCODING,
+                           NeighbourhoodDesigner(ENCODING, SCALAR, seed=seed) if local else None)
+    settings = StudySettings(per_round=4, max_rounds=rounds, workers=2, replay_estimate_s=0.01)
+    return run_branch_study("agg", sampler, build, None, score, settings, journal=journal, backend=backend)
+
+
+def rows(result):
+    return [content_view(r.to_row()) for r in result.records]
+
+
+def test_the_fill_records_its_designer_on_every_trial_and_never_repeats_a_point():
+    result = sweep(Backend())
+    designers = [r.designer for r in result.records]
+    assert designers[:8] == ["QUASI_RANDOM_SEARCH"] * 8  # seeding: no outcome known yet
+    assert NEIGHBOURHOOD in designers and designers.count(NEIGHBOURHOOD) >= 12
+    assert all(d in (NEIGHBOURHOOD, "QUASI_RANDOM_SEARCH") for d in designers)
+    assert len({r.spec_hash for r in result.records}) == len(result.records) == 24
+    plain = sweep(Backend(), local=False)
+    assert {r.designer for r in plain.records} == {"QUASI_RANDOM_SEARCH"}
+
+
+def test_a_seeded_sweep_gives_the_same_ledger_whatever_the_timings():
+    fast_first = Backend(duration=lambda s: 1.0 + s["replicas"] % 3)
+    slow_first = Backend(duration=lambda s: 5.0 - s["replicas"] % 3)
+    a, b = sweep(fast_first, seed=3), sweep(slow_first, seed=3)
+    assert fast_first.completed != slow_first.completed
+    assert rows(a) == rows(b)
+
+
+@pytest.mark.parametrize("kill_after", [3, 10, 17])
+def test_kill_then_resume_gives_an_equal_ledger(kill_after):
+    clean = sweep(Backend(), seed=2)
+    journal = MemoryJournal()
+    with pytest.raises(KeyboardInterrupt):
+        sweep(Backend(kill_after=kill_after), seed=2, journal=journal)
+    assert rows(sweep(Backend(), seed=2, journal=journal)) == rows(clean)
+
+
+def test_an_exhausted_neighbourhood_falls_back_to_the_quasi_random_fill():
+    # the designer alone answers nothing once every neighbour is taken (see above); in the loop the
+    # quasi-random fill then covers the rest, and the sweep ends when the space is used up
+    result = sweep(Backend(), rounds=30)  # 120 asks for a 90-point space
+    assert len(result.records) == len({r.spec_hash for r in result.records}) == len(SPACE)
+    exhausted = sweep(Backend(), rounds=30, local=False)
+    assert len(exhausted.records) == len(SPACE)
+
+
+class OneNeighbour(NeighbourhoodDesigner):
+    """A neighbourhood with room for one point per ask (what an almost used-up one answers)."""
+
+    def suggest(self, count, known, pending, taken):
+        return super().suggest(count, known, pending, taken)[:1]
+
+
+def test_a_short_local_answer_is_filled_quasi_randomly_and_each_trial_names_its_designer():
+    sampler = StudySampler(FakeStudy(1), ENCODING, OneNeighbour(ENCODING, SCALAR, seed=1))
+    settings = StudySettings(per_round=4, max_rounds=5, workers=2, replay_estimate_s=0.01)
+    result = run_branch_study("agg", sampler, build, None, score, settings, backend=Backend())
+    designers = [r.designer for r in result.records]
+    assert designers[8:] == [NEIGHBOURHOOD, "QUASI_RANDOM_SEARCH", "QUASI_RANDOM_SEARCH", "QUASI_RANDOM_SEARCH"] * 3
+    assert len({r.spec_hash for r in result.records}) == 20  # the fill was told the local point as pending
+
+
+def test_the_incumbent_improves_on_the_plain_fill():
+    best = max(objective(s, c) for s, c in SPACE)
+
+    def evals_to_best(result):
+        return next(i for i, r in enumerate(result.records, 1) if r.score == best)
+
+    local = [evals_to_best(sweep(Backend(), seed=s, rounds=23)) for s in range(6)]
+    plain = [evals_to_best(sweep(Backend(), seed=s, local=False, rounds=23)) for s in range(6)]
+    assert sum(local) < sum(plain)
+
+
+def test_only_a_model_based_algorithm_gets_the_local_fill():
+    from test_config import build as config
+
+    from spica_pipeline.search.branch_plan import local_designer
+
+    assert local_designer(config(), ENCODING, 0) is not None  # DEFAULT: GP-UCB-PE, filled when it costs too much
+    for algorithm in ("RANDOM_SEARCH", "QUASI_RANDOM_SEARCH"):
+        assert local_designer(config(sweep={"algorithm": algorithm}), ENCODING, 0) is None
