@@ -21,8 +21,16 @@ Here the sampler and projection compare by shape bucket (one instance per bucket
 one jitted pure-JAX L-BFGS-B over all restarts, and padding and joins run in numpy. A process
 compiles each program once per shape bucket and reuses it across suggestions, rounds, branches
 and batches; history is still replayed statelessly, so determinism and resume are unchanged.
-Two objectives: GP-UCB-PE stays unpadded (padding changed its multi-metric acquisition values
-here), so each trial count still compiles its own programs.
+Two objectives are padded too: Vizier's multi-task ARD loss ignored the padding mask (padded NaN
+rows entered the likelihood, which is why padding once changed the suggestions); the masked loss
+here equals the unpadded one (tests/test_vizier_padding.py), so two objectives also compile once
+per bucket instead of once per trial count.
+Past 32 trials (2026-12-04, bench/results/vizier_after_first.json): the cost was not recompiles
+but (a) scipy's OpenBLAS spinning its threads on the busy 2-core box inside JAX's CPU Cholesky and
+triangular solves (117 ms instead of 0.18 ms for a 128x128 float64 Cholesky), now pinned to one
+thread during a GP suggest, and (b) GP-UCB-PE's pure-exploration score recomputing its UCB
+threshold (a GP prediction at every trial, O(n^3)) in every acquisition-optimiser step, now once
+per optimisation.
 `Study.suggest_async` runs the next ask on a background thread while the current batch replays.
 
 vizier and jax are imported lazily: importing this module must not start JAX or set JAX_PLATFORMS.
@@ -129,7 +137,8 @@ class VizierClient(dg.ConfigurableResource):
     trial_padding: bool = True
     min_padded_trials: int = 32
     # Pad multi-objective GP-UCB-PE as well (else every trial count compiles its own programs).
-    pad_multi_objective: bool = False
+    # Needs compile_once + jit_ard: Vizier's multi-task ARD loss does not mask padded rows, ours does.
+    pad_multi_objective: bool = True
     # Drop every compiled program before each GP suggest. Off: with `compile_once` the programs
     # are reused, not re-made per call, so memory stays flat (bench_vizier --after-first --rss-suggests).
     clear_jax_cache: bool = False
@@ -325,7 +334,9 @@ class Study:
         kw: dict[str, Any] = {"rng": rng, "ard_random_restarts": c.ard_random_restarts, "ard_optimizer": ard}
         # Stock GP-UCB-PE refuses trial padding for multi-objective problems; the floor schedule
         # keeps an empty history unpadded (what its check tests) and padded rows are masked.
-        if c.trial_padding and not (multi and algo == "DEFAULT" and not c.pad_multi_objective):
+        # Several metrics: padded only with the masked multi-task ARD loss (jit_ard), see _masked_loss.
+        pad_multi = c.pad_multi_objective and c.compile_once and c.jit_ard
+        if c.trial_padding and not (multi and algo == "DEFAULT" and not pad_multi):
             kw["padding_schedule"] = _floor_padding(c.min_padded_trials, numpy=c.compile_once)
         if algo == "DEFAULT":
             eagle = gp_ucb_pe.VizierGPUCBPEBandit.default_eagle_config
