@@ -314,7 +314,8 @@ def apply_profile(records: list[dict[str, Any]], profile: dict[str, Any]) -> Non
             continue
         cal = calibration.calibrate({"mean_ttft_ms": raw["ttft"], "mean_tpot_ms": raw["tpot"]},
                                     profile, system=rec["system"], backend=rec["backend"],
-                                    concurrency={p: calibration.engine_concurrency(rec, p) for p in ("ttft", "tpot")})
+                                    concurrency={p: calibration.engine_concurrency(rec, p) for p in ("ttft", "tpot")},
+                                    isl=rec.get("isl"), osl=rec.get("osl"))
         rec["calibrated"] = {"ttft": cal.get("calibrated_mean_ttft_ms"), "tpot": cal.get("calibrated_mean_tpot_ms")}
         rec["band"] = {}
         for metric in ("ttft", "tpot"):
@@ -414,7 +415,8 @@ def print_report(name: str, rep: dict[str, Any]) -> None:
 
 
 def select(mapped: list, *, split: str, models: list[str] | None, systems: list[str] | None,
-           quick: bool, max_rows: int | None, ids: list[str] | None = None) -> list[silicon.SiliconCase]:
+           quick: bool, max_rows: int | None, ids: list[str] | None = None, skip_rows: int = 0,
+           max_concurrency: int | None = None) -> list[silicon.SiliconCase]:
     cases = [m for m in mapped if isinstance(m, silicon.SiliconCase)]
     if ids:
         cases = [c for c in cases if c.row.id in ids]
@@ -430,6 +432,9 @@ def select(mapped: list, *, split: str, models: list[str] | None, systems: list[
         cases.sort(key=lambda c: _stable(c.row.id))  # a --max-rows prefix is a random sample
     if max_rows is not None:
         cases = cases[:max_rows]
+    cases = cases[skip_rows:]
+    if max_concurrency is not None:  # replay cost grows with concurrency (a c=7168 row takes minutes)
+        cases = [c for c in cases if (c.row.concurrency or 0) <= max_concurrency]
     return cases
 
 
@@ -442,7 +447,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
     systems = [s.strip() for s in args.systems.split(",")] if args.systems else None
     ids = [i.strip() for i in args.ids.split(",")] if args.ids else None
     cases = select(mapped, split=args.split, models=models, systems=systems, quick=args.quick,
-                   max_rows=args.max_rows, ids=ids)
+                   max_rows=args.max_rows, ids=ids, skip_rows=args.skip_rows, max_concurrency=args.max_concurrency)
     evaluator = ReplayEvaluator(cache_dir=args.cache_dir)
     records: list[dict[str, Any]] = []
     started = time.perf_counter()
@@ -460,6 +465,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             "client": args.client,
             "client_gap_cycles": args.client_gap_cycles,
             "replays_from": args.from_json,
+            "calibration_profile": args.fit_calibration or args.calibration,
             "quick": bool(args.quick),
             "partial": partial,
             "wall_seconds": round(time.perf_counter() - started, 1),
@@ -467,10 +473,14 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             "records": records,
         }
 
-    if args.from_json:  # re-fit / re-apply a profile to the replays of an earlier run (no replay here)
-        previous = json.loads(Path(args.from_json).read_text())["records"]
-        wanted = {c.row.id for c in cases}
-        records.extend(r for r in previous if r["id"] in wanted)
+    if args.from_json:  # re-fit / re-apply a profile to the replays of earlier runs (no replay here)
+        previous: dict[str, dict[str, Any]] = {}
+        for path in args.from_json.split(","):  # several files: their records joined, the first wins
+            for r in json.loads(Path(path).read_text())["records"]:
+                previous.setdefault(r["id"], r)
+        # in the selection's order, without the calibrated values of whatever profile the file had
+        records.extend({k: v for k, v in previous[c.row.id].items() if k not in ("calibrated", "band")}
+                       for c in cases if c.row.id in previous)
         cases = []
     for i, case in enumerate(cases, 1):
         version = latest_backend_version(case.row.system, case.row.backend)
@@ -488,7 +498,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
               f"ttft {ours.get('ttft') or float('nan'):.1f}/{case.row.ttft_ms:.1f} "
               f"tpot {ours.get('tpot') or float('nan'):.2f}/{case.row.tpot_ms:.2f} ms "
               f"({rec['replay_seconds']:.1f}s)", flush=True)
-        if args.json and i % 50 == 0 and i < len(cases):  # a killed long run keeps what it measured
+        if args.json and i % 10 == 0 and i < len(cases):  # a killed long run keeps what it measured
             write_json(args.json, result(partial=True))
     profile = None
     if args.fit_calibration:
@@ -498,18 +508,20 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         cal_records = [{**r, "ours": r["sweep"]} for r in records
                        if r["split"] == "calibration" and (r.get("sweep") or {}).get("ttft")]
         profile = calibration.fit(cal_records, fitted=time.strftime("%Y-%m-%d", time.gmtime()),
-                                  source="bench/bench_fidelity.py " + " ".join(sys.argv[1:] if argv is None else argv))
+                                  source="bench/bench_fidelity.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                                  method=calibration.CHOSEN)
         profile["provenance"] = {
             "split": "calibration", "models": sorted({r["model"] for r in cal_records}),
             "replay": "the sweep measurement of each row (ramped closed-loop clients, steady-state window, "
                       "search/measurement.py), i.e. what the profile corrects in a sweep",
             "silicon_csv": "aiconfigurator_core/systems/silicon_sample.csv",
             "aiconfigurator_core": _version("aiconfigurator-core"), "ai_dynamo_runtime": _version("ai-dynamo-runtime"),
-            "results": args.json,
+            "results": args.json, "replays": args.from_json,
+            "method_choice": "leave-one-model-out on the calibration split only (bench_fidelity.py --compare-methods)",
         }
         write_json(args.fit_calibration, profile)
         print(f"wrote calibration profile {args.fit_calibration} ({len(profile['rows_used'])} calibration rows)")
-        lomo = leave_one_model_out(cal_records)
+        lomo = leave_one_model_out(cal_records, calibration.CHOSEN)
     elif args.calibration != "none":
         from spica_pipeline.resources.calibration import load_profile
 
@@ -518,7 +530,12 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         apply_profile(records, profile)
     final = result(partial=False)
     final["calibration"] = ({"fitted": profile["fitted"], "rows_used": len(profile["rows_used"]),
+                             "format": profile["format"], "method": profile.get("method_name", "v2"),
+                             "profile": args.fit_calibration or args.calibration,
                              "in_sample_split": "calibration"} if profile else None)
+    if args.compare_methods:
+        final["method_comparison"] = compare_methods([{**r, "ours": r["sweep"]} for r in records
+                                                      if r["split"] == "calibration" and (r.get("sweep") or {}).get("ttft")])
     if args.fit_calibration:
         final["calibration"]["leave_one_model_out"] = lomo
         print(f"leave-one-model-out calibrated ({lomo['rows']} rows): "
@@ -526,7 +543,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
     return final
 
 
-def leave_one_model_out(records: list[dict[str, Any]]) -> dict[str, Any]:
+def leave_one_model_out(records: list[dict[str, Any]], method=None, lomo_bands: bool = True) -> dict[str, Any]:
     """Calibrated errors on each calibration model with a profile fitted without it: the
     calibration split's own estimate of how the profile does on a model it never saw."""
     import copy
@@ -539,9 +556,48 @@ def leave_one_model_out(records: list[dict[str, Any]]) -> dict[str, Any]:
         test = [copy.deepcopy(r) for r in records if r["model"] == model]
         if not train or not test:
             continue
-        apply_profile(test, calibration.fit(train, fitted="lomo", source="lomo"))
+        # lomo_bands: the held-out model's band coverage as the shipped profile's bands are built
+        # (themselves leave-one-model-out); off for the method comparison, which reads only errors
+        apply_profile(test, calibration.fit(train, fitted="lomo", source="lomo", method=method, lomo_bands=lomo_bands))
         scored += test
     return {"rows": len(scored), "calibrated": summarise(scored)["calibrated"], "band_coverage": band_coverage(scored)}
+
+
+# the issue's targets for one phase: (MdAPE, P90); a variant's score is the sum of its leave-one-model-out
+# MdAPE and P90 each divided by its target (distance to the targets, in target units; lower is better)
+TARGETS = {"ttft": (0.20, 0.50), "tpot": (0.10, 0.50)}
+
+
+def compare_methods(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every per-phase variant (calibration.phase_options) scored by leave-one-model-out error on the
+    calibration split only; each phase's choice is the lowest score (ties: earlier variant). The
+    phases are fitted independently, so one comparison per phase option serves both phases."""
+    from spica_pipeline.search import calibration
+
+    held = sorted({r["id"] for r in records if r.get("split") != "calibration"})
+    if held:
+        raise SystemExit(f"--compare-methods uses calibration rows only; got held-out {held[:3]}")
+    rows: list[dict[str, Any]] = []
+    for option in calibration.phase_options():
+        stats = leave_one_model_out(records, calibration.Method(option.label(), option, option),
+                                    lomo_bands=False)["calibrated"]
+        row: dict[str, Any] = {"variant": option.label(), "option": vars(option)}
+        for phase, (t_md, t_p90) in TARGETS.items():
+            st = stats[phase]
+            row[phase] = {**st, "score": round(st["mdape"] / t_md + st["p90"] / t_p90, 4)}
+        rows.append(row)
+        print(f"   {row['variant']:28s} TTFT {_fmt(row['ttft'])} score {row['ttft']['score']:.2f} | "
+              f"TPOT {_fmt(row['tpot'])} score {row['tpot']['score']:.2f}", flush=True)
+    chosen = {phase: min(rows, key=lambda r: r[phase]["score"])["variant"] for phase in TARGETS}
+    shipped = {phase: calibration.CHOSEN.phase(phase).label() for phase in TARGETS}
+    print(f"   chosen by leave-one-model-out score: TTFT {chosen['ttft']}, TPOT {chosen['tpot']}; "
+          f"search/calibration.py CHOSEN ({calibration.CHOSEN.name}): TTFT {shipped['ttft']}, TPOT {shipped['tpot']}"
+          + ("" if shipped == chosen else "  <- differs"))
+    return {"rows": len({r['id'] for r in records}), "models": sorted({r["model"] for r in records}),
+            "shipped": shipped, "shipped_is_chosen": shipped == chosen,
+            "rule": "per phase: min over variants of LOMO MdAPE/target + LOMO P90/target "
+                    "(targets TTFT 20 %/50 %, TPOT 10 %/50 %); calibration split only",
+            "variants": rows, "chosen": chosen}
 
 
 def write_json(path: str, data: dict[str, Any]) -> None:
@@ -566,11 +622,15 @@ RAMP_REQUEST_RATIO = 6.0
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--split", choices=("calibration", "heldout", "all"), default="all")
+    ap.add_argument("--split", choices=("calibration", "heldout", "all"), default=None,
+                    help="default all (--recalibrate: the split of the file's records when they have one)")
     ap.add_argument("--models", help="comma-separated silicon or AIC model names")
     ap.add_argument("--systems", help="comma-separated systems, e.g. h200_sxm,b200_sxm")
     ap.add_argument("--max-rows", type=int, default=None)
     ap.add_argument("--ids", help="comma-separated silicon row ids (reproduce single rows)")
+    ap.add_argument("--skip-rows", type=int, default=0,
+                    help="leave out the first N rows of the --max-rows prefix (extend an earlier run)")
+    ap.add_argument("--max-concurrency", type=int, default=None, help="leave out rows above this concurrency")
     ap.add_argument("--quick", action="store_true", help="stratified subset, a few minutes on 2 cores")
     ap.add_argument("--json", "--out", dest="json", help="write the result JSON here (--out: run_all.py's name)")
     ap.add_argument("--client", choices=("together", "ramp"), default="together",
@@ -594,11 +654,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cache-dir", default=None, help="timing/KV cache (default $SPICA_CACHE_DIR)")
     ap.add_argument("--calibration", default="auto",
                     help="profile to report calibrated errors with: auto (the packaged one), none, or a path")
-    ap.add_argument("--from-json", metavar="PATH",
-                    help="reuse the replays of an earlier result file (re-fit/re-apply calibration only)")
+    ap.add_argument("--from-json", metavar="PATH[,PATH]",
+                    help="reuse the replays of earlier result files (re-fit/re-apply calibration only)")
+    ap.add_argument("--recalibrate", metavar="RESULTS",
+                    help="recompute the calibrated numbers of a stored result file (no replay): "
+                         "--from-json RESULTS with --profile/--calibration applied to all its records")
+    ap.add_argument("--profile", metavar="PATH", help="with --recalibrate: the profile (auto, none or a path)")
+    ap.add_argument("--compare-methods", action="store_true",
+                    help="score every calibration variant by leave-one-model-out error on the calibration "
+                         "split's records (calibration.phase_options) and report the choice")
     ap.add_argument("--fit-calibration", metavar="PATH",
                     help="fit a profile on this run's calibration-split rows, write it to PATH and apply it")
     args = ap.parse_args(argv)
+    if args.recalibrate:
+        args.from_json = args.recalibrate
+        if args.profile:
+            args.calibration = args.profile
+        if args.split is None:
+            splits = {r.get("split") for r in json.loads(Path(args.recalibrate).read_text())["records"]}
+            args.split = splits.pop() if len(splits) == 1 else "all"
+    if args.split is None:
+        args.split = "all"
     if args.request_ratio is None:
         args.request_ratio = CLIENT_REQUEST_RATIO if args.client == "together" else RAMP_REQUEST_RATIO
     return args

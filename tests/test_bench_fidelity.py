@@ -35,3 +35,42 @@ def test_three_silicon_rows(tmp_path):
             assert set(stats) >= {"mdape", "p90", "bias"}
             assert all(math.isfinite(stats[k]) for k in ("mdape", "p90", "bias")), (side, metric, stats)
     assert {r["id"] for r in data["records"]} == set(ROWS)
+
+
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+PROFILES = Path(__file__).resolve().parents[1] / "spica_pipeline" / "calibration"
+
+
+def test_recalibrate_reproduces_a_stored_result_without_replaying(tmp_path):
+    """--recalibrate: the calibrated numbers of a stored result recomputed from its records."""
+    import bench_fidelity
+
+    stored = json.loads((RESULTS / "fidelity_heldout.json").read_text())  # written with replay-v2.json
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps({"records": stored["records"][:12]}))
+    out = tmp_path / "re.json"
+    assert bench_fidelity.main(["--recalibrate", str(small), "--profile", str(PROFILES / "replay-v2.json"),
+                                "--json", str(out)]) == 0
+    again = {r["id"]: r for r in json.loads(out.read_text())["records"]}
+    assert len(again) == 12 and json.loads(out.read_text())["splits"].keys() == {"heldout"}
+    for r in stored["records"][:12]:
+        for metric in ("ttft", "tpot"):
+            assert again[r["id"]]["calibrated"][metric] == pytest.approx(r["calibrated"][metric], rel=1e-9)
+    # calibration none: no stale calibrated values from the file's profile
+    assert bench_fidelity.main(["--recalibrate", str(small), "--profile", "none", "--json", str(out)]) == 0
+    assert not any("calibrated" in r for r in json.loads(out.read_text())["records"])
+
+
+def test_compare_methods_scores_every_variant_on_calibration_rows(tmp_path):
+    import bench_fidelity
+
+    from spica_pipeline.search import calibration
+
+    records = [{**r, "ours": r["sweep"]} for r in json.loads((RESULTS / "fidelity_calibration.json").read_text())["records"]
+               if (r.get("sweep") or {}).get("ttft")][:80]
+    result = bench_fidelity.compare_methods(records)
+    assert len(result["variants"]) == len(calibration.phase_options())
+    assert set(result["chosen"]) == {"ttft", "tpot"}
+    assert all(math.isfinite(v[p]["score"]) for v in result["variants"] for p in ("ttft", "tpot"))
+    with pytest.raises(SystemExit, match="held-out"):
+        bench_fidelity.compare_methods([{**records[0], "split": "heldout"}, *records[1:]])

@@ -18,8 +18,12 @@ def record(i, system="h200_sxm", backend="vllm", c=8, ttft_ratio=2.0, tpot_ratio
             "silicon": {"ttft": 100.0 * ttft_ratio * (1 + 0.01 * (i % 5)), "tpot": 10.0 * tpot_ratio}}
 
 
+# a fixed method (slices in both phases), so these tests do not move with the shipped choice (cal.CHOSEN)
+SLICED = cal.Method("test", cal.PhaseMethod(1.0), cal.PhaseMethod(1.0))
+
+
 def profile(records=None):
-    return cal.fit(records or [record(i) for i in range(10)], fitted="2026-12-04", source="test")
+    return cal.fit(records or [record(i) for i in range(10)], fitted="2026-12-04", source="test", method=SLICED)
 
 
 def test_fit_recovers_a_slice_factor_and_records_provenance():
@@ -28,7 +32,8 @@ def test_fit_recovers_a_slice_factor_and_records_provenance():
     assert s["rows"] == 10 and s["factor"] == pytest.approx(2.04, rel=0.02)
     assert p["slices"]["h200_sxm/vllm/tpot"]["factor"] == pytest.approx(0.5, rel=0.01)
     assert p["rows_used"] == sorted(f"r{i}" for i in range(10)) and p["fitted"] == "2026-12-04"
-    assert p["method"] == cal.METHOD and cal.validate(json.loads(json.dumps(p)))
+    assert p["method"] == SLICED.describe() and p["format"] == cal.PROFILE_FORMAT
+    assert cal.validate(json.loads(json.dumps(p)))
 
 
 def test_fit_refuses_held_out_rows():
@@ -39,10 +44,70 @@ def test_fit_refuses_held_out_rows():
 def test_load_slope_follows_concurrency():
     rows = [record(i, c=c, ttft_ratio=1.0 + math.log2(c) * 0.5) for i, c in enumerate([1, 2, 4, 8, 16, 32, 64] * 2)]
     p = profile(rows)
-    assert p["load_slope"]["ttft"] > 0.1 and abs(p["load_slope"]["tpot"]) < 1e-9
+    (load,) = [t for t in p["terms"]["ttft"] if t["feature"] == cal.LOAD]
+    assert load["fitted"] > 0.1 and abs(p["terms"]["tpot"][0]["fitted"]) < 1e-9
     lo = cal.lookup(p, "h200_sxm", "vllm", "ttft", 1)["factor"]
     hi = cal.lookup(p, "h200_sxm", "vllm", "ttft", 64)["factor"]
     assert hi > 2 * lo
+
+
+def test_slope_shrink_is_applied_as_recorded():
+    """format 2 applies exp(m + s b x) with the s it records (format 1 applied s = ln 2 unsaid)."""
+    rows = [record(i, c=c, ttft_ratio=2.0 ** (0.3 * math.log2(c))) for i, c in enumerate([1, 2, 4, 8, 16, 32, 64] * 2)]
+    for s in (0.0, 0.5, 1.0):
+        method = cal.Method("t", cal.PhaseMethod(s), cal.PhaseMethod(s))
+        p = cal.fit(rows, fitted="d", source="t", method=method)
+        (load,) = p["terms"]["ttft"]
+        assert load["coefficient"] == pytest.approx(s * load["fitted"], abs=1e-6)
+        f1 = cal.lookup(p, "h200_sxm", "vllm", "ttft", 1)["factor"]
+        f64 = cal.lookup(p, "h200_sxm", "vllm", "ttft", 64)["factor"]
+        assert f64 / f1 == pytest.approx(math.exp(load["coefficient"] * 6), rel=1e-6)
+
+
+def test_extra_feature_term_and_its_centre_when_the_feature_is_unknown():
+    rows = [{**record(i), "isl": isl, "silicon": {"ttft": 100.0 * (8192 / isl) ** 0.5, "tpot": 5.0}}
+            for i, isl in enumerate([1024, 2048, 4096, 8192] * 3)]
+    method = cal.Method("isl", cal.PhaseMethod(0.0, extra="log2_isl"), cal.PhaseMethod(0.0))
+    p = cal.fit(rows, fitted="d", source="t", method=method)
+    short = cal.lookup(p, "h200_sxm", "vllm", "ttft", 8, isl=1024)["factor"]
+    long = cal.lookup(p, "h200_sxm", "vllm", "ttft", 8, isl=8192)["factor"]
+    unknown = cal.lookup(p, "h200_sxm", "vllm", "ttft", 8)["factor"]
+    assert short == pytest.approx(long * 8 ** 0.5, rel=0.05) and long < unknown < short
+
+
+def test_format_1_profiles_still_load_and_apply_as_they_did(tmp_path):
+    """replay-v2.json (format 1) keeps working: exp(m) c^b, exactly as v2 was applied."""
+    from pathlib import Path
+
+    v2_path = Path(loader.PACKAGED).with_name("replay-v2.json")
+    v2, _ = loader.load_profile(str(v2_path))
+    assert v2["format"] == 1
+    m = v2["slices"]["h200_sxm/vllm/ttft"]["factor"]
+    b = v2["load_slope"]["ttft"]
+    assert cal.lookup(v2, "h200_sxm", "vllm", "ttft", 16)["factor"] == pytest.approx(m * 16 ** b)
+    # the same numbers from the v2 method refitted in format 2 (s = ln 2)
+    rows = [record(i, c=c, ttft_ratio=1.0 + 0.2 * math.log2(c)) for i, c in enumerate([1, 4, 16, 64] * 3)]
+    old = cal.fit(rows, fitted="d", source="t", method=cal.V2_AS_APPLIED)
+    (load,) = old["terms"]["ttft"]
+    assert cal.lookup(old, "h200_sxm", "vllm", "ttft", 16)["factor"] == pytest.approx(
+        old["slices"]["h200_sxm/vllm/ttft"]["factor"] * 16 ** load["fitted"], rel=1e-5)
+
+
+def test_validate_names_a_bad_term():
+    p = json.loads(json.dumps(profile()))
+    p["terms"]["ttft"] = [{"feature": "log2_moon_phase", "coefficient": 1.0, "centre": 0.0}]
+    with pytest.raises(cal.ProfileError, match=r"terms.ttft\[0\]"):
+        cal.validate(p)
+
+
+def test_backend_only_phase_offsets_are_not_fallbacks():
+    method = cal.Method("b", cal.PhaseMethod(1.0, slices=False), cal.PhaseMethod(1.0))
+    p = cal.fit([record(i) for i in range(6)], fitted="d", source="t", method=method)
+    assert not any(k.endswith("/ttft") for k in p["slices"])
+    looked = cal.lookup(p, "h200_sxm", "vllm", "ttft", 8)
+    assert looked["source"] == "backend" and looked["factor"] == pytest.approx(2.04, rel=0.03)
+    out = cal.calibrate({"mean_ttft_ms": 1.0}, p, system="h200_sxm", backend="vllm", concurrency=8)
+    assert out["calibration_fallback"] == 0.0
 
 
 def test_unknown_slice_falls_back_with_a_wider_band():
@@ -71,17 +136,22 @@ def test_calibrate_puts_calibrated_and_bands_beside_raw():
 
 
 def test_the_packaged_profile_is_valid_and_fitted_on_calibration_rows_only():
-    from spica_pipeline.search.silicon import CALIBRATION_MODELS  # noqa: F401  (the rule the fit enforces)
+    from spica_pipeline.search.silicon import CALIBRATION_MODELS
 
     p, digest = loader.load_profile("auto")
     assert p["format"] == cal.PROFILE_FORMAT and digest and p["rows_used"]
     assert set(p["phase"]) == set(cal.PHASES)
+    # the packaged profile is the shipped method's fit (bench_fidelity.py --fit-calibration)
+    assert p["method_name"] == cal.CHOSEN.name and p["method"] == cal.METHOD
+    assert p["provenance"]["split"] == "calibration" and set(p["provenance"]["models"]) <= set(CALIBRATION_MODELS)
 
 
 @pytest.mark.parametrize("content,why", [
     (None, "cannot read"),
     ("{not json", "not a valid calibration profile"),
     (json.dumps({"format": 99}), "not a valid calibration profile"),
+    (json.dumps({"format": 2, "slices": {}, "backend": {}, "phase": {}, "rows_used": [], "method": "m", "fitted": "d"}),
+     "missing key 'terms'"),
 ])
 def test_missing_or_corrupt_profile_is_a_config_error_naming_the_path(tmp_path, content, why):
     path = tmp_path / "profile.json"
@@ -137,3 +207,78 @@ def test_bands_reach_candidates_csv_report_and_deploy_output():
     raw = Candidate.from_report({"used_gpus": 2}, {"mean_ttft_ms": 1.0}, "throughput", branch="agg")
     assert "bands_p10_p90" not in deployment_dict(raw, 1, target="throughput")["expected"]
     assert _bands(raw, "throughput") == ["–", "–", "–"]
+
+
+def _requests(n=10, ttft=100.0, itl=10.0, osl=11):
+    """Closed-loop-like per-request records inside a [0, 10 000] ms window."""
+    out = []
+    for i in range(n):
+        start = 1000.0 + 500.0 * i
+        end = start + ttft + itl * (osl - 1)
+        out.append({"arrival_time_ms": start, "ttft_ms": ttft + 10.0 * i, "itl_ms": itl, "output_length": osl,
+                    "first_token_ms": start + ttft + 10.0 * i, "terminal_time_ms": end, "e2e_latency_ms": end - start})
+    return out
+
+
+def test_goal_metrics_are_calibrated_from_the_phases():
+    p = profile()  # TTFT x ~2.04, TPOT x 0.5 on h200/vllm
+    report = {"mean_ttft_ms": 100.0, "mean_tpot_ms": 10.0, "mean_e2e_latency_ms": 200.0, "p90_e2e_latency_ms": 300.0,
+              "output_throughput_tok_s": 1000.0, "request_throughput_rps": 10.0}
+    closed = cal.calibrate(report, p, system="h200_sxm", backend="vllm", concurrency=8, closed_loop=True)
+    f_ttft, f_tpot = closed["calibration_factor_ttft"], closed["calibration_factor_tpot"]
+    e2e = 100.0 * f_ttft + 100.0 * f_tpot
+    assert closed["calibrated_mean_e2e_latency_ms"] == pytest.approx(e2e)
+    assert closed["calibrated_p90_e2e_latency_ms"] == pytest.approx(300.0 * e2e / 200.0)
+    assert closed["calibrated_output_throughput_tok_s"] == pytest.approx(1000.0 * 200.0 / e2e)
+    assert closed["calibrated_request_throughput_rps"] == pytest.approx(10.0 * 200.0 / e2e)
+    opened = cal.calibrate(report, p, system="h200_sxm", backend="vllm", concurrency=8, closed_loop=False)
+    assert opened["calibrated_output_throughput_tok_s"] == 1000.0  # arrivals are fixed in an open loop
+
+
+def test_calibrated_goodput_retests_each_request_against_the_sla():
+    from spica_pipeline.config.goal import GOODPUT_KEY
+
+    p = profile()  # TTFT x ~2.04: requests with raw TTFT 100-190 ms all pass 250 ms raw, few calibrated
+    report = {"mean_ttft_ms": 145.0, "mean_tpot_ms": 10.0, "mean_e2e_latency_ms": 245.0,
+              "output_throughput_tok_s": 1000.0, "window_start_ms": 0.0, "window_end_ms": 10_000.0}
+    out = cal.calibrate(report, p, system="h200_sxm", backend="vllm", concurrency=8, closed_loop=True,
+                        per_request=_requests(), sla={"ttft_ms": 250.0})
+    f = out["calibration_factor_ttft"]
+    meets = sum(1 for r in _requests() if r["ttft_ms"] * f <= 250.0)
+    assert 0 < meets < 10
+    assert out["calibrated_goodput_completed_requests"] == meets
+    assert out["calibrated_sla_token_share"] == pytest.approx(meets / 10)
+    assert out[f"calibrated_{GOODPUT_KEY}"] == pytest.approx(out["calibrated_output_throughput_tok_s"] * meets / 10)
+    # no SLA or no per-request data: no calibrated goodput (ranking falls back to the raw key)
+    assert f"calibrated_{GOODPUT_KEY}" not in cal.calibrate(report, p, system="h200_sxm", backend="vllm",
+                                                             concurrency=8, closed_loop=True)
+
+
+@pytest.mark.integration
+def test_a_calibrated_sweep_ranks_on_calibrated_goodput_and_says_so(tmp_path):
+    """evaluation.calibration auto (the default): the goal value is the calibrated one, the raw one
+    stays beside it in the ledger, and report.md says which numbers ranked."""
+    import os
+
+    import pandas as pd
+    import yaml
+
+    config = {
+        "search_space": {"model_name": "Qwen/Qwen3-32B", "hardware_sku": "h200_sxm", "gpu_budget": 2,
+                         "deployment_mode": ["agg"], "backend": ["vllm"], "router_mode": ["round_robin"],
+                         "planner_scaling_policy": ["disabled"], "agg_max_num_seqs": [256],
+                         "agg_max_num_batched_tokens": [8192]},
+        "workload": {"isl": 512, "osl": 32, "concurrency": 8, "num_request_ratio": 4},
+        "goal": {"target": "goodput", "sla": {"ttft_ms": 400.0, "itl_ms": 40.0}},
+        "sweep": {"max_rounds": 1, "candidates_per_round": 3, "parallel_evals": 1},
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "spica_pipeline", "sweep", "--config", str(path), "--output-dir",
+                           str(out)], capture_output=True, text=True, timeout=300, env={**os.environ, "DYN_LOG": "warn"})
+    assert proc.returncode == 0, proc.stderr
+    candidates = pd.read_parquet(out / "candidates.parquet")
+    assert list(candidates["score"]) == pytest.approx(list(candidates["calibrated_goodput_output_throughput_tok_s"]))
+    assert (candidates["goodput_output_throughput_tok_s"] != candidates["score"]).any()  # raw beside it
+    assert "Ranked on **calibrated** numbers" in (out / "report.md").read_text()

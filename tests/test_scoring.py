@@ -255,3 +255,42 @@ def test_hypervolume_empty_and_bad_directions():
         scoring.hypervolume([(1, 2)], ["up", "max"])
     with pytest.raises(ValueError, match="reference"):
         scoring.hypervolume([(1, 2)], ["max", "max"], reference=(0,))
+
+
+# ---- picks on calibrated numbers (evaluation.calibration) -------------------------------------------
+
+
+def test_ranking_reads_calibrated_goal_metrics_when_present():
+    """With a calibration profile the report carries calibrated_<key>; picks rank on it, raw stays beside."""
+    from spica_pipeline.search import scoring
+
+    fast_raw = {"output_throughput_tok_s": 1000.0, "calibrated_output_throughput_tok_s": 600.0}
+    slow_raw = {"output_throughput_tok_s": 900.0, "calibrated_output_throughput_tok_s": 800.0}
+    assert scoring.ranked_value(fast_raw, "output_throughput_tok_s") == 600.0
+    assert scoring.objective_value("throughput", fast_raw) == 600.0
+    a = scoring.Candidate.from_report({"used_gpus": 1}, fast_raw, "throughput", branch="a")
+    b = scoring.Candidate.from_report({"used_gpus": 1}, slow_raw, "throughput", branch="b")
+    assert [c.branch for c in scoring.rank([a, b])] == ["b", "a"]
+    assert a.metrics["output_throughput_tok_s"] == 1000.0  # raw kept beside
+    assert scoring.ranked_on(a.metrics, "throughput") == "calibrated"
+    # calibration none: no calibrated keys, raw ranks as before
+    raw_a = scoring.Candidate.from_report({"used_gpus": 1}, {"output_throughput_tok_s": 1000.0}, "throughput")
+    raw_b = scoring.Candidate.from_report({"used_gpus": 1}, {"output_throughput_tok_s": 900.0}, "throughput")
+    assert scoring.rank([raw_b, raw_a])[0] is raw_a and scoring.ranked_on(raw_a.metrics, "throughput") == "raw"
+
+
+def test_minimised_and_pareto_goals_and_the_sla_gate_use_calibrated_values():
+    from spica_pipeline.search import scoring
+
+    report = {"mean_e2e_latency_ms": 100.0, "calibrated_mean_e2e_latency_ms": 180.0,
+              "mean_output_token_throughput_per_user": 50.0, "calibrated_mean_output_token_throughput_per_user": 40.0,
+              "output_throughput_tok_s": 10.0, "calibrated_output_throughput_tok_s": 8.0,
+              "gpu_hours": 1.0, "duration_ms": 3_600_000.0,
+              "p90_ttft_ms": 100.0, "calibrated_p90_ttft_ms": 300.0}
+    assert scoring.score("e2e_latency", report) == -180.0
+    vec = scoring.objective_vector(["throughput_per_user", "throughput_per_gpu"], report)
+    assert vec == {"throughput_per_user": 40.0, "throughput_per_gpu": 8.0}
+    assert scoring.ranked_on(report, "pareto", ["throughput_per_user", "throughput_per_gpu"]) == "calibrated"
+    passes, why = scoring.sla_gate(report, {"ttft_ms": 200.0}, "strict")
+    assert not passes and "p90_ttft_ms" in why
+    assert scoring.sla_gate({"p90_ttft_ms": 100.0}, {"ttft_ms": 200.0}, "strict") == (True, None)

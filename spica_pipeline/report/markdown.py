@@ -11,6 +11,7 @@ from spica_pipeline.report.merge import MergeResult
 from spica_pipeline.report.tables import (
     candidate_bands, describe_candidate, fmt_value, goal_value, plot_axes, router_spread_pct, sla_attainment,
 )
+from spica_pipeline.search import scoring
 
 TOP_RANKED = 10
 
@@ -96,11 +97,24 @@ def _fidelity_lines(ranked: list[tuple[Any, Any]]) -> list[str]:
 def _sla_answer(c: Any, goal_summary: Mapping[str, Any]) -> str:
     """The SLA question for one candidate: share of requests within it, p90 TTFT and ITL (replayed)."""
     sla = {k: v for k, v in dict(goal_summary.get("sla") or {}).items() if v is not None}
-    tails = f"p90 TTFT {_num(c.metrics.get('p90_ttft_ms'))} ms, p90 ITL {_num(c.metrics.get('p90_itl_ms'))} ms"
+    m = c.metrics
+    tails = f"p90 TTFT {_num(m.get('p90_ttft_ms'))} ms, p90 ITL {_num(m.get('p90_itl_ms'))} ms"
+    if m.get("calibrated_p90_ttft_ms") is not None:
+        tails += (f" (calibrated: {_num(m.get('calibrated_p90_ttft_ms'))} ms, "
+                  f"{_num(m.get('calibrated_p90_itl_ms'))} ms)")
     if not sla:
         return f"Latency: {tails} (no goal.sla set, so no share of requests within an SLA)."
     limits = ", ".join(f"{k.removesuffix('_ms')} <= {v:g} ms" for k, v in sla.items())
     return f"SLA ({limits}): {_pct(sla_attainment(c))} of completed requests met it; {tails}."
+
+
+def _ranked_on(c: Any, target: str, objectives: Any) -> str:
+    """Which numbers ranked the picks (search/scoring.ranked_value)."""
+    if scoring.ranked_on(c.metrics, target, objectives or None) == "calibrated":
+        return ("Ranked on **calibrated** numbers: the goal value, the SLA gate and goodput use the replay "
+                "corrected by the calibration profile (`evaluation.calibration`, docs/fidelity.md); the raw "
+                "replayed values stay beside them in the ledger and candidates.csv (keys without `calibrated_`).")
+    return "Ranked on **raw** replayed numbers (`evaluation.calibration: none`)."
 
 
 def _seconds(ledger: pd.DataFrame, col: str) -> dict[str, float]:
@@ -148,7 +162,8 @@ def render_report(
     if best is None:
         lines += ["No feasible candidate (check backends, SLA, gpu_budget and the failure reasons above).", ""]
     else:
-        lines += [describe_candidate(best, merge.target, merge.objectives), "", _sla_answer(best, goal_summary), ""]
+        lines += [describe_candidate(best, merge.target, merge.objectives), "", _sla_answer(best, goal_summary), "",
+                  _ranked_on(best, merge.target, merge.objectives), ""]
         if merge.is_pareto and rec is not None:
             lines += [f"Picked by the rule **{rec[1]}**; it is rank 1 (`deploy/1/`). A front has no single "
                       "best point: every point below trades one objective for another.", ""]

@@ -27,8 +27,10 @@ SPREAD_METRICS = ("output_throughput_tok_s", "goodput_output_throughput_tok_s", 
 
 
 def sla_attainment(c: Candidate) -> float | None:
-    """Share of completed requests that met the SLA (replay's goodput count); None without an SLA."""
-    done, good = c.metrics.get("completed_requests"), c.metrics.get("goodput_completed_requests")
+    """Share of completed requests that met the SLA (replay's goodput count, at calibrated latencies
+    when a calibration profile was on); None without an SLA."""
+    done = c.metrics.get("completed_requests")
+    good = c.metrics.get("calibrated_goodput_completed_requests", c.metrics.get("goodput_completed_requests"))
     if done is None or good is None or done <= 0:
         return None
     return float(good) / float(done)

@@ -163,7 +163,6 @@ class ReplayEvaluator(dg.ConfigurableResource, Evaluator):
         report, spread = summarise_repeats(summaries)
         if ticks:
             report["planner_total_ticks"] = statistics.fmean(ticks)
-        _calibrate(report, request, derived)
         outcome = EvalOutcome("feasible", report=report, spread=spread, derived=derived,
                               replay_seconds=replay_seconds, repeats=len(summaries))
 
@@ -220,11 +219,15 @@ class ReplayEvaluator(dg.ConfigurableResource, Evaluator):
         if per_request:  # measured like a benchmark client: the steady-state window (search/measurement.py)
             summary = measurement.windowed_summary(summary, per_request, call.derived.get("window_rule"),
                                                    request.goal.sla_thresholds())
+        # per repeat, because calibrated goodput re-tests each request's latencies against the SLA
+        _calibrate(summary, request, call.derived, per_request or None)
         return summary, (counter.ticks if counter is not None else None)
 
 
-def _calibrate(report: dict[str, Any], request: EvalRequest, derived: dict[str, Any]) -> None:
-    """Add calibrated metrics and P10-P90 bands beside the raw ones (request.context["calibration"]).
+def _calibrate(report: dict[str, Any], request: EvalRequest, derived: dict[str, Any],
+               per_request: list[dict[str, Any]] | None = None) -> None:
+    """Add calibrated metrics and P10-P90 bands beside the raw ones (request.context["calibration"]);
+    with a profile, picks rank on the calibrated goal metrics (search/scoring.ranked_value).
 
     The profile was validated when the sweep built its context, so a failure here is a bug, not a
     bad candidate: it propagates (and is recorded as an internal error by the caller's contract).
@@ -241,6 +244,7 @@ def _calibrate(report: dict[str, Any], request: EvalRequest, derived: dict[str, 
         return
     sample = request.sample
     concurrency = derived.get("concurrency") or sample.get("concurrency")
+    closed_loop = concurrency is not None
     if concurrency is None and report.get("request_throughput_rps") and report.get("mean_e2e_latency_ms"):
         # open loop / trace: Little's law gives the mean number of requests in flight
         concurrency = report["request_throughput_rps"] * report["mean_e2e_latency_ms"] / 1000.0
@@ -249,8 +253,12 @@ def _calibrate(report: dict[str, Any], request: EvalRequest, derived: dict[str, 
         role = "agg" if sample.get("deployment_mode") == "agg" else role
         engines[phase] = float(concurrency or 1) / max(1, role_replicas(sample, role) or 1)
     widen = 1.5 if derived.get("fidelity_note") else 1.0  # a perf-data fallback was used: less certain
+    workload = request.workload or {}
     report.update(calibration.calibrate(report, profile, system=sample["hardware_sku"], backend=sample["backend"],
-                                        concurrency=engines, extra_widen=widen))
+                                        concurrency=engines, extra_widen=widen,
+                                        isl=workload.get("isl"), osl=workload.get("osl"),
+                                        closed_loop=closed_loop, per_request=per_request,
+                                        sla=request.goal.sla_thresholds()))
 
 
 def _rebuild_evaluator(cls: type, fields: dict[str, Any]) -> "ReplayEvaluator":

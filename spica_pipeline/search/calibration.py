@@ -1,20 +1,27 @@
 """Calibration profiles and error bands: the replay's TTFT/TPOT against real GPU measurements.
 
-Method (fitted by `bench/bench_fidelity.py --fit-calibration`, calibration split only):
+Method (fitted by `bench/bench_fidelity.py --fit-calibration`, calibration split only; the variant
+is a `Method`, chosen between candidates only by leave-one-model-out error on the calibration split,
+`bench_fidelity.py --compare-methods`):
 
 * A row's residual is r = ln(silicon / replayed) for its mean TTFT and mean TPOT.
-* Residuals trend with load (TTFT: x1.5 at c <= 16, x2.5 at c 32-64, x6 at 256 on the calibration
-  sample; what a steady-state step model misses is queueing and burstiness in real clients), so
-  each phase first gets one load slope b: the Theil-Sen (median pairwise) slope of r over
-  log2(concurrency per engine), fitted on all calibration rows of that phase.
-* Then one multiplicative offset per (system, backend, phase): m = median of r - b x log2(c) of
-  the slice, shrunk towards its parent (backend, phase), itself shrunk towards (phase):
-  m = (n x median + K x parent) / (n + K), K = 3. The correction is exp(m) x c^b.
-  Why this and not a richer regression: what remains after the measurement fixes is dominated by
-  per-system/backend offsets (perf-database gaps, engine overheads the step model omits) and that
-  one load trend; medians are robust to the rows where the model is far off, and shrinkage keeps a
-  slice with two rows from swinging. Nothing is fitted per model, so held-out models are scored by
-  factors they never influenced.
+* Residuals trend with load (what a steady-state step model misses is queueing and burstiness in
+  real clients), so each phase first gets one load slope b: the Theil-Sen (median pairwise) slope
+  of r over x = log2(concurrency per engine), fitted on all calibration rows of that phase.
+  Optionally a second Theil-Sen slope on another feature (log2 ISL / OSL) of the detrended residuals.
+* Then one multiplicative offset per (system, backend, phase): m = median over models of per-model
+  medians of r - b x, shrunk towards its parent (backend, phase), itself shrunk towards (phase):
+  m = (n x median + K x parent) / (n + K), K = 3, n = models in the slice.
+* The correction applied is exp(m + s b x): the offsets are anchored at one request per engine and
+  the applied load slope is s x the fitted one (s <= 1 shrinks it: the pooled slope mixes
+  between-model differences into the load trend). Format 1 profiles (replay-v1/v2) applied
+  exp(m) c^b = exp(m + ln2 b x), i.e. s = ln 2 without saying so; format 2 records s.
+  Why this and not a richer regression: log-linear ridge/Huber fits on load, ISL, OSL, mode,
+  backend, system class, MoE and precision, and an additive queueing-wait model, all lost to it
+  in leave-one-model-out error on the calibration split (docs/fidelity.md): with six calibration
+  models, model-level features overfit; medians are robust to rows where the replay is far off,
+  and shrinkage keeps a slice with two rows from swinging. Nothing is fitted per model, so
+  held-out models are scored by factors they never influenced.
 * A band is the P10-P90 of the calibrated residuals ln(silicon / (replayed x factor)) of the
   slice, each row scored by a profile fitted without its own model (leave-one-model-out: the
   profile is used on unseen models), its parent's when the slice has fewer than MIN_BAND_ROWS rows, widened by
@@ -28,19 +35,72 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeGuard
 
-from spica_pipeline.search.measurement import quantile
+from spica_pipeline.config.goal import GOODPUT_KEY
+from spica_pipeline.search.measurement import quantile, sla_token_share
 
-PROFILE_FORMAT = 1
+PROFILE_FORMAT = 2  # what fit writes
+READABLE_FORMATS = (1, 2)  # 1: replay-v1/v2 (load slope applied as c^b); 2: explicit terms
 PHASES = ("ttft", "tpot")
 SHRINK_K = 3.0
 MIN_BAND_ROWS = 5
 FALLBACK_WIDEN = 1.5
-METHOD = ("r = ln(silicon/replayed); per phase a Theil-Sen slope b of r on log2(concurrency per engine); per "
-          "(system, backend, phase) m = median(r - b log2 c) shrunk to (backend, phase) then (phase) with K=3 "
-          "pseudo-rows; m = median over models of per-model medians; correction exp(m) c^b; band = P10-P90 of "
-          "leave-one-model-out calibrated residuals, widened sqrt(1+K/n), x1.5 for a slice without rows")
+LOAD = "log2_concurrency_per_engine"
+FEATURES = (LOAD, "log2_isl", "log2_osl")
+
+
+@dataclass(frozen=True)
+class PhaseMethod:
+    """How one phase is fitted. slope_shrink: s (applied load slope = s x fitted; 0 = no load term);
+    extra: a second feature (or None); slices: per-(system, backend) offsets, else the backend level."""
+
+    slope_shrink: float = 1.0
+    extra: str | None = None
+    slices: bool = True
+    centred: bool = False  # anchor the load term at the rows' median load instead of one request per engine
+
+    def label(self) -> str:
+        return (f"s={self.slope_shrink:.3g}" + (" centred" if self.centred else "")
+                + (f" +{self.extra}" if self.extra else "") + ("" if self.slices else " backend-only"))
+
+
+@dataclass(frozen=True)
+class Method:
+    """One variant of the fit, per phase (the phases are fitted independently)."""
+
+    name: str
+    ttft: PhaseMethod = PhaseMethod()
+    tpot: PhaseMethod = PhaseMethod()
+
+    def phase(self, phase: str) -> PhaseMethod:
+        return self.ttft if phase == "ttft" else self.tpot
+
+    def describe(self) -> str:
+        return (f"{self.name} (TTFT {self.ttft.label()}; TPOT {self.tpot.label()}): r = ln(silicon/replayed); per "
+                "phase a Theil-Sen slope b of r on x = log2(concurrency per engine) [then a Theil-Sen slope of r - b x "
+                "on the extra feature]; per (system, backend, phase) [backend-only: per (backend, phase)] m = median over "
+                "models of per-model medians of the detrended r, shrunk to (backend, phase) then (phase) with K=3 "
+                "pseudo-models; correction exp(m + s b x [+ extra term]); band = P10-P90 of leave-one-model-out "
+                "calibrated residuals, widened sqrt(1+K/n), x1.5 for a slice without rows")
+
+
+def phase_options() -> tuple[PhaseMethod, ...]:
+    """The per-phase variants compared (each phase's choice is independent of the other's)."""
+    return (*(PhaseMethod(s) for s in (0.0, 0.25, 0.5, math.log(2), 0.75, 1.0)),
+            *(PhaseMethod(s, centred=True) for s in (0.0, 0.25, 0.5, 0.75)),
+            PhaseMethod(math.log(2), slices=False), PhaseMethod(1.0, slices=False),
+            *(PhaseMethod(s, extra=e) for s in (math.log(2), 1.0) for e in ("log2_isl", "log2_osl")))
+
+
+# The v2 method as it was applied (s = ln 2 in both phases, see above).
+V2_AS_APPLIED = Method("v2-as-applied", PhaseMethod(math.log(2)), PhaseMethod(math.log(2)))
+# replay-v3: chosen per phase by leave-one-model-out error on the calibration split only (465 rows of
+# 6 models, bench_fidelity.py --compare-methods, 2026-12-04; docs/fidelity.md): TTFT keeps the
+# (system, backend) slices with a quarter of the fitted load slope, TPOT the backend level with ln 2 of it
+CHOSEN = Method("v3", PhaseMethod(0.25), PhaseMethod(math.log(2), slices=False))
+METHOD = CHOSEN.describe()
 
 # report key -> (phase, exponent): calibrated = raw x factor**exponent
 CALIBRATED_KEYS: dict[str, tuple[str, int]] = {
@@ -49,6 +109,10 @@ CALIBRATED_KEYS: dict[str, tuple[str, int]] = {
     "mean_itl_ms": ("tpot", 1), "p90_itl_ms": ("tpot", 1),
     "mean_output_token_throughput_per_user": ("tpot", -1),
 }
+# goal metrics calibrated from the phases (calibrate: ranking reads them, search/scoring.ranked_value)
+GOAL_KEYS: tuple[str, ...] = ("mean_e2e_latency_ms", "p90_e2e_latency_ms", "output_throughput_tok_s",
+                              "request_throughput_rps", GOODPUT_KEY, "goodput_completed_requests",
+                              "sla_token_share")
 # goal metric -> the phase whose band bounds it and the direction it moves (time-like +1, rate-like -1)
 GOAL_PHASE: dict[str, tuple[str, int]] = {
     "throughput": ("tpot", -1), "throughput_per_gpu": ("tpot", -1), "throughput_per_user": ("tpot", -1),
@@ -60,6 +124,7 @@ GOAL_PHASE: dict[str, tuple[str, int]] = {
 # what a calibrated report adds (copied into Candidate.metrics so tables and deploy output see it)
 REPORT_KEYS: tuple[str, ...] = (
     *(f"calibrated_{k}" for k in CALIBRATED_KEYS),
+    *(f"calibrated_{k}" for k in GOAL_KEYS),
     *(f"{stem}_{p}{tail}" for p in PHASES for stem, tail in (("band", "_lo"), ("band", "_hi"), ("band", "_rows"),
                                                               ("calibration_factor", ""))),
     "calibration_fallback",
@@ -107,6 +172,16 @@ def load_x(concurrency_per_engine: float | None) -> float:
     return math.log2(max(1.0, float(c)))
 
 
+def features(concurrency_per_engine: float | None, isl: float | None = None,
+             osl: float | None = None) -> dict[str, float]:
+    """The named inputs a profile's terms read (a missing ISL/OSL is left out: the term uses its centre)."""
+    out = {LOAD: load_x(concurrency_per_engine)}
+    for name, v in (("log2_isl", isl), ("log2_osl", osl)):
+        if v is not None and v > 0 and math.isfinite(v):
+            out[name] = math.log2(float(v))
+    return out
+
+
 def engine_concurrency(record: Mapping[str, Any], phase: str) -> float:
     """A bench record's concurrency per engine of the role that serves the phase."""
     shape = record.get("shape") or {}
@@ -115,8 +190,12 @@ def engine_concurrency(record: Mapping[str, Any], phase: str) -> float:
     return float(record.get("concurrency") or 1) / float(workers)
 
 
+def record_features(record: Mapping[str, Any], phase: str) -> dict[str, float]:
+    return features(engine_concurrency(record, phase), record.get("isl"), record.get("osl"))
+
+
 def residual_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Bench records -> {id, system, backend, phase, x, residual} for rows with both numbers positive."""
+    """Bench records -> {id, model, system, backend, phase, x (features), residual} for rows with both numbers positive."""
     out = []
     for r in records:
         ours, silicon = r.get("ours") or {}, r.get("silicon") or {}
@@ -124,8 +203,7 @@ def residual_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
             o, s = ours.get(phase), silicon.get(phase)
             if o and s and o > 0 and s > 0 and math.isfinite(o) and math.isfinite(s):
                 out.append({"id": r["id"], "model": r.get("model"), "system": r["system"], "backend": r["backend"],
-                            "phase": phase,
-                            "split": r.get("split"), "x": load_x(engine_concurrency(r, phase)),
+                            "phase": phase, "split": r.get("split"), "x": record_features(r, phase),
                             "residual": math.log(s / o)})
     return out
 
@@ -137,13 +215,37 @@ def theil_sen(xs: list[float], ys: list[float]) -> float:
     return statistics.median(slopes) if slopes else 0.0
 
 
-def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, lomo_bands: bool = True) -> dict[str, Any]:
-    """A profile (JSON-able) from calibration-split bench records; refuses held-out rows.
+def _terms(rows: list[dict[str, Any]], method: Method) -> dict[str, list[dict[str, Any]]]:
+    """Per phase the fitted slopes (load, then the optional extra feature); detrends rows in place."""
+    terms: dict[str, list[dict[str, Any]]] = {}
+    for phase in PHASES:
+        members = [r for r in rows if r["phase"] == phase]
+        phase_terms = []
+        pm = method.phase(phase)
+        for name, shrink in ((LOAD, pm.slope_shrink), (pm.extra, 1.0)):
+            if not name:
+                continue
+            have = [r for r in members if name in r["x"]]
+            b = theil_sen([r["x"][name] for r in have], [r["residual"] for r in have]) if shrink else 0.0
+            centre = statistics.median(r["x"][name] for r in have) if have else 0.0
+            anchor = centre if (pm.centred and name == LOAD) else 0.0
+            for r in members:  # the offsets are fitted on the detrended residuals
+                r["residual"] -= b * (r["x"].get(name, centre) - anchor)
+            phase_terms.append({"feature": name, "fitted": round(b, 6), "coefficient": round(shrink * b, 6),
+                                "centre": round(centre, 6), "anchor": round(anchor, 6)})
+        terms[phase] = phase_terms
+    return terms
+
+
+def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, method: Method | None = None,
+        lomo_bands: bool = True) -> dict[str, Any]:
+    """A profile (JSON-able, format 2) from calibration-split bench records; refuses held-out rows.
 
     lomo_bands: bands from leave-one-model-out residuals (each row scored by a profile fitted
     without its model), because the profile is used on models it never saw; in-sample residuals
     covered only 58 % (TTFT) / 42 % (TPOT) of unseen-model rows with a nominal 80 % band.
     """
+    method = method or CHOSEN
     records = list(records)
     rows = residual_rows(records)
     held = sorted({r["id"] for r in rows if r["split"] != "calibration"})
@@ -151,47 +253,47 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, lomo_
         raise ProfileError(f"calibration may only use calibration-split rows; got held-out {held[:3]}")
     if not rows:
         raise ProfileError("no calibration rows with replayed and measured TTFT/TPOT")
-    slopes = {}
-    for phase in PHASES:
-        members = [r for r in rows if r["phase"] == phase]
-        slopes[phase] = theil_sen([r["x"] for r in members], [r["residual"] for r in members])
-    for r in rows:  # offsets are fitted on the load-detrended residuals
-        r["residual"] -= slopes[r["phase"]] * r["x"]
+    terms = _terms(rows, method)
     by_phase: dict[str, list[dict[str, Any]]] = defaultdict(list)
     by_backend: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     by_slice: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_phase[r["phase"]].append(r)
         by_backend[(r["backend"], r["phase"])].append(r)
-        by_slice[(r["system"], r["backend"], r["phase"])].append(r)
+        if method.phase(r["phase"]).slices:
+            by_slice[(r["system"], r["backend"], r["phase"])].append(r)
     phase_m = {p: _model_median(v) for p, v in by_phase.items()}
     backend_m = {k: _shrunk(v, phase_m[k[1]]) for k, v in by_backend.items()}
     slices: dict[str, Any] = {}
     for (system, backend, phase), members in sorted(by_slice.items()):
         m = _shrunk(members, backend_m[(backend, phase)])
         slices[f"{system}/{backend}/{phase}"] = {"factor": round(math.exp(m), 6), "rows": len(members)}
-    # bands from calibrated residuals (each row corrected by its own slice's factor, or by a
-    # profile fitted without the row's model)
+    profile: dict[str, Any] = {
+        "format": PROFILE_FORMAT, "method": method.describe(), "method_name": method.name, "fitted": fitted,
+        "source": source, "rows_used": sorted({r["id"] for r in rows}), "terms": terms, "slices": slices,
+        "backend": {f"{b}/{p}": {"factor": round(math.exp(m), 6), "rows": len(by_backend[(b, p)])}
+                    for (b, p), m in sorted(backend_m.items())},
+        "phase": {p: {"factor": round(math.exp(m), 6), "rows": len(by_phase[p])} for p, m in sorted(phase_m.items())},
+    }
+    # bands from calibrated residuals (each row corrected by a profile fitted without the row's
+    # model, or in sample by its own profile)
     calibrated: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     models = sorted({str(r.get("model")) for r in rows})
-    if lomo_bands and len(models) > 1:
-        for model in models:
-            sub = fit([r for r in records if str(r.get("model")) != model], fitted=fitted, source=source,
-                      lomo_bands=False)
-            for x in residual_rows(r for r in records if str(r.get("model")) == model):
-                f = lookup(sub, x["system"], x["backend"], x["phase"], 2 ** x["x"])["factor"]
-                calibrated[(x["system"], x["backend"], x["phase"])].append(x["residual"] - math.log(f))
-    else:
-        for (system, backend, phase), members in by_slice.items():
-            log_f = math.log(slices[f"{system}/{backend}/{phase}"]["factor"])
-            calibrated[(system, backend, phase)] = [x["residual"] - log_f for x in members]
+    for model in (models if lomo_bands and len(models) > 1 else [None]):
+        sub = profile if model is None else fit([r for r in records if str(r.get("model")) != model], fitted=fitted,
+                                                source=source, method=method, lomo_bands=False)
+        for x in residual_rows(r for r in records if model is None or str(r.get("model")) == model):
+            f = _factor(sub, x["system"], x["backend"], x["phase"], x["x"])[0]
+            calibrated[(x["system"], x["backend"], x["phase"])].append(x["residual"] - math.log(f))
     backend_res: dict[tuple[str, str], list[float]] = defaultdict(list)
     phase_res: dict[str, list[float]] = defaultdict(list)
     for (system, backend, phase), res in calibrated.items():
         backend_res[(backend, phase)] += res
         phase_res[phase] += res
     for (system, backend, phase), res in calibrated.items():
-        entry = slices[f"{system}/{backend}/{phase}"]
+        entry = slices.get(f"{system}/{backend}/{phase}")
+        if entry is None:
+            continue
         pool, source_rows = res, "slice"
         if len(pool) < MIN_BAND_ROWS:
             pool, source_rows = backend_res[(backend, phase)], "backend"
@@ -200,18 +302,12 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, lomo_
         widen = math.sqrt(1 + SHRINK_K / len(res))
         entry["band"] = [round(quantile(pool, 0.1) * widen, 6), round(quantile(pool, 0.9) * widen, 6)]
         entry["band_from"] = source_rows
-    parents = {
-        "backend": {f"{b}/{p}": {"factor": round(math.exp(m), 6), "rows": len(by_backend[(b, p)]),
-                                 "band": _band(backend_res[(b, p)], FALLBACK_WIDEN)}
-                    for (b, p), m in sorted(backend_m.items())},
-        "phase": {p: {"factor": round(math.exp(m), 6), "rows": len(by_phase[p]),
-                      "band": _band(phase_res[p], FALLBACK_WIDEN)} for p, m in sorted(phase_m.items())},
-    }
-    return {
-        "format": PROFILE_FORMAT, "method": METHOD, "fitted": fitted, "source": source,
-        "rows_used": sorted({r["id"] for r in rows}), "load_slope": {p: round(b, 6) for p, b in slopes.items()},
-        "slices": slices, **parents,
-    }
+    for (b, p), entry in ((k.split("/"), v) for k, v in profile["backend"].items()):
+        entry["band"] = _band(backend_res[(b, p)], FALLBACK_WIDEN if method.phase(p).slices else 1.0)
+        entry["offset"] = not method.phase(p).slices
+    for p, entry in profile["phase"].items():
+        entry["band"] = _band(phase_res[p], FALLBACK_WIDEN)
+    return profile
 
 
 def _band(res: list[float], widen: float) -> list[float]:
@@ -220,62 +316,97 @@ def _band(res: list[float], widen: float) -> list[float]:
     return [round(quantile(res, 0.1) * widen, 6), round(quantile(res, 0.9) * widen, 6)]
 
 
+def _number(v: Any) -> TypeGuard[float]:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def validate(profile: Any) -> dict[str, Any]:
-    """Raise ProfileError unless `profile` is a usable profile of this format."""
+    """Raise ProfileError unless `profile` is a usable profile of a readable format (1 or 2)."""
     if not isinstance(profile, dict):
         raise ProfileError("not a JSON object")
-    if profile.get("format") != PROFILE_FORMAT:
-        raise ProfileError(f"format {profile.get('format')!r} is not {PROFILE_FORMAT}")
-    for key in ("slices", "backend", "phase", "rows_used", "method", "fitted", "load_slope"):
+    fmt = profile.get("format")
+    if fmt not in READABLE_FORMATS:
+        raise ProfileError(f"format {fmt!r} is not one of {list(READABLE_FORMATS)}")
+    for key in ("slices", "backend", "phase", "rows_used", "method", "fitted",
+                "load_slope" if fmt == 1 else "terms"):
         if key not in profile:
             raise ProfileError(f"missing key {key!r}")
     for section in ("slices", "backend", "phase"):
         for name, entry in profile[section].items():
             f = entry.get("factor") if isinstance(entry, dict) else None
             band = entry.get("band") if isinstance(entry, dict) else None
-            if not isinstance(f, (int, float)) or not math.isfinite(f) or f <= 0:
+            if not _number(f) or f <= 0:
                 raise ProfileError(f"{section}.{name}.factor must be a positive number, got {f!r}")
-            if (not isinstance(band, list) or len(band) != 2
-                    or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in band) or band[0] > band[1]):
+            if not isinstance(band, list) or len(band) != 2 or not all(_number(x) for x in band) or band[0] > band[1]:
                 raise ProfileError(f"{section}.{name}.band must be [lo, hi] with lo <= hi, got {band!r}")
     if set(profile["phase"]) != set(PHASES):
         raise ProfileError(f"phase must cover {list(PHASES)}")
     for phase in PHASES:
-        b = profile["load_slope"].get(phase) if isinstance(profile["load_slope"], dict) else None
-        if not isinstance(b, (int, float)) or not math.isfinite(b):
-            raise ProfileError(f"load_slope.{phase} must be a number, got {b!r}")
+        if fmt == 1:
+            b = profile["load_slope"].get(phase) if isinstance(profile["load_slope"], dict) else None
+            if not _number(b):
+                raise ProfileError(f"load_slope.{phase} must be a number, got {b!r}")
+            continue
+        terms = profile["terms"].get(phase) if isinstance(profile["terms"], dict) else None
+        if not isinstance(terms, list):
+            raise ProfileError(f"terms.{phase} must be a list")
+        for i, t in enumerate(terms):
+            if not isinstance(t, dict) or t.get("feature") not in FEATURES or not _number(t.get("coefficient")) \
+                    or not _number(t.get("centre")) or not _number(t.get("anchor", 0.0)):
+                raise ProfileError(f"terms.{phase}[{i}] must be {{feature: one of {list(FEATURES)}, coefficient, "
+                                   f"centre}}, got {t!r}")
     return profile
 
 
-def lookup(profile: Mapping[str, Any], system: str, backend: str, phase: str,
-           concurrency_per_engine: float | None = None) -> dict[str, Any]:
-    """{factor, band: [lo, hi] (log), rows, source}: the slice, else its backend, else the phase."""
-    load = math.exp(profile["load_slope"][phase] * math.log(2) * load_x(concurrency_per_engine))
+def _factor(profile: Mapping[str, Any], system: str, backend: str, phase: str,
+            x: Mapping[str, float]) -> tuple[float, dict[str, Any], str]:
+    """(factor, the offset entry, its source) for one phase at the given features."""
+    if profile["format"] == 1:  # replay-v1/v2 as they were applied: exp(m) c^b
+        log_load = profile["load_slope"][phase] * math.log(2) * x.get(LOAD, 0.0)
+    else:
+        log_load = sum(t["coefficient"] * (x.get(t["feature"], t["centre"]) - t.get("anchor", 0.0))
+                       for t in profile["terms"][phase])
     entry = profile["slices"].get(f"{system}/{backend}/{phase}")
-    if entry is not None:
-        return {"factor": entry["factor"] * load, "band": list(entry["band"]), "rows": entry["rows"],
-                "source": "slice"}
-    parent = profile["backend"].get(f"{backend}/{phase}")
-    source = "backend"
-    if parent is None:
-        parent, source = profile["phase"][phase], "phase"
-    lo, hi = parent["band"]
-    return {"factor": parent["factor"] * load, "band": [lo * FALLBACK_WIDEN, hi * FALLBACK_WIDEN], "rows": 0,
+    source = "slice"
+    if entry is None:
+        entry, source = profile["backend"].get(f"{backend}/{phase}"), "backend"
+    if entry is None:
+        entry, source = profile["phase"][phase], "phase"
+    return entry["factor"] * math.exp(log_load), entry, source
+
+
+def lookup(profile: Mapping[str, Any], system: str, backend: str, phase: str,
+           concurrency_per_engine: float | None = None, *, isl: float | None = None,
+           osl: float | None = None) -> dict[str, Any]:
+    """{factor, band: [lo, hi] (log), rows, source}: the slice, else its backend, else the phase.
+
+    A phase fitted without slices (PhaseMethod.slices False) has its backend level as the offset
+    ("offset": true), so its backend band is not widened as a fallback."""
+    factor, entry, source = _factor(profile, system, backend, phase, features(concurrency_per_engine, isl, osl))
+    if source == "slice" or (source == "backend" and entry.get("offset")):
+        return {"factor": factor, "band": list(entry["band"]), "rows": entry["rows"], "source": source}
+    lo, hi = entry["band"]
+    return {"factor": factor, "band": [lo * FALLBACK_WIDEN, hi * FALLBACK_WIDEN], "rows": 0,
             "source": f"fallback:{source}"}
 
 
 def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: str, backend: str,
-              concurrency: Mapping[str, float] | float | None = None, extra_widen: float = 1.0) -> dict[str, Any]:
-    """`calibrated_<key>` for every calibrated key present, and `band_<phase>_lo/hi` multipliers.
+              concurrency: Mapping[str, float] | float | None = None, extra_widen: float = 1.0,
+              isl: float | None = None, osl: float | None = None, closed_loop: bool = False,
+              per_request: list[dict[str, Any]] | None = None,
+              sla: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """`calibrated_<key>` for every calibrated key present, the goal metrics at calibrated TTFT/TPOT
+    (`_calibrated_goal`), and `band_<phase>_lo/hi` multipliers.
 
     concurrency: per-engine concurrency, one number or {"ttft": prefill-side, "tpot": decode-side}.
+    isl/osl: the workload's mean lengths (read by profiles with ISL/OSL terms).
     A disagg candidate's TTFT is prefill-bound and its TPOT decode-bound; both use the
     (system, backend) slices (the measured rows have no finer split). `extra_widen` > 1 widens the
     bands further (e.g. a fidelity fallback was used for this candidate).
     """
     out: dict[str, Any] = {}
     per_phase = concurrency if isinstance(concurrency, Mapping) else {p: concurrency for p in PHASES}
-    looked = {p: lookup(profile, system, backend, p, per_phase.get(p)) for p in PHASES}
+    looked = {p: lookup(profile, system, backend, p, per_phase.get(p), isl=isl, osl=osl) for p in PHASES}
     for key, (phase, exponent) in CALIBRATED_KEYS.items():
         v = report.get(key)
         if isinstance(v, (int, float)) and math.isfinite(v):
@@ -286,8 +417,51 @@ def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: 
         out[f"band_{phase}_lo"] = math.exp(lo * extra_widen)
         out[f"band_{phase}_hi"] = math.exp(hi * extra_widen)
         out[f"band_{phase}_rows"] = float(info["rows"])
-    out["calibration_fallback"] = float(any(i["source"] != "slice" for i in looked.values()))
+    out["calibration_fallback"] = float(any(i["source"].startswith("fallback") for i in looked.values()))
+    out.update(_calibrated_goal(report, out, looked["ttft"]["factor"], looked["tpot"]["factor"],
+                                closed_loop=closed_loop, per_request=per_request, sla=sla))
     return out
+
+
+def _calibrated_goal(report: Mapping[str, Any], calibrated: Mapping[str, Any], f_ttft: float, f_tpot: float, *,
+                     closed_loop: bool, per_request: list[dict[str, Any]] | None,
+                     sla: Mapping[str, float] | None) -> dict[str, float]:
+    """The goal metrics at calibrated TTFT/TPOT, so picks rank on them (search/scoring.ranked_value).
+
+    E2E = TTFT + the decode part: ttft x f_ttft + (e2e - ttft) x f_tpot (its P90 scaled by the same
+    ratio). A closed loop's clients send the next request when one completes, so its throughputs
+    scale with raw E2E / calibrated E2E; an open loop's arrivals are fixed, so its throughputs stay.
+    Goodput: the share of the window's output tokens from requests that meet the SLA with their
+    TTFT x f_ttft and ITL x f_tpot (E2E rescaled likewise), times the calibrated output throughput.
+    """
+    out: dict[str, float] = {}
+    e2e, ttft = _finite(report.get("mean_e2e_latency_ms")), _finite(report.get("mean_ttft_ms"))
+    ratio = 1.0
+    if e2e is not None and ttft is not None and e2e > 0:
+        cal_e2e = ttft * f_ttft + max(0.0, e2e - ttft) * f_tpot
+        if cal_e2e > 0:
+            out["calibrated_mean_e2e_latency_ms"] = cal_e2e
+            ratio = e2e / cal_e2e
+            p90 = _finite(report.get("p90_e2e_latency_ms"))
+            if p90 is not None:
+                out["calibrated_p90_e2e_latency_ms"] = p90 / ratio
+    for key in ("output_throughput_tok_s", "request_throughput_rps"):
+        v = _finite(report.get(key))
+        if v is not None:
+            out[f"calibrated_{key}"] = v * ratio if closed_loop else v
+    start, end = _finite(report.get("window_start_ms")), _finite(report.get("window_end_ms"))
+    if sla and per_request and start is not None and end is not None:
+        share, good = sla_token_share(per_request, start, end, sla, ttft_scale=f_ttft, itl_scale=f_tpot,
+                                      e2e_scale=1.0 / ratio)
+        out["calibrated_sla_token_share"] = share
+        out["calibrated_goodput_completed_requests"] = float(good)
+        if "calibrated_output_throughput_tok_s" in out:
+            out[f"calibrated_{GOODPUT_KEY}"] = out["calibrated_output_throughput_tok_s"] * share
+    return out
+
+
+def _finite(v: Any) -> float | None:
+    return float(v) if _number(v) else None
 
 
 def goal_band(report: Mapping[str, Any], goal_metric: str, value: float | None) -> tuple[float, float] | None:

@@ -19,7 +19,7 @@ Pure: works on the replay's per-request records (dicts) and plain numbers.
 
 import math
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,17 +170,32 @@ def _tokens_in(r: dict[str, Any], start: float, end: float) -> float:
     return count
 
 
-def _meets(r: dict[str, Any], sla: dict[str, float]) -> bool:
-    """The replay's goodput test: TTFT and per-request mean ITL within the SLA (or E2E alone)."""
+def _meets(r: dict[str, Any], sla: Mapping[str, float], ttft_scale: float = 1.0, itl_scale: float = 1.0,
+           e2e_scale: float = 1.0) -> bool:
+    """The replay's goodput test: TTFT and per-request mean ITL within the SLA (or E2E alone); the
+    scales test calibrated latencies (search/calibration.py) with the same rule."""
     if sla.get("e2e_ms") is not None:
-        return (r.get("e2e_latency_ms") or math.inf) <= sla["e2e_ms"]
+        return (r.get("e2e_latency_ms") or math.inf) * e2e_scale <= sla["e2e_ms"]
     ok = True
     if sla.get("ttft_ms") is not None:
-        ok = ok and r["ttft_ms"] <= sla["ttft_ms"]
+        ok = ok and r["ttft_ms"] * ttft_scale <= sla["ttft_ms"]
     if sla.get("itl_ms") is not None:
         itl = r.get("itl_ms")
-        ok = ok and (itl if itl is not None else 0.0) <= sla["itl_ms"]
+        ok = ok and (itl if itl is not None else 0.0) * itl_scale <= sla["itl_ms"]
     return ok
+
+
+def sla_token_share(records: Iterable[dict[str, Any]], start: float, end: float, sla: Mapping[str, float], *,
+                    ttft_scale: float = 1.0, itl_scale: float = 1.0, e2e_scale: float = 1.0) -> tuple[float, int]:
+    """(share of the window's output tokens from requests meeting the SLA, requests inside the
+    window meeting it), with each request's latencies scaled: goodput = output throughput x share."""
+    done = _done(records)
+    scales = {"ttft_scale": ttft_scale, "itl_scale": itl_scale, "e2e_scale": e2e_scale}
+    total = sum(_tokens_in(r, start, end) for r in done)
+    good = sum(_tokens_in(r, start, end) for r in done if _meets(r, sla, **scales))
+    inside = sum(1 for r in done if r["arrival_time_ms"] >= start and r["terminal_time_ms"] <= end
+                 and _meets(r, sla, **scales))
+    return (good / total if total > 0 else 0.0), inside
 
 
 def steady_state(records: Iterable[dict[str, Any]], kind: str, *,

@@ -98,6 +98,21 @@ def _num(report: Mapping[str, Any] | None, key: str) -> float | None:
     return None if math.isnan(v) else v
 
 
+def ranked_value(report: Mapping[str, Any] | None, key: str) -> float | None:
+    """The value picks rank and gate on: the calibrated one when the report has it (a calibration
+    profile was on, `evaluation.calibration`), else the raw replayed one. The raw value stays in
+    the report and ledger beside it; with `calibration: none` there is no calibrated key."""
+    v = _num(report, f"calibrated_{key}")
+    return v if v is not None else _num(report, key)
+
+
+def ranked_on(report: Mapping[str, Any] | None, target: Any, pareto_objectives: Sequence[Any] | None = None) -> str:
+    """'calibrated' or 'raw': which numbers a goal (each of its objectives) was ranked on."""
+    keys = [TARGET_METRICS[o].metric for o in objectives_for(as_target(_name(target)), pareto_objectives)
+            if o in TARGET_METRICS]
+    return "calibrated" if keys and all(_num(report, f"calibrated_{k}") is not None for k in keys) else "raw"
+
+
 def avg_gpu(report: Mapping[str, Any] | None) -> float:
     """Time-averaged provisioned GPUs: gpu_hours / run hours; 0 when either is missing or <= 0.
 
@@ -112,11 +127,12 @@ def avg_gpu(report: Mapping[str, Any] | None) -> float:
 
 
 def objective_value(target: Any, report: Mapping[str, Any] | None) -> float:
-    """The raw (unsigned) value of one scalar target read from a flat replay report (spec §4.1);
-    a missing metric is the worst value (0, or inf for a minimised target)."""
+    """The (unsigned) value of one scalar target read from a flat replay report (spec §4.1), on
+    calibrated numbers when the report has them (`ranked_value`: the one place picks read a goal
+    metric); a missing metric is the worst value (0, or inf for a minimised target)."""
     t = _scalar(target)
     rule = TARGET_METRICS[t]
-    v = _num(report, rule.metric)
+    v = ranked_value(report, rule.metric)
     if v is None:
         return 0.0 if target_direction(t) == "max" else math.inf
     if rule.per_gpu:
@@ -167,8 +183,8 @@ def sla_gate(
     """An optional aggregate SLA gate, stricter than Spica (which only uses the SLA via goodput).
 
     mode "strict": reject a candidate whose p<percentile> (default p90) TTFT, ITL or E2E latency in
-    the replay report exceeds the corresponding SLA threshold that is set (report keys
-    `p90_ttft_ms`, `p90_itl_ms`, `p90_e2e_latency_ms`). A set threshold whose percentile key is
+    the replay report (calibrated when the report has it, `ranked_value`) exceeds the corresponding
+    SLA threshold that is set (report keys `p90_ttft_ms`, `p90_itl_ms`, `p90_e2e_latency_ms`). A set threshold whose percentile key is
     missing fails closed. mode None/"off"/"goodput": always passes (the Spica rule).
     Returns (passes, reason); the reason is a one-line text for the ledger.
     """
@@ -181,7 +197,7 @@ def sla_gate(
         if limit is None:
             continue
         key = f"p{percentile}_{metric}"
-        observed = _num(report, key)
+        observed = ranked_value(report, key)
         if observed is None:
             return False, f"sla gate: report lacks {key}"
         if observed > float(limit):
@@ -204,7 +220,7 @@ def replica_capacity(kind: str, report: Mapping[str, Any] | None, config: Mappin
     """The load one copy of a candidate carried in replay: its completed request rate, or the
     concurrency it was replayed at. None when the replay did not record it."""
     if kind == "request_rate":
-        return _num(report, "request_throughput_rps")
+        return ranked_value(report, "request_throughput_rps")
     if kind == "concurrency":
         for key in ("concurrency", "kv_load_concurrency"):
             v = _num(config, key)
