@@ -34,7 +34,9 @@ usage:
       [--spica-seeds 5] [--workers 2] [--budget-frac 0.5] [--replay-scale 1.0] [--out PATH]
 Validation (held out from tuning the neighbourhood fill): `--first-seed 10` on the three spaces, and
 the disagg_goodput space (bench/spaces/disagg_goodput.yaml), written with --out
-bench/results/time_to_quality_validation.json.
+bench/results/time_to_quality_validation.json. --no-warm-up skips the GP warm-up (right when the
+cost rule never asks the GP, as on these spaces); the first timed run of the process then also pays
+the one-time Vizier/JAX import.
 --quick: 2 seeds, Spica-style 1 seed on the first space only (a stock GP-UCB-PE suggest takes
 30-90 s of CPU on 2 busy cores). --max-wall-s S caps every run (counted as `runs_capped`).
 

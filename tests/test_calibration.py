@@ -282,3 +282,17 @@ def test_a_calibrated_sweep_ranks_on_calibrated_goodput_and_says_so(tmp_path):
     assert list(candidates["score"]) == pytest.approx(list(candidates["calibrated_goodput_output_throughput_tok_s"]))
     assert (candidates["goodput_output_throughput_tok_s"] != candidates["score"]).any()  # raw beside it
     assert "Ranked on **calibrated** numbers" in (out / "report.md").read_text()
+
+
+def test_sla_attainment_is_a_share_of_the_window_it_was_counted_in():
+    """goodput_completed_requests counts the steady-state window's requests, so the share is of those."""
+    from spica_pipeline.report.tables import sla_attainment
+    from spica_pipeline.search.scoring import Candidate
+
+    report = {"completed_requests": 64.0, "window_counted_requests": 42.0, "goodput_completed_requests": 42.0,
+              "calibrated_goodput_completed_requests": 21.0}
+    c = Candidate.from_report({"used_gpus": 1}, report, "throughput")
+    assert sla_attainment(c) == pytest.approx(0.5)  # calibrated, out of the window's 42
+    raw = Candidate.from_report({"used_gpus": 1}, {"completed_requests": 200.0, "goodput_completed_requests": 180.0},
+                                "throughput")
+    assert sla_attainment(raw) == pytest.approx(0.9)  # unwindowed (whole run) reports as before

@@ -28,8 +28,9 @@ SPREAD_METRICS = ("output_throughput_tok_s", "goodput_output_throughput_tok_s", 
 
 def sla_attainment(c: Candidate) -> float | None:
     """Share of completed requests that met the SLA (replay's goodput count, at calibrated latencies
-    when a calibration profile was on); None without an SLA."""
-    done = c.metrics.get("completed_requests")
+    when a calibration profile was on); None without an SLA. The counts are of the steady-state
+    window's requests when the replay was windowed (search/measurement.py), so the share is too."""
+    done = c.metrics.get("window_counted_requests", c.metrics.get("completed_requests"))
     good = c.metrics.get("calibrated_goodput_completed_requests", c.metrics.get("goodput_completed_requests"))
     if done is None or good is None or done <= 0:
         return None

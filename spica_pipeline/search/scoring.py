@@ -37,6 +37,7 @@ METRIC_KEYS: tuple[str, ...] = (
     "p90_itl_ms",
     "completed_requests",
     "goodput_completed_requests",
+    "window_counted_requests",  # the steady-state window's requests: what the goodput counts are out of
     *CALIBRATION_KEYS,  # calibrated values and P10-P90 band multipliers (search/calibration.py)
 )
 
