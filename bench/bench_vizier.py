@@ -144,6 +144,12 @@ def main() -> None:
     ap.add_argument("--rss-suggests", type=int, default=0, help="series mode: extra suggests to measure RSS growth")
     ap.add_argument("--rss-objectives", default="1", help="series mode: objective counts that get the RSS check")
     ap.add_argument("--json", dest="json_out", default="", help="series mode: write the summary JSON here")
+    ap.add_argument("--first-only", action="store_true",
+                    help="series mode: only the first call per (algorithm, objectives), e.g. a second run "
+                         "with the same --cache DIR measures the first call with a warm persistent cache")
+    ap.add_argument("--merge", action="store_true",
+                    help="series mode: merge into the existing --json (keys per algorithm/N/objectives, "
+                         "this run's argv/date/loadavg appended to 'invocations') instead of replacing it")
     args = ap.parse_args()
     if args.after_first:
         return after_first(args)
@@ -269,9 +275,21 @@ def after_first(args) -> None:
                      min_padded_trials=args.min_pad, clear_jax_cache=args.clear,
                      jax_cache_dir="" if args.cache == "none" else args.cache)
     ns = [int(x) for x in args.ns.split(",")]
+    cache = client_kw["jax_cache_dir"]
+    cache_state = "none" if not cache else (
+        "warm" if os.path.isdir(os.path.expanduser(cache)) and os.listdir(os.path.expanduser(cache)) else "cold")
     summary: dict = {"config": client_kw, "count": args.count, "reps": args.reps, "ns": ns,
                      "median_suggest_s_after_first": {}, "median_suggest_cpu_s_after_first": {},
                      "first_call_s": {}, "rss": {}, "records": []}
+    if args.merge and args.json_out and os.path.exists(args.json_out):
+        with open(args.json_out) as fh:
+            summary = json.load(fh)
+        for k in ("median_suggest_s_after_first", "median_suggest_cpu_s_after_first", "first_call_s", "rss"):
+            summary.setdefault(k, {})
+        summary.setdefault("records", [])
+    summary.setdefault("invocations", []).append(
+        {"argv": sys.argv[1:], "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+         "loadavg_start": os.getloadavg(), "persistent_cache": cache_state, "config": client_kw})
     for algo in args.algos.split(","):
         for objectives in [int(x) for x in args.objectives.split(",")]:
             metrics = [("objective", "max")] + ([("cost", "min")] if objectives == 2 else [])
@@ -279,9 +297,13 @@ def after_first(args) -> None:
             tag = f"{algo}|objectives={objectives}"
             t0, c0 = time.perf_counter(), time.process_time()
             study.suggest(args.count, _history(enc, ns[0], objectives, seed=99))
-            summary["first_call_s"][tag] = {"wall_s": round(time.perf_counter() - t0, 2),
-                                            "cpu_s": round(time.process_time() - c0, 2), "n": ns[0]}
-            print(json.dumps({"first": tag, **summary["first_call_s"][tag]}), flush=True)
+            first = {"wall_s": round(time.perf_counter() - t0, 2), "cpu_s": round(time.process_time() - c0, 2),
+                     "n": ns[0], "persistent_cache": cache_state, "loadavg": os.getloadavg()}
+            summary["first_call_s"][f"{tag}|cache={cache_state}"] = first
+            print(json.dumps({"first": tag, **first}), flush=True)
+            if args.first_only:
+                _write_summary(args, summary, complete=False)
+                continue
             for n in ns:
                 walls, cpus = [], []
                 for rep in range(args.reps):
@@ -292,7 +314,8 @@ def after_first(args) -> None:
                     cpus.append(time.process_time() - c0)
                     rec = {"algo": algo, "objectives": objectives, "n": n, "rep": rep,
                            "seconds": round(walls[-1], 3), "cpu_s": round(cpus[-1], 3),
-                           "designer": study.last_designer, "rss_mb": round(rss_now_mb())}
+                           "designer": study.last_designer, "rss_mb": round(rss_now_mb()),
+                           "loadavg_1m": round(os.getloadavg()[0], 2)}
                     summary["records"].append(rec)
                     print(json.dumps(rec), flush=True)
                 key = f"{algo}|n_trials={n}|objectives={objectives}"
@@ -301,11 +324,20 @@ def after_first(args) -> None:
                 summary.setdefault("max_suggest_cpu_s_after_first", {})[key] = round(max(cpus), 3)
                 _write_summary(args, summary, complete=False)  # a bounded run keeps what it measured
             if args.rss_suggests and str(objectives) in args.rss_objectives.split(","):
+                # growing trial counts, as in a study: every suggest has a new count (and so a new
+                # unpadded shape), cycling through the padding buckets the series already compiled
                 before = rss_now_mb()
+                lo, hi = min(ns), max(ns)
+                cpus = []
                 for i in range(args.rss_suggests):
-                    study.suggest(args.count, _history(enc, ns[i % len(ns)] + i % 3, objectives, seed=1000 + i))
-                summary["rss"][tag] = {"suggests": args.rss_suggests, "before_mb": round(before),
-                                       "after_mb": round(rss_now_mb()), "growth_mb": round(rss_now_mb() - before)}
+                    n = lo + (hi - lo) * i // max(1, args.rss_suggests - 1)
+                    c0 = time.process_time()
+                    study.suggest(args.count, _history(enc, n, objectives, seed=1000 + i))
+                    cpus.append(time.process_time() - c0)
+                summary["rss"][tag] = {"suggests": args.rss_suggests, "n_trials": [lo, hi], "before_mb": round(before),
+                                       "after_mb": round(rss_now_mb()), "growth_mb": round(rss_now_mb() - before),
+                                       "median_cpu_s": round(statistics.median(cpus), 3),
+                                       "max_cpu_s": round(max(cpus), 3)}
                 print(json.dumps({"rss": tag, **summary["rss"][tag]}), flush=True)
                 _write_summary(args, summary, complete=False)
     print(json.dumps({k: summary[k] for k in ("median_suggest_s_after_first", "first_call_s", "rss")}), flush=True)
@@ -316,6 +348,7 @@ def _write_summary(args, summary: dict, complete: bool) -> None:
     """Atomic JSON write of the series summary (also after each N, so a stopped run is kept)."""
     if not args.json_out:
         return
+    summary["invocations"][-1].update(complete=complete, loadavg_end=os.getloadavg())
     summary.update(complete=complete, argv=sys.argv[1:], loadavg=os.getloadavg(),
                    date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     tmp = args.json_out + ".tmp"

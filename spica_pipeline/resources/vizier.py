@@ -21,8 +21,16 @@ Here the sampler and projection compare by shape bucket (one instance per bucket
 one jitted pure-JAX L-BFGS-B over all restarts, and padding and joins run in numpy. A process
 compiles each program once per shape bucket and reuses it across suggestions, rounds, branches
 and batches; history is still replayed statelessly, so determinism and resume are unchanged.
-Two objectives: GP-UCB-PE stays unpadded (padding changed its multi-metric acquisition values
-here), so each trial count still compiles its own programs.
+Two objectives are padded too: Vizier's multi-task ARD loss ignored the padding mask (padded NaN
+rows entered the likelihood, which is why padding once changed the suggestions); the masked loss
+here equals the unpadded one (tests/test_vizier_padding.py), so two objectives also compile once
+per bucket instead of once per trial count.
+Past 32 trials (2026-12-04, bench/results/vizier_after_first.json): the cost was not recompiles
+but (a) scipy's OpenBLAS spinning its threads on the busy 2-core box inside JAX's CPU Cholesky and
+triangular solves (117 ms instead of 0.18 ms for a 128x128 float64 Cholesky), now pinned to one
+thread during a GP suggest, and (b) GP-UCB-PE's pure-exploration score recomputing its UCB
+threshold (a GP prediction at every trial, O(n^3)) in every acquisition-optimiser step, now once
+per optimisation.
 `Study.suggest_async` runs the next ask on a background thread while the current batch replays.
 
 vizier and jax are imported lazily: importing this module must not start JAX or set JAX_PLATFORMS.
@@ -91,6 +99,16 @@ def _runtime_setup(cache_dir: str | None) -> None:
         _setup_done["platforms"] = os.environ.get("JAX_PLATFORMS", "")
 
 
+def _one_blas_thread():
+    """BLAS/LAPACK pinned to one thread for the GP's small matrices. JAX's CPU Cholesky and
+    triangular solves call scipy's OpenBLAS, whose worker threads spin on a busy 2-core box: a
+    128x128 float64 Cholesky took 117 ms instead of 0.18 ms, which made a padded bucket of 128
+    trials 10x slower than one of 64. Restored on exit."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
+
+
 def derive_seed(seed: int, branch: str, n_history: int) -> int:
     """Per-call seed from (study seed, branch, history length): a resume with the same ledger
     reproduces the suggestion, and successive rounds differ."""
@@ -119,7 +137,8 @@ class VizierClient(dg.ConfigurableResource):
     trial_padding: bool = True
     min_padded_trials: int = 32
     # Pad multi-objective GP-UCB-PE as well (else every trial count compiles its own programs).
-    pad_multi_objective: bool = False
+    # Needs compile_once + jit_ard: Vizier's multi-task ARD loss does not mask padded rows, ours does.
+    pad_multi_objective: bool = True
     # Drop every compiled program before each GP suggest. Off: with `compile_once` the programs
     # are reused, not re-made per call, so memory stays flat (bench_vizier --after-first --rss-suggests).
     clear_jax_cache: bool = False
@@ -265,7 +284,8 @@ class Study:
         else:
             designer = self._gp_designer(algo, problem, jax.random.PRNGKey(call_seed))
         designer.update(vza.CompletedTrials(completed), vza.ActiveTrials(active))
-        suggestions = list(designer.suggest(count=count))[:count]  # NSGA2 may hand out a population
+        with _one_blas_thread():
+            suggestions = list(designer.suggest(count=count))[:count]  # NSGA2 may hand out a population
         self.last_acquisition = [_acquisition_value(s) for s in suggestions]
         return [dict(s.parameters.as_dict()) for s in suggestions]
 
@@ -314,7 +334,9 @@ class Study:
         kw: dict[str, Any] = {"rng": rng, "ard_random_restarts": c.ard_random_restarts, "ard_optimizer": ard}
         # Stock GP-UCB-PE refuses trial padding for multi-objective problems; the floor schedule
         # keeps an empty history unpadded (what its check tests) and padded rows are masked.
-        if c.trial_padding and not (multi and algo == "DEFAULT" and not c.pad_multi_objective):
+        # Several metrics: padded only with the masked multi-task ARD loss (jit_ard), see _masked_loss.
+        pad_multi = c.pad_multi_objective and c.compile_once and c.jit_ard
+        if c.trial_padding and not (multi and algo == "DEFAULT" and not pad_multi):
             kw["padding_schedule"] = _floor_padding(c.min_padded_trials, numpy=c.compile_once)
         if algo == "DEFAULT":
             eagle = gp_ucb_pe.VizierGPUCBPEBandit.default_eagle_config
@@ -473,6 +495,7 @@ def stable_ard_optimizer(maxiter: int):
 
         def __call__(self, init_params, loss_fn, rng, *, constraints=None, best_n=None):
             del rng  # L-BFGS-B is deterministic given the initial parameters
+            loss_fn = _masked_loss(loss_fn)
             bounds = jaxopt_wrappers._get_bounds(jaxopt_wrappers._unbatch_params(init_params)[0], constraints)
             losses, all_params = fit(init_params, loss_fn, bounds, self.maxiter, self.maxls, self.tol)
             losses = jnp.where(jnp.isfinite(losses), losses, jnp.inf)
@@ -485,6 +508,140 @@ def stable_ard_optimizer(maxiter: int):
     opt = StableJaxLbfgsB(maxiter=int(maxiter))
     with _setup_lock:
         return _STABLE.setdefault(key, opt)
+
+
+def _masked_loss(loss_fn):
+    """Vizier's ARD loss ignores the padding mask for a multi-task (several metrics) GP ("TODO:
+    Enable `is_missing` for MTGP"): padded rows (NaN labels) entered the likelihood, which is why
+    padding changed two-objective suggestions. Swap in `MaskedMultiTaskLoss` there; other losses
+    pass through unchanged."""
+    from vizier._src.jax import stochastic_process_model as sp
+
+    model = getattr(loss_fn, "__self__", None)
+    if not isinstance(model, sp.CoroutineWithData) or getattr(loss_fn, "__func__", None) is not type(
+            model).loss_with_aux or model.data.labels.shape[-1] < 2:
+        return loss_fn
+    return _masked_mt_loss_class()(model.coroutine, model.data)
+
+
+def _masked_mt_loss_class():
+    if "mt_loss" not in _STABLE:
+        import equinox as eqx
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+        from vizier._src.jax import stochastic_process_model as sp
+        from vizier._src.jax import types
+
+        class MaskedMultiTaskLoss(eqx.Module):
+            """Negative log marginal likelihood of a multi-task GP over the OBSERVED (row, metric)
+            entries only, plus the parameter regularisers: what the unpadded loss computes, at a
+            padded shape. Padded entries get identity covariance rows and a zero residual, as TFP
+            does for `observations_is_missing` in the posterior; padded features are zeroed first
+            so no NaN reaches the gradient. An eqx.Module, so one compiled program per bucket."""
+
+            coroutine: Any = eqx.field(static=True)
+            data: Any
+
+            def __call__(self, params, seed=None):
+                del seed
+                f = self.data.features
+                clean = types.ModelInput(
+                    continuous=f.continuous.replace_fill_value(0.0),
+                    categorical=f.categorical.replace_fill_value(0),
+                )
+                dist, aux = sp.StochasticProcessWithCoroutine(self.coroutine, params).call_with_aux(clean)
+                x = dist.index_points
+                labels = self.data.labels
+                n, m = labels.padded_array.shape
+                missing = ~jnp.asarray(labels._mask)  # [n, m]  # pylint: disable=protected-access
+                y = jnp.asarray(labels.padded_array)
+                diff = jnp.where(missing, 0.0, jnp.where(missing, 0.0, y) - jnp.broadcast_to(dist.mean_fn(x), (n, m)))
+                noise = jnp.reshape(dist.observation_noise_variance, (-1,))[0]
+                if type(dist.kernel).__name__ == "Independent":
+                    # Vizier's default (INDEPENDENT): one n x n covariance shared by the metrics,
+                    # masked per metric; m Cholesky factors of n x n instead of one of nm x nm
+                    cov = dist.kernel.base_kernel.matrix(x, x)
+                    cov = jnp.broadcast_to(cov + noise * jnp.eye(n, dtype=cov.dtype), (m, n, n))
+                    miss, res = missing.T, diff.T  # [m, n]
+                else:
+                    cov = dist.kernel.matrix_over_all_tasks(x, x).to_dense()
+                    cov = (cov + noise * jnp.eye(n * m, dtype=cov.dtype))[None]
+                    miss, res = jnp.reshape(missing, (1, -1)), jnp.reshape(diff, (1, -1))
+                # TFP's mask_matrix: missing rows / columns become those of the identity
+                eye = jnp.eye(cov.shape[-1], dtype=cov.dtype)
+                cov = jnp.where(miss[:, :, None] | miss[:, None, :], eye, cov)
+                chol = jax.vmap(dist.cholesky_fn if dist.cholesky_fn is not None else jnp.linalg.cholesky)(cov)
+                sol = jax.vmap(lambda c, r: jax.scipy.linalg.solve_triangular(c, r, lower=True))(chol, res)
+                log_prob = (-0.5 * jnp.sum(sol**2) - jnp.sum(jnp.log(jnp.diagonal(chol, axis1=-2, axis2=-1)))
+                            - 0.5 * jnp.sum(~missing) * np.log(2 * np.pi))
+                return -log_prob + jax.tree_util.tree_reduce(jnp.add, aux["losses"]), aux
+
+        _STABLE["mt_loss"] = MaskedMultiTaskLoss
+    return _STABLE["mt_loss"]
+
+
+def _threshold_pe_class():
+    """GP-UCB-PE's pure-exploration score with its UCB threshold computed ONCE per optimisation.
+    The stock score recomputes it (a GP prediction at every observed and pending trial, O(n^3) in
+    the padded trial count) inside each of the ~160 acquisition-optimiser steps; at 128 padded
+    rows that was most of a suggest. Same formula, same value."""
+    if "pe_score" not in _STABLE:
+        import equinox as eqx
+        import jax.numpy as jnp
+        from vizier._src.algorithms.designers import gp_ucb_pe
+
+        def threshold(predictive, predictive_all_features, ucb_coefficient):
+            features = predictive_all_features.predictives.observed_data.features
+            is_missing = features.continuous.is_missing[0] | features.categorical.is_missing[0]
+            return gp_ucb_pe._compute_ucb_threshold(predictive.predict(features), is_missing, ucb_coefficient)
+
+        threshold_fn = eqx.filter_jit(threshold)
+        base = gp_ucb_pe.PEScoreFunction
+
+        class ThresholdPEScore(base):  # type: ignore[misc, valid-type]
+            threshold: Any
+
+            def __init__(self, predictive, predictive_all_features, ucb_coefficient, explore_ucb_coefficient,
+                         penalty_coefficient, trust_region, multimetric_promising_region_penalty_type):
+                self.predictive = predictive
+                self.predictive_all_features = predictive_all_features
+                self.ucb_coefficient = ucb_coefficient
+                self.explore_ucb_coefficient = explore_ucb_coefficient
+                self.penalty_coefficient = penalty_coefficient
+                self.trust_region = trust_region
+                self.multimetric_promising_region_penalty_type = multimetric_promising_region_penalty_type
+                self.threshold = threshold_fn(predictive, predictive_all_features, ucb_coefficient)
+
+            def score_with_aux(self, xs, seed=None):
+                # the stock body (vizier 0.1.24 PEScoreFunction.score_with_aux), threshold precomputed
+                del seed
+                gprm = self.predictive.predict(xs)
+                mean = gprm.mean()
+                stddev = gprm.stddev()
+                explore_ucb = mean + stddev * self.explore_ucb_coefficient
+                stddev_from_all = self.predictive_all_features.predict(xs).stddev()
+                penalty = self.penalty_coefficient * jnp.minimum(explore_ucb - self.threshold, 0.0)
+                if stddev_from_all.ndim > 1:
+                    kind = self.multimetric_promising_region_penalty_type
+                    kinds = gp_ucb_pe.MultimetricPromisingRegionPenaltyType
+                    if kind == kinds.UNION:
+                        scalarized_penalty = jnp.max(penalty, axis=-1)
+                    elif kind == kinds.INTERSECTION:
+                        scalarized_penalty = jnp.min(penalty, axis=-1)
+                    elif kind == kinds.AVERAGE:
+                        scalarized_penalty = jnp.mean(penalty, axis=-1)
+                    else:
+                        raise ValueError(f"Unsupported multimetric promising region penalty type: {kind}")
+                    acq_values = jnp.mean(stddev_from_all, axis=-1) + scalarized_penalty
+                else:
+                    acq_values = stddev_from_all + penalty
+                if self.trust_region is not None:
+                    acq_values = gp_ucb_pe._apply_trust_region(self.trust_region, xs, acq_values)
+                return acq_values, {"mean": mean, "stddev": stddev, "stddev_from_all": stddev_from_all}
+
+        _STABLE["pe_score"] = ThresholdPEScore
+    return _STABLE["pe_score"]
 
 
 def _ucb_pe_class():
@@ -540,6 +697,15 @@ def _ucb_pe_class():
                     pe_model = model
                 return sp.UniformEnsemblePredictive(
                     predictives=eqx.filter_jit(pe_model.precompute_predictive)(all_data))
+
+            def _suggest_one(self, *args, **kwargs):
+                # PE scores built here precompute their UCB threshold (see _threshold_pe_class)
+                stock = gp_ucb_pe.PEScoreFunction
+                gp_ucb_pe.PEScoreFunction = _threshold_pe_class()
+                try:
+                    return super()._suggest_one(*args, **kwargs)
+                finally:
+                    gp_ucb_pe.PEScoreFunction = stock
 
         _STABLE["ucb_pe"] = StableUCBPE
     return _STABLE["ucb_pe"]

@@ -1,0 +1,100 @@
+"""Padding must not change what the GP sees: the multi-task ARD loss and the PE score, padded vs
+unpadded, on the same trials (pure functions, no suggest: seconds, not minutes)."""
+
+import pytest
+
+from branch_stub import Branch
+
+from spica_pipeline.resources.vizier import VizierClient
+from spica_pipeline.search.encoding import build_encoding
+from spica_pipeline.search.shapes import RoleShape as R
+
+POOL = (R(tp=1, replicas=4), R(tp=2, replicas=2), R(tp=2, attention_dp=2), R(tp=4), R(tp=1, replicas=2))
+BRANCH = Branch(
+    "agg", POOL, tuple(("vllm",) for _ in POOL),
+    {"backend": ["vllm"], "router_mode": ["kv_router", "round_robin"], "agg_max_num_seqs": [64, 128, 256]},
+    4, {"kv_load_ratio": (0.2, 0.8)},
+)
+ENC = build_encoding(BRANCH)
+PARETO = [("throughput", "max"), ("latency", "min")]
+
+
+def _history(n):
+    import random
+
+    rng = random.Random(7)
+    rows = []
+    for _ in range(n):
+        p = {q.name: rng.uniform(*q.bounds) if q.kind == "double" else rng.choice(q.values) for q in ENC.params}
+        sel, _ = ENC.decode(p)
+        score = sel["agg_max_num_seqs"] / 64 + (sel["router_mode"] == "kv_router") + sel["kv_load_ratio"]
+        rows.append((p, {"throughput": score, "latency": 10 - score ** 0.5 + sel["kv_load_ratio"]}, None))
+    return rows
+
+
+def _model(pad: bool, metrics, n=11):
+    import jax
+    from vizier import pyvizier as vz
+    from vizier._src.jax import stochastic_process_model as sp
+
+    study = VizierClient(algorithm="DEFAULT", jax_cache_dir="", pad_multi_objective=pad).open_study(
+        ENC, metrics, seed=0)
+    designer = study._gp_designer("DEFAULT", study.problem(), jax.random.PRNGKey(0))
+    trials, _ = study._to_trials(_history(n), study.problem().search_space, vz)
+    data = designer._trials_to_data(trials)
+    coroutine = designer._gp_model_class.build_model(data, multitask_type=designer._config.multitask_type).coroutine
+    model = sp.CoroutineWithData(coroutine, data)
+    params = model.setup(jax.random.PRNGKey(3))
+    return designer, data, model, params
+
+
+def test_multi_task_ard_loss_ignores_padded_rows():
+    """Vizier's own multi-task loss does not mask padding; ours must equal the unpadded loss."""
+    import jax
+    import numpy as np
+
+    from spica_pipeline.resources.vizier import _masked_loss
+
+    _, data0, m0, params = _model(False, PARETO)
+    _, data1, m1, _ = _model(True, PARETO)
+    assert data1.labels.padded_array.shape[0] == 32 > data0.labels.padded_array.shape[0] == 11
+    stock = float(m0.loss_with_aux(params)[0])
+    masked = _masked_loss(m1.loss_with_aux)
+    assert type(masked).__name__ == "MaskedMultiTaskLoss"
+    assert float(masked(params)[0]) == pytest.approx(stock, rel=1e-10)
+    g0 = jax.grad(lambda p: m0.loss_with_aux(p)[0])(params)
+    g1 = jax.grad(lambda p: masked(p)[0])(params)
+    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+        assert np.all(np.isfinite(np.asarray(b)))
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-8, atol=1e-10)
+
+
+def test_single_metric_loss_passes_through():
+    from spica_pipeline.resources.vizier import _masked_loss
+
+    _, _, model, _ = _model(True, [("throughput", "max")])
+    fn = model.loss_with_aux
+    assert _masked_loss(fn) is fn
+
+
+@pytest.mark.parametrize("metrics", [PARETO, [("throughput", "max")]])
+def test_pe_score_with_precomputed_threshold_matches_vizier(metrics):
+    import jax
+    import numpy as np
+    from vizier._src.algorithms.designers import gp_ucb_pe
+    from vizier._src.jax import stochastic_process_model as sp
+
+    from spica_pipeline.resources.vizier import _threshold_pe_class
+
+    designer, data, model, params = _model(True, metrics)
+    predictive = sp.UniformEnsemblePredictive(
+        sp.StochasticProcessWithCoroutine(model.coroutine, params).precompute_predictive(data))
+    cfg = designer._config
+    kw = dict(ucb_coefficient=cfg.ucb_coefficient, explore_ucb_coefficient=cfg.explore_region_ucb_coefficient,
+              penalty_coefficient=cfg.cb_violation_penalty_coefficient, trust_region=None,
+              multimetric_promising_region_penalty_type=cfg.multimetric_promising_region_penalty_type)
+    stock = gp_ucb_pe.PEScoreFunction(predictive, predictive, **kw)
+    ours = _threshold_pe_class()(predictive, predictive, **kw)
+    xs = designer._converter.to_features(designer._quasi_random_sampler.suggest(5))
+    np.testing.assert_allclose(np.asarray(ours.score(xs)), np.asarray(stock.score(xs)), rtol=1e-10, atol=1e-12)
+    assert jax.tree.structure(ours) == jax.tree.structure(_threshold_pe_class()(predictive, predictive, **kw))
