@@ -277,8 +277,6 @@ def large_run(algorithm: str, budget_s: float, out_dir: Path, seed: int = 0) -> 
     """One `spica sweep --time-budget` on the large space (the product path, real replays)."""
     import subprocess
 
-    import pandas as pd
-
     cmd = [sys.executable, "-m", "spica_pipeline.cli", "sweep", "--config", str(SPACES_DIR / "large_disagg.yaml"),
            "--output-dir", str(out_dir), "--time-budget", f"{budget_s:g}s", "--seed", str(seed)]
     if algorithm != "ours":
@@ -290,17 +288,28 @@ def large_run(algorithm: str, budget_s: float, out_dir: Path, seed: int = 0) -> 
     run: dict[str, Any] = {"algorithm": algorithm, "budget_s": budget_s, "returncode": proc.returncode,
                            "wall_s": round(wall, 1), "command": " ".join(cmd[1:]),
                            "stderr_tail": proc.stderr.strip().splitlines()[-3:]}
-    ledger_path = out_dir / "ledger.parquet"
-    if ledger_path.exists():
-        ledger = pd.read_parquet(ledger_path)
-        counted = ledger[ledger["status"] != "cached"]
-        feasible = ledger[ledger["status"] == "feasible"]
-        run.update(trials=len(ledger), evaluations=len(counted), feasible=len(feasible),
-                   best=float(feasible["score"].max()) if len(feasible) else None,
-                   optimizer_s=round(float(ledger["optimizer_seconds"].sum()), 1),
-                   replay_s=round(float(ledger["replay_seconds"].sum()), 1),
-                   designers=ledger["designer"].value_counts().to_dict() if "designer" in ledger else {})
+    run.update(ledger_stats(out_dir))
     return run
+
+
+def ledger_stats(out_dir: Path) -> dict[str, Any]:
+    """A large run's counts from its ledger, with the evaluations it took to first reach its best."""
+    import pandas as pd
+
+    ledger_path = out_dir / "ledger.parquet"
+    if not ledger_path.exists():
+        return {}
+    ledger = pd.read_parquet(ledger_path)
+    counted = ledger[ledger["status"] != "cached"]
+    feasible = ledger[ledger["status"] == "feasible"]
+    best = float(feasible["score"].max()) if len(feasible) else None
+    reached = [i for i, (status, score) in enumerate(zip(counted["status"], counted["score"]))
+               if best is not None and status == "feasible" and score >= best - 1e-9]
+    return dict(trials=len(ledger), evaluations=len(counted), feasible=len(feasible), best=best,
+                evals_to_best=reached[0] + 1 if reached else None, ledger=str(ledger_path),
+                optimizer_s=round(float(ledger["optimizer_seconds"].sum()), 1),
+                replay_s=round(float(ledger["replay_seconds"].sum()), 1),
+                designers=ledger["designer"].value_counts().to_dict() if "designer" in ledger else {})
 
 
 def large(args) -> int:
@@ -315,6 +324,14 @@ def large(args) -> int:
         result["runs"] = previous.get("runs", [])
         result["invocations"] = previous.get("invocations", []) + [{"argv": previous.get("argv"),
                                                                      "date": previous.get("date")}]
+    if args.large_restat:  # recount every recorded run from its ledger (e.g. after adding a statistic)
+        for run in result["runs"]:
+            if run.get("ledger"):
+                run.update(ledger_stats(Path(run["ledger"]).parent))
+        result["summary"] = summarise_large(result["runs"])
+        out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        print(json.dumps(result["summary"]))
+        return 0
     todo = [a.strip() for a in args.algorithms.split(",") if a.strip() in ("ours", "RANDOM_SEARCH")]
     for algorithm in todo:
         # Random search is memoryless, so "random for 4x as long" can run as --random-pieces runs of
@@ -347,7 +364,8 @@ def summarise_large(runs: list[dict[str, Any]]) -> dict[str, Any]:
                               "evaluations": sum(r.get("evaluations", 0) for r in mine),
                               "optimizer_s": round(sum(r.get("optimizer_s", 0.0) for r in mine), 1),
                               "wall_s": round(sum(r["wall_s"] for r in mine), 1),
-                              "best": max(bests) if bests else None}
+                              "best": max(bests) if bests else None,
+                              "evals_to_best": [r.get("evals_to_best") for r in mine]}
     if summary.get("ours", {}).get("best") and summary.get("RANDOM_SEARCH", {}).get("best"):
         summary["best_ours_over_random"] = round(summary["ours"]["best"] / summary["RANDOM_SEARCH"]["best"], 4)
     return summary
@@ -379,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--random-factor", type=float, default=4.0, help="--large: random runs this many x as long")
     ap.add_argument("--random-pieces", type=int, default=1,
                     help="--large: run random's time as this many independent runs (seeds 0..), best of all")
+    ap.add_argument("--large-restat", action="store_true",
+                    help="--large --merge: recount the recorded runs from their ledgers, run nothing")
     ap.add_argument("--large-seed", type=int, default=None, help="--large: run only this seed (one piece)")
     args = ap.parse_args(argv)
     if args.large:
