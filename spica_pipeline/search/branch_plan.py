@@ -75,14 +75,19 @@ def plan_branch(branch: BranchSpace, config: SmartSearchConfig) -> BranchPlan:
     return BranchPlan(branch, encoding, size, budget, False, f"{why}: Vizier {config.sweep.algorithm}")
 
 
+def model_free(config: SmartSearchConfig) -> bool:
+    """Whether the sweep's studies (SPICA_VIZIER_ALGO included) use a designer without a model: then
+    they answer every ask themselves, with no cost-aware fill and no neighbourhood designer."""
+    return resolve_algorithm(config.sweep.algorithm) in MODEL_FREE_ALGORITHMS
+
+
 def study_settings(config: SmartSearchConfig, deadline: float | None = None) -> StudySettings:
     """The study loop's settings from `sweep:`; `deadline` (time.monotonic seconds) ends the branch."""
     sweep = config.sweep
     # A model-free study is already the cheap designer: the cost-aware fill must not swap it for another.
-    model_free = resolve_algorithm(sweep.algorithm) in MODEL_FREE_ALGORITHMS
     return StudySettings(per_round=sweep.per_round, max_rounds=sweep.max_rounds, workers=sweep.eval_workers,
                          failure_breaker=sweep.failure_breaker, deadline=deadline,
-                         optimizer_share=None if model_free else sweep.optimizer_share, cost_aware=sweep.cost_aware,
+                         optimizer_share=None if model_free(config) else sweep.optimizer_share, cost_aware=sweep.cost_aware,
                          replay_estimate_s=replay_estimate_s(config),
                          objectives=len(study_metrics(config.goal)))
 
@@ -226,7 +231,7 @@ def local_designer(config: SmartSearchConfig, encoding: SearchEncoding,
     fill replaces); None for the cheap designers, which answer every ask themselves."""
     from spica_pipeline.search.neighbourhood import NeighbourhoodDesigner
 
-    if resolve_algorithm(config.sweep.algorithm) in MODEL_FREE_ALGORITHMS:
+    if model_free(config):
         return None
     return NeighbourhoodDesigner(encoding, study_metrics(config.goal), seed=seed)
 
