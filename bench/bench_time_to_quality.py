@@ -32,9 +32,12 @@ usage:
   .venv/bin/python bench/bench_time_to_quality.py [--quick] [--spaces goodput_agg,pareto_disagg,trace_agg]
       [--algorithms ours,spica,RANDOM_SEARCH,QUASI_RANDOM_SEARCH] [--seeds 5] [--first-seed 0]
       [--spica-seeds 5] [--workers 2] [--budget-frac 0.5] [--replay-scale 1.0] [--out PATH]
-Validation (held out from tuning the neighbourhood fill): `--first-seed 10` on the three spaces, and
-the disagg_goodput space (bench/spaces/disagg_goodput.yaml), written with --out
-bench/results/time_to_quality_validation.json. --no-warm-up skips the GP warm-up (right when the
+Seeds and spaces (docs/performance.md "Time to quality"): the neighbourhood fill was tuned on seeds
+0-4 (--out bench/results/time_to_quality.json) and 10-14 (--first-seed 10, --out
+bench/results/time_to_quality_validation.json) of goodput_agg, pareto_disagg, trace_agg and
+disagg_goodput; its fresh validation is seeds 20-24 (--first-seed 20) of those four plus
+disagg_trace (bench/spaces/disagg_trace.yaml, written before that tuning), --out
+bench/results/time_to_quality_fresh.json, measured once after the designer was frozen. --no-warm-up skips the GP warm-up (right when the
 cost rule never asks the GP, as on these spaces); a quasi-random suggest then pays the one-time
 Vizier/JAX import before the first timed run instead ("import_warm_up_s"; before 2026-12-04 12:00
 UTC the first timed run of the process, ours', paid it).
