@@ -49,12 +49,13 @@ os.environ.setdefault("DYN_LOG", "warn")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from spica_pipeline.config.goal import OptimizationGoal  # noqa: E402
 from spica_pipeline.search import silicon  # noqa: E402
 from spica_pipeline.search.evaluation import EvalRequest  # noqa: E402
 from spica_pipeline.search.measurement import quantile  # noqa: E402
 from spica_pipeline.search.measurement import relative_change  # noqa: E402
 
-GOAL = {"target": "throughput", "sla": None, "pareto_objectives": None}
+GOAL = OptimizationGoal.model_validate({"target": "throughput", "sla": None, "pareto_objectives": None})
 MNBT = 8192
 QUICK_MAX_ROWS = 24
 QUICK_MAX_CONCURRENCY = 256
@@ -96,7 +97,7 @@ def quick_subset(cases: list[silicon.SiliconCase], limit: int = QUICK_MAX_ROWS) 
     """One row per (model, backend, system, mode) stratum, deterministic, cheap concurrencies first."""
     strata: dict[tuple, list[silicon.SiliconCase]] = defaultdict(list)
     for c in cases:
-        if c.row.concurrency <= QUICK_MAX_CONCURRENCY:
+        if (c.row.concurrency or 0) <= QUICK_MAX_CONCURRENCY:
             strata[(c.row.model, c.row.backend, c.row.system, c.row.mode)].append(c)
     picked = []
     for i, key in enumerate(sorted(strata)):
@@ -107,6 +108,13 @@ def quick_subset(cases: list[silicon.SiliconCase], limit: int = QUICK_MAX_ROWS) 
 
 
 # ---- AIC's own estimate ------------------------------------------------------------------------
+
+
+def _known(value: int | None, name: str) -> int:
+    """A row field an expressible row always has (silicon.map_row); None is a mapping bug."""
+    if value is None:
+        raise ValueError(f"silicon row without {name}")
+    return int(value)
 
 _aic_models: dict[tuple, Any] = {}
 
@@ -122,6 +130,7 @@ def aic_estimate(case: silicon.SiliconCase, version: str) -> tuple[float, float]
     from spica_pipeline.search.model_hw import QuietAIC
 
     r = case.row
+    concurrency, isl, osl = _known(r.concurrency, "concurrency"), _known(r.isl, "isl"), _known(r.osl, "osl")
 
     def model(shape: silicon.Shape):
         key = (case.aic_model, r.backend, shape.tp, shape.pp, shape.attention_dp, shape.moe_tp, shape.moe_ep)
@@ -133,18 +142,20 @@ def aic_estimate(case: silicon.SiliconCase, version: str) -> tuple[float, float]
 
     with QuietAIC():
         db = get_database(r.system, r.backend, version)
+        if db is None:
+            raise ValueError(f"no AIC perf database for {r.system}/{r.backend} {version}")
         backend = get_backend(r.backend)
         if r.mode == "agg":
             shape = case.roles["agg"]
-            bs = max(1, math.ceil(r.concurrency / (shape.workers * shape.attention_dp)))
-            out = backend.run_agg(model(shape), db, RuntimeConfig(batch_size=bs, isl=r.isl, osl=r.osl),
+            bs = max(1, math.ceil(concurrency / (shape.workers * shape.attention_dp)))
+            out = backend.run_agg(model(shape), db, RuntimeConfig(batch_size=bs, isl=isl, osl=osl),
                                   ctx_tokens=MNBT).get_summary_df()
             return float(out.loc[0, "ttft"]), float(out.loc[0, "tpot"])
         p, d = case.roles["prefill"], case.roles["decode"]
-        ctx = backend.run_static(model(p), db, RuntimeConfig(batch_size=1, isl=r.isl, osl=r.osl),
+        ctx = backend.run_static(model(p), db, RuntimeConfig(batch_size=1, isl=isl, osl=osl),
                                  mode="static_ctx").get_summary_df()
-        bs = max(1, math.ceil(r.concurrency / (d.workers * d.attention_dp)))
-        gen = backend.run_static(model(d), db, RuntimeConfig(batch_size=bs, isl=r.isl, osl=r.osl),
+        bs = max(1, math.ceil(concurrency / (d.workers * d.attention_dp)))
+        gen = backend.run_static(model(d), db, RuntimeConfig(batch_size=bs, isl=isl, osl=osl),
                                  mode="static_gen").get_summary_df()
         return float(ctx.loc[0, "ttft"]), float(gen.loc[0, "tpot"])
 
@@ -241,9 +252,10 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
                             "requests": sweep.derived.get("request_count")}
         if stability and rec.get("sweep"):  # the sweep measurement with twice the requests actually replayed
             used = float(sweep.derived.get("request_count") or sweep.report.get("completed_requests") or 0)
+            twice_ratio = 2 * used / _known(r.concurrency, "concurrency")
             twice = evaluator.evaluate(EvalRequest(case.sample(version, max_num_batched_tokens=MNBT,
                                                                memory_fraction=fraction),
-                                                   case.workload(2 * used / r.concurrency), GOAL, sweep_ctx))
+                                                   case.workload(twice_ratio), GOAL, sweep_ctx))
             if twice.status == "feasible" and twice.report:
                 rec["stability"] = {
                     "requests": [used, float(twice.derived.get("request_count") or 0)],
