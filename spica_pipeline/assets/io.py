@@ -216,11 +216,17 @@ COLUMN_DESCRIPTIONS = {
     "planner_total_ticks": "planner decisions during the replay",
     "request_throughput_rps": "completed requests/s",
     "p90_ttft_ms": "p90 time to first token, ms",
-    "p90_itl_ms": "p90 inter-token latency, ms",
+    "p90_itl_ms": "p90 over the window's requests of their mean inter-token latency, ms",
     "completed_requests": "requests completed in the replay",
     "goodput_completed_requests": "completed requests within the SLA",
+    "window_counted_requests": "requests that arrived and completed in the steady-state window",
+    "window_total_requests": "requests completed in the whole replay",
+    "window_start_ms": "steady-state window start (warm-up excluded), ms",
+    "window_end_ms": "steady-state window end (drain excluded), ms",
 }
-PREFIX_DESCRIPTIONS = {"obj.": "Pareto objective: ", "cfg.": "candidate config: ", "spread.": "router-repeat spread: "}
+PREFIX_DESCRIPTIONS = {"obj.": "Pareto objective: ", "cfg.": "candidate config: ", "spread.": "router-repeat spread: ",
+                       "full_run_": "over the whole replay (warm-up and drain included): ",
+                       "calibrated_": "calibrated (replay x the calibration profile): "}
 
 
 def column_description(name: str) -> str | None:
@@ -229,5 +235,6 @@ def column_description(name: str) -> str | None:
         return COLUMN_DESCRIPTIONS[name]
     for prefix, what in PREFIX_DESCRIPTIONS.items():
         if name.startswith(prefix):
-            return what + name[len(prefix):]
+            rest = name[len(prefix):]
+            return what + (COLUMN_DESCRIPTIONS.get(rest) or rest)
     return None
