@@ -4,7 +4,8 @@ exhaustive optimum (or of the exhaustive front's hypervolume), per algorithm, on
 Spaces (bench/spaces/): goodput_agg (scalar goal), pareto_disagg (Pareto goal), trace_agg (a
 Mooncake trace workload). Each space's exhaustive truth is every point replayed once; outcomes are
 cached by `EvalRequest.spec_hash` in bench/.cache/<space>.<config hash>.outcomes.json, and the truth
-summary next to it, so reruns and every algorithm/seed reuse them (no replay twice).
+summary next to it (keyed also by a digest of every point's spec hash, so a change to what a replay
+computes rebuilds it), so reruns and every algorithm/seed reuse them (no replay twice).
 
 Algorithms:
   ours        the sweep's default: GP-UCB-PE with compile-once programs, asynchronous dispatch
@@ -155,8 +156,29 @@ def space_key(config) -> str:
     return spec_hash(data)
 
 
+def specs_digest(config, prepared) -> str:
+    """Digest of the spec hashes of every point of the space (built, not replayed): a change to what
+    a replay computes (calibration profile, report fields, ...) changes the specs but not the config,
+    and must not reuse a truth built from the old replays."""
+    import hashlib
+
+    from spica_pipeline.search.branch_plan import candidate_builder, exhaustive_points, plan_branch
+    from spica_pipeline.sweep import evaluation_context
+
+    thorough = with_sweep(config, policy="thorough")
+    plan = plan_branch(prepared.branches[0], thorough)
+    build = candidate_builder(thorough, prepared.load_predictor, evaluation_context(thorough, prepared.load_predictor))
+    specs = []
+    for p in exhaustive_points(plan.encoding):
+        try:
+            specs.append(build(p.selection, p.parallel_config).spec_hash)
+        except Exception:  # a point whose build fails has no replay
+            continue
+    return hashlib.sha256("\n".join(sorted(specs)).encode()).hexdigest()[:12]
+
+
 def cached_truth(name: str, config, prepared, evaluator) -> dict[str, Any]:
-    path = CACHE_DIR / f"{name}.{space_key(config)}.truth.json"
+    path = CACHE_DIR / f"{name}.{space_key(config)}.{specs_digest(config, prepared)}.truth.json"
     if path.exists():
         return json.loads(path.read_text())
     truth = exhaustive_truth(config, prepared, evaluator)
