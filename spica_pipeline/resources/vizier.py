@@ -30,7 +30,11 @@ but (a) scipy's OpenBLAS spinning its threads on the busy 2-core box inside JAX'
 triangular solves (117 ms instead of 0.18 ms for a 128x128 float64 Cholesky), now pinned to one
 thread during a GP suggest, and (b) GP-UCB-PE's pure-exploration score recomputing its UCB
 threshold (a GP prediction at every trial, O(n^3)) in every acquisition-optimiser step, now once
-per optimisation.
+per optimisation; then (c) XLA's triangular-solve expander (a 127-step loop per 128-row solve) for
+every batched solve, now LAPACK trsm (`_batched_lapack_triangular_solve`), (d) the one-program jaxopt
+ARD fit, now scipy's L-BFGS-B over a compiled value-and-gradient (`scipy_ard_optimizer`), and (e) a
+(history, history + pending) PAIR of padded shapes per suggest, now one `trial_bucket` per suggest.
+docs/performance.md ("compile once") has the profiles and the numbers.
 `Study.suggest_async` runs the next ask on a background thread while the current batch replays.
 
 vizier and jax are imported lazily: importing this module must not start JAX or set JAX_PLATFORMS.
