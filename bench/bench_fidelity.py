@@ -49,12 +49,13 @@ os.environ.setdefault("DYN_LOG", "warn")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from spica_pipeline.config.goal import OptimizationGoal  # noqa: E402
 from spica_pipeline.search import silicon  # noqa: E402
 from spica_pipeline.search.evaluation import EvalRequest  # noqa: E402
-from spica_pipeline.search.measurement import quantile  # noqa: E402
+from spica_pipeline.search.measurement import benchmark_client_request, quantile  # noqa: E402
 from spica_pipeline.search.measurement import relative_change  # noqa: E402
 
-GOAL = {"target": "throughput", "sla": None, "pareto_objectives": None}
+GOAL = OptimizationGoal.model_validate({"target": "throughput", "sla": None, "pareto_objectives": None})
 MNBT = 8192
 QUICK_MAX_ROWS = 24
 QUICK_MAX_CONCURRENCY = 256
@@ -96,7 +97,7 @@ def quick_subset(cases: list[silicon.SiliconCase], limit: int = QUICK_MAX_ROWS) 
     """One row per (model, backend, system, mode) stratum, deterministic, cheap concurrencies first."""
     strata: dict[tuple, list[silicon.SiliconCase]] = defaultdict(list)
     for c in cases:
-        if c.row.concurrency <= QUICK_MAX_CONCURRENCY:
+        if (c.row.concurrency or 0) <= QUICK_MAX_CONCURRENCY:
             strata[(c.row.model, c.row.backend, c.row.system, c.row.mode)].append(c)
     picked = []
     for i, key in enumerate(sorted(strata)):
@@ -107,6 +108,13 @@ def quick_subset(cases: list[silicon.SiliconCase], limit: int = QUICK_MAX_ROWS) 
 
 
 # ---- AIC's own estimate ------------------------------------------------------------------------
+
+
+def _known(value: int | None, name: str) -> int:
+    """A row field an expressible row always has (silicon.map_row); None is a mapping bug."""
+    if value is None:
+        raise ValueError(f"silicon row without {name}")
+    return int(value)
 
 _aic_models: dict[tuple, Any] = {}
 
@@ -122,6 +130,7 @@ def aic_estimate(case: silicon.SiliconCase, version: str) -> tuple[float, float]
     from spica_pipeline.search.model_hw import QuietAIC
 
     r = case.row
+    concurrency, isl, osl = _known(r.concurrency, "concurrency"), _known(r.isl, "isl"), _known(r.osl, "osl")
 
     def model(shape: silicon.Shape):
         key = (case.aic_model, r.backend, shape.tp, shape.pp, shape.attention_dp, shape.moe_tp, shape.moe_ep)
@@ -133,18 +142,20 @@ def aic_estimate(case: silicon.SiliconCase, version: str) -> tuple[float, float]
 
     with QuietAIC():
         db = get_database(r.system, r.backend, version)
+        if db is None:
+            raise ValueError(f"no AIC perf database for {r.system}/{r.backend} {version}")
         backend = get_backend(r.backend)
         if r.mode == "agg":
             shape = case.roles["agg"]
-            bs = max(1, math.ceil(r.concurrency / (shape.workers * shape.attention_dp)))
-            out = backend.run_agg(model(shape), db, RuntimeConfig(batch_size=bs, isl=r.isl, osl=r.osl),
+            bs = max(1, math.ceil(concurrency / (shape.workers * shape.attention_dp)))
+            out = backend.run_agg(model(shape), db, RuntimeConfig(batch_size=bs, isl=isl, osl=osl),
                                   ctx_tokens=MNBT).get_summary_df()
             return float(out.loc[0, "ttft"]), float(out.loc[0, "tpot"])
         p, d = case.roles["prefill"], case.roles["decode"]
-        ctx = backend.run_static(model(p), db, RuntimeConfig(batch_size=1, isl=r.isl, osl=r.osl),
+        ctx = backend.run_static(model(p), db, RuntimeConfig(batch_size=1, isl=isl, osl=osl),
                                  mode="static_ctx").get_summary_df()
-        bs = max(1, math.ceil(r.concurrency / (d.workers * d.attention_dp)))
-        gen = backend.run_static(model(d), db, RuntimeConfig(batch_size=bs, isl=r.isl, osl=r.osl),
+        bs = max(1, math.ceil(concurrency / (d.workers * d.attention_dp)))
+        gen = backend.run_static(model(d), db, RuntimeConfig(batch_size=bs, isl=isl, osl=osl),
                                  mode="static_gen").get_summary_df()
         return float(ctx.loc[0, "ttft"]), float(gen.loc[0, "tpot"])
 
@@ -207,13 +218,18 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
     if client_gap_cycles is not None:
         context["client_gap_cycles"] = client_gap_cycles
     fraction = 0.9
-    out = evaluator.evaluate(EvalRequest(case.sample(version, max_num_batched_tokens=MNBT),
-                                         case.workload(request_ratio), GOAL, context))
+
+    def client_request(c: silicon.SiliconCase, memory_fraction: float = 0.9) -> EvalRequest:
+        req = EvalRequest(c.sample(version, max_num_batched_tokens=MNBT, memory_fraction=memory_fraction),
+                          c.workload(request_ratio), GOAL, context)
+        if client == "together" and client_gap_cycles is None:  # exactly the replay a sweep runs for calibration
+            req = benchmark_client_request(req, request_ratio)
+        return req
+
+    out = evaluator.evaluate(client_request(case))
     if out.status != "feasible" and out.reason:  # the nearest deployment the engine could have run
         for near, near_fraction, note in silicon.nearest_deployments(case, out.reason):
-            retry = evaluator.evaluate(EvalRequest(near.sample(version, max_num_batched_tokens=MNBT,
-                                                               memory_fraction=near_fraction),
-                                                   near.workload(request_ratio), GOAL, context))
+            retry = evaluator.evaluate(client_request(near, near_fraction))
             if retry.status == "feasible":
                 case, fraction, out = near, near_fraction, retry
                 rec["nearest_deployment"] = {"note": note, "memory_fraction": near_fraction,
@@ -241,9 +257,10 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
                             "requests": sweep.derived.get("request_count")}
         if stability and rec.get("sweep"):  # the sweep measurement with twice the requests actually replayed
             used = float(sweep.derived.get("request_count") or sweep.report.get("completed_requests") or 0)
+            twice_ratio = 2 * used / _known(r.concurrency, "concurrency")
             twice = evaluator.evaluate(EvalRequest(case.sample(version, max_num_batched_tokens=MNBT,
                                                                memory_fraction=fraction),
-                                                   case.workload(2 * used / r.concurrency), GOAL, sweep_ctx))
+                                                   case.workload(twice_ratio), GOAL, sweep_ctx))
             if twice.status == "feasible" and twice.report:
                 rec["stability"] = {
                     "requests": [used, float(twice.derived.get("request_count") or 0)],
@@ -312,10 +329,12 @@ def apply_profile(records: list[dict[str, Any]], profile: dict[str, Any]) -> Non
         raw = rec.get("sweep") or {}
         if not raw.get("ttft") or not raw.get("tpot"):
             continue
+        # a sweep with a client-basis profile runs the benchmark-client replay: here that is "ours"
+        client = rec.get("ours") if rec.get("window_rule") == "benchmark_client" else None
         cal = calibration.calibrate({"mean_ttft_ms": raw["ttft"], "mean_tpot_ms": raw["tpot"]},
                                     profile, system=rec["system"], backend=rec["backend"],
                                     concurrency={p: calibration.engine_concurrency(rec, p) for p in ("ttft", "tpot")},
-                                    isl=rec.get("isl"), osl=rec.get("osl"))
+                                    isl=rec.get("isl"), osl=rec.get("osl"), client=client)
         rec["calibrated"] = {"ttft": cal.get("calibrated_mean_ttft_ms"), "tpot": cal.get("calibrated_mean_tpot_ms")}
         rec["band"] = {}
         for metric in ("ttft", "tpot"):
@@ -416,7 +435,7 @@ def print_report(name: str, rep: dict[str, Any]) -> None:
 
 def select(mapped: list, *, split: str, models: list[str] | None, systems: list[str] | None,
            quick: bool, max_rows: int | None, ids: list[str] | None = None, skip_rows: int = 0,
-           max_concurrency: int | None = None) -> list[silicon.SiliconCase]:
+           max_concurrency: int | None = None, backends: list[str] | None = None) -> list[silicon.SiliconCase]:
     cases = [m for m in mapped if isinstance(m, silicon.SiliconCase)]
     if ids:
         cases = [c for c in cases if c.row.id in ids]
@@ -435,6 +454,8 @@ def select(mapped: list, *, split: str, models: list[str] | None, systems: list[
     cases = cases[skip_rows:]
     if max_concurrency is not None:  # replay cost grows with concurrency (a c=7168 row takes minutes)
         cases = [c for c in cases if (c.row.concurrency or 0) <= max_concurrency]
+    if backends:  # after the prefix, so a backend's rows are the same rows as in the full run
+        cases = [c for c in cases if c.row.backend in backends]
     return cases
 
 
@@ -446,8 +467,15 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
     models = [m.strip() for m in args.models.split(",")] if args.models else None
     systems = [s.strip() for s in args.systems.split(",")] if args.systems else None
     ids = [i.strip() for i in args.ids.split(",")] if args.ids else None
+    backends = [b.strip() for b in args.backends.split(",")] if args.backends else None
     cases = select(mapped, split=args.split, models=models, systems=systems, quick=args.quick,
-                   max_rows=args.max_rows, ids=ids, skip_rows=args.skip_rows, max_concurrency=args.max_concurrency)
+                   max_rows=args.max_rows, ids=ids, skip_rows=args.skip_rows, max_concurrency=args.max_concurrency,
+                   backends=backends)
+    earlier: dict[str, dict[str, Any]] = {}
+    for path in (args.sweep_from or "").split(","):  # --no-sweep: each row's sweep replay (and AIC) from these
+        if path:
+            for r in json.loads(Path(path).read_text())["records"]:
+                earlier.setdefault(r["id"], r)
     evaluator = ReplayEvaluator(cache_dir=args.cache_dir)
     records: list[dict[str, Any]] = []
     started = time.perf_counter()
@@ -492,6 +520,12 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         rec = evaluate_case(evaluator, case, version, args.request_ratio, not args.no_aic, args.stability,
                             client=args.client, client_gap_cycles=args.client_gap_cycles,
                             with_sweep=not args.no_sweep)
+        old = earlier.get(case.row.id) or {}
+        if args.no_sweep and rec.get("ours") and old.get("sweep"):
+            # the sweep replay (ramp + window) of the same row and shape from an earlier run
+            rec["sweep"], rec["sweep_from"] = old["sweep"], args.sweep_from
+        if args.no_aic:
+            rec.update({k: old[k] for k in ("aic", "aic_reason") if k in old})
         records.append(rec)
         ours = rec.get("ours") or {}
         print(f"[{i}/{len(cases)}] {case.row.id} c={case.row.concurrency} {rec['status']} "
@@ -504,16 +538,15 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
     if args.fit_calibration:
         from spica_pipeline.search import calibration
 
-        # the profile maps what sweeps measure (the "sweep" replay) to silicon
-        cal_records = [{**r, "ours": r["sweep"]} for r in records
-                       if r["split"] == "calibration" and (r.get("sweep") or {}).get("ttft")]
+        # the profile maps what a sweep measures to silicon: per phase its own ("sweep") replay or the
+        # benchmark-client replay it runs for a client-basis profile (calibration.PhaseMethod.replay)
+        cal_records = fit_records(records)
         profile = calibration.fit(cal_records, fitted=time.strftime("%Y-%m-%d", time.gmtime()),
                                   source="bench/bench_fidelity.py " + " ".join(sys.argv[1:] if argv is None else argv),
                                   method=calibration.CHOSEN)
         profile["provenance"] = {
             "split": "calibration", "models": sorted({r["model"] for r in cal_records}),
-            "replay": "the sweep measurement of each row (ramped closed-loop clients, steady-state window, "
-                      "search/measurement.py), i.e. what the profile corrects in a sweep",
+            "replay": {phase: REPLAY_DESCRIPTIONS[basis] for phase, basis in profile["replay"].items()},
             "silicon_csv": "aiconfigurator_core/systems/silicon_sample.csv",
             "aiconfigurator_core": _version("aiconfigurator-core"), "ai_dynamo_runtime": _version("ai-dynamo-runtime"),
             "results": args.json, "replays": args.from_json,
@@ -534,13 +567,32 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
                              "profile": args.fit_calibration or args.calibration,
                              "in_sample_split": "calibration"} if profile else None)
     if args.compare_methods:
-        final["method_comparison"] = compare_methods([{**r, "ours": r["sweep"]} for r in records
-                                                      if r["split"] == "calibration" and (r.get("sweep") or {}).get("ttft")])
+        final["method_comparison"] = compare_methods(fit_records(records))
     if args.fit_calibration:
         final["calibration"]["leave_one_model_out"] = lomo
         print(f"leave-one-model-out calibrated ({lomo['rows']} rows): "
               f"TTFT {_fmt(lomo['calibrated']['ttft'])} | TPOT {_fmt(lomo['calibrated']['tpot'])}")
     return final
+
+
+REPLAY_DESCRIPTIONS = {
+    "sweep": "the sweep measurement of each row (ramped closed-loop clients, steady-state window, "
+             "search/measurement.py), i.e. what the profile corrects in a sweep",
+    "client": "the benchmark-client replay of each row ('ours': every client at t=0, 10 x c requests, every request "
+              "counted, each request's OSL uniform in OSL x (1 -+ search/measurement.py CLIENT_OSL_JITTER[backend]), "
+              "vLLM 0.05, SGLang none), which a sweep runs beside its own replay when the profile asks for it",
+}
+
+
+def fit_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Calibration-split records with a sweep replay; "ours" kept only where it is the benchmark-client
+    replay (a `--client ramp` run's "ours" is the sweep measurement)."""
+    out = []
+    for r in records:
+        if r["split"] != "calibration" or not (r.get("sweep") or {}).get("ttft"):
+            continue
+        out.append(r if r.get("window_rule") == "benchmark_client" else {**r, "ours": None})
+    return out
 
 
 def leave_one_model_out(records: list[dict[str, Any]], method=None, lomo_bands: bool = True) -> dict[str, Any]:
@@ -551,6 +603,7 @@ def leave_one_model_out(records: list[dict[str, Any]], method=None, lomo_bands: 
     from spica_pipeline.search import calibration
 
     scored: list[dict[str, Any]] = []
+    by_model: dict[str, Any] = {}
     for model in sorted({r["model"] for r in records}):
         train = [r for r in records if r["model"] != model]
         test = [copy.deepcopy(r) for r in records if r["model"] == model]
@@ -560,17 +613,61 @@ def leave_one_model_out(records: list[dict[str, Any]], method=None, lomo_bands: 
         # (themselves leave-one-model-out); off for the method comparison, which reads only errors
         apply_profile(test, calibration.fit(train, fitted="lomo", source="lomo", method=method, lomo_bands=lomo_bands))
         scored += test
-    return {"rows": len(scored), "calibrated": summarise(scored)["calibrated"], "band_coverage": band_coverage(scored)}
+        by_model[model] = summarise(test)["calibrated"]
+    return {"rows": len(scored), "calibrated": summarise(scored)["calibrated"], "band_coverage": band_coverage(scored),
+            "by_model": by_model}
 
 
 # the issue's targets for one phase: (MdAPE, P90); a variant's score is the sum of its leave-one-model-out
 # MdAPE and P90 each divided by its target (distance to the targets, in target units; lower is better)
 TARGETS = {"ttft": (0.20, 0.50), "tpot": (0.10, 0.50)}
+# a variant beyond the reference must also win on at least this many of the leave-one-model-out folds
+MIN_FOLD_WINS = 4
+CHOICE_RULE = (
+    "per phase, calibration split only: score = LOMO MdAPE/target + LOMO P90/target (targets TTFT 20 %/50 %, "
+    "TPOT 10 %/50 %), pooled over the 6 calibration models and per left-out model (fold). On each replay basis "
+    "the reference is the simplest variant (s=0, (system, backend) offsets only); another variant replaces it "
+    f"only if its pooled score is lower and its fold score is lower on >= {MIN_FOLD_WINS} folds (lowest pooled "
+    "score among those). Between the bases, sweep (no extra replay) is the reference and the client basis's "
+    "winner must beat it by the same rule. Fixed 2026-12-04T11:14Z, before fold scores were computed.")
+
+
+def _score(stats: dict[str, Any], phase: str) -> float:
+    t_md, t_p90 = TARGETS[phase]
+    return round(stats["mdape"] / t_md + stats["p90"] / t_p90, 4)
+
+
+def _beats(challenger: dict[str, Any], reference: dict[str, Any], phase: str) -> tuple[bool, int]:
+    """(challenger replaces reference, folds it wins) under CHOICE_RULE."""
+    folds = [m for m in reference[phase]["folds"] if m in challenger[phase]["folds"]]
+    wins = sum(challenger[phase]["folds"][m] < reference[phase]["folds"][m] for m in folds)
+    return challenger[phase]["score"] < reference[phase]["score"] and wins >= MIN_FOLD_WINS, wins
+
+
+def choose(rows: list[dict[str, Any]], phase: str) -> dict[str, Any]:
+    """The CHOICE_RULE winner of one phase among scored variants (compare_methods rows)."""
+    winners = {}
+    for replay in ("sweep", "client"):
+        on = [r for r in rows if r["option"]["replay"] == replay]
+        if not on:
+            continue
+        ref = next(r for r in on if calibration_reference(r))
+        qualifying = [r for r in on if r is not ref and _beats(r, ref, phase)[0]]
+        winners[replay] = min(qualifying, key=lambda r: r[phase]["score"]) if qualifying else ref
+    if "client" in winners and _beats(winners["client"], winners["sweep"], phase)[0]:
+        return winners["client"]
+    return winners["sweep"]
+
+
+def calibration_reference(row: dict[str, Any]) -> bool:
+    from spica_pipeline.search import calibration
+
+    return calibration.PhaseMethod(**row["option"]).is_reference
 
 
 def compare_methods(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every per-phase variant (calibration.phase_options) scored by leave-one-model-out error on the
-    calibration split only; each phase's choice is the lowest score (ties: earlier variant). The
+    """Every per-phase variant on both replay bases (calibration.phase_options) scored by
+    leave-one-model-out error on the calibration split only; each phase's choice by CHOICE_RULE. The
     phases are fitted independently, so one comparison per phase option serves both phases."""
     from spica_pipeline.search import calibration
 
@@ -578,26 +675,28 @@ def compare_methods(records: list[dict[str, Any]]) -> dict[str, Any]:
     if held:
         raise SystemExit(f"--compare-methods uses calibration rows only; got held-out {held[:3]}")
     rows: list[dict[str, Any]] = []
-    for option in calibration.phase_options():
-        stats = leave_one_model_out(records, calibration.Method(option.label(), option, option),
-                                    lomo_bands=False)["calibrated"]
+    for option in calibration.phase_options(calibration.REPLAYS):
+        lomo = leave_one_model_out(records, calibration.Method(option.label(), option, option), lomo_bands=False)
         row: dict[str, Any] = {"variant": option.label(), "option": vars(option)}
-        for phase, (t_md, t_p90) in TARGETS.items():
-            st = stats[phase]
-            row[phase] = {**st, "score": round(st["mdape"] / t_md + st["p90"] / t_p90, 4)}
+        for phase in TARGETS:
+            st = lomo["calibrated"][phase]
+            row[phase] = {**st, "score": _score(st, phase),
+                          "folds": {m: _score(v[phase], phase) for m, v in lomo["by_model"].items()
+                                    if v[phase].get("mdape") is not None}}
         rows.append(row)
-        print(f"   {row['variant']:28s} TTFT {_fmt(row['ttft'])} score {row['ttft']['score']:.2f} | "
+        print(f"   {row['variant']:34s} TTFT {_fmt(row['ttft'])} score {row['ttft']['score']:.2f} | "
               f"TPOT {_fmt(row['tpot'])} score {row['tpot']['score']:.2f}", flush=True)
-    chosen = {phase: min(rows, key=lambda r: r[phase]["score"])["variant"] for phase in TARGETS}
+    chosen_rows = {phase: choose(rows, phase) for phase in TARGETS}
+    chosen = {phase: r["variant"] for phase, r in chosen_rows.items()}
+    best = {phase: min(rows, key=lambda r: r[phase]["score"])["variant"] for phase in TARGETS}
     shipped = {phase: calibration.CHOSEN.phase(phase).label() for phase in TARGETS}
-    print(f"   chosen by leave-one-model-out score: TTFT {chosen['ttft']}, TPOT {chosen['tpot']}; "
-          f"search/calibration.py CHOSEN ({calibration.CHOSEN.name}): TTFT {shipped['ttft']}, TPOT {shipped['tpot']}"
+    print(f"   chosen ({CHOICE_RULE[:40]}...): TTFT {chosen['ttft']}, TPOT {chosen['tpot']} "
+          f"(lowest pooled score: TTFT {best['ttft']}, TPOT {best['tpot']}); search/calibration.py CHOSEN "
+          f"({calibration.CHOSEN.name}): TTFT {shipped['ttft']}, TPOT {shipped['tpot']}"
           + ("" if shipped == chosen else "  <- differs"))
     return {"rows": len({r['id'] for r in records}), "models": sorted({r["model"] for r in records}),
-            "shipped": shipped, "shipped_is_chosen": shipped == chosen,
-            "rule": "per phase: min over variants of LOMO MdAPE/target + LOMO P90/target "
-                    "(targets TTFT 20 %/50 %, TPOT 10 %/50 %); calibration split only",
-            "variants": rows, "chosen": chosen}
+            "shipped": shipped, "shipped_is_chosen": shipped == chosen, "rule": CHOICE_RULE,
+            "variants": rows, "chosen": chosen, "lowest_pooled_score": best}
 
 
 def write_json(path: str, data: dict[str, Any]) -> None:
@@ -631,6 +730,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--skip-rows", type=int, default=0,
                     help="leave out the first N rows of the --max-rows prefix (extend an earlier run)")
     ap.add_argument("--max-concurrency", type=int, default=None, help="leave out rows above this concurrency")
+    ap.add_argument("--backends", help="comma-separated backends (vllm, sglang), applied after --max-rows")
+    ap.add_argument("--sweep-from", metavar="PATH[,PATH]",
+                    help="with --no-sweep (--no-aic): take each row's sweep replay (AIC estimate) from these "
+                         "earlier result files (the sweep measurement did not change)")
     ap.add_argument("--quick", action="store_true", help="stratified subset, a few minutes on 2 cores")
     ap.add_argument("--json", "--out", dest="json", help="write the result JSON here (--out: run_all.py's name)")
     ap.add_argument("--client", choices=("together", "ramp"), default="together",

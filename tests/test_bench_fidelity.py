@@ -66,11 +66,33 @@ def test_compare_methods_scores_every_variant_on_calibration_rows(tmp_path):
 
     from spica_pipeline.search import calibration
 
-    records = [{**r, "ours": r["sweep"]} for r in json.loads((RESULTS / "fidelity_calibration.json").read_text())["records"]
+    records = [r for r in json.loads((RESULTS / "fidelity_calibration.json").read_text())["records"]
                if (r.get("sweep") or {}).get("ttft")][:80]
     result = bench_fidelity.compare_methods(records)
-    assert len(result["variants"]) == len(calibration.phase_options())
+    assert len(result["variants"]) == len(calibration.phase_options(calibration.REPLAYS))
     assert set(result["chosen"]) == {"ttft", "tpot"}
+    assert {v["variant"] for v in result["variants"]} >= set(result["chosen"].values())
     assert all(math.isfinite(v[p]["score"]) for v in result["variants"] for p in ("ttft", "tpot"))
+    assert all(len(v["ttft"]["folds"]) == len(result["models"]) for v in result["variants"])
     with pytest.raises(SystemExit, match="held-out"):
         bench_fidelity.compare_methods([{**records[0], "split": "heldout"}, *records[1:]])
+
+
+def test_the_choice_rule_needs_a_pooled_win_and_four_of_six_folds():
+    import bench_fidelity
+
+    from spica_pipeline.search import calibration
+
+    def row(option, score, folds):
+        return {"variant": option.label(), "option": vars(option),
+                "ttft": {"score": score, "folds": dict(zip("abcdef", folds))}}
+
+    ref = row(calibration.PhaseMethod(0.0), 5.0, [5] * 6)
+    pooled_only = row(calibration.PhaseMethod(0.5), 4.0, [1, 1, 1, 9, 9, 9])  # lower pooled, 3 folds
+    consistent = row(calibration.PhaseMethod(1.0), 4.5, [4, 4, 4, 4, 6, 6])  # lower pooled, 4 folds
+    assert bench_fidelity.choose([ref, pooled_only], "ttft") is ref
+    assert bench_fidelity.choose([ref, pooled_only, consistent], "ttft") is consistent
+    client = row(calibration.PhaseMethod(0.0, replay="client"), 3.0, [3, 3, 3, 6, 6, 6])
+    assert bench_fidelity.choose([ref, client], "ttft") is ref  # the client basis must win 4 folds too
+    better = row(calibration.PhaseMethod(0.0, replay="client"), 3.0, [3, 3, 3, 3, 6, 6])
+    assert bench_fidelity.choose([ref, better], "ttft") is better

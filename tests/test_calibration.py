@@ -296,3 +296,104 @@ def test_sla_attainment_is_a_share_of_the_window_it_was_counted_in():
     raw = Candidate.from_report({"used_gpus": 1}, {"completed_requests": 200.0, "goodput_completed_requests": 180.0},
                                 "throughput")
     assert sla_attainment(raw) == pytest.approx(0.9)  # unwindowed (whole run) reports as before
+
+
+# ---- a phase fitted on the benchmark-client replay ("replay": "client") ----------------------------
+
+def client_record(i, ttft_client=200.0, ttft_sweep=50.0, silicon_ttft=300.0):
+    r = record(i)
+    r["ours"] = {"ttft": ttft_client, "tpot": 10.0}  # the benchmark-client replay
+    r["sweep"] = {"ttft": ttft_sweep, "tpot": 10.0}
+    r["silicon"] = {"ttft": silicon_ttft, "tpot": 5.0}
+    return r
+
+
+CLIENT = cal.Method("client-test", cal.PhaseMethod(0.0, replay="client"), cal.PhaseMethod(0.0))
+
+
+def test_a_client_phase_is_fitted_on_the_client_replay_with_a_sweep_fallback():
+    p = cal.fit([client_record(i) for i in range(6)], fitted="d", source="t", method=CLIENT)
+    assert p["replay"] == {"ttft": "client", "tpot": "sweep"} and cal.needs_client(p)
+    assert p["slices"]["h200_sxm/vllm/ttft"]["factor"] == pytest.approx(1.5)  # 300 / 200
+    assert p["slices"]["h200_sxm/vllm/tpot"]["factor"] == pytest.approx(0.5)
+    fallback = p["sweep_fallback"]
+    assert not cal.needs_client(fallback) and fallback["slices"]["h200_sxm/vllm/ttft"]["factor"] == pytest.approx(6.0)
+    assert cal.validate(json.loads(json.dumps(p)))
+    broken = {k: v for k, v in p.items() if k != "sweep_fallback"}
+    with pytest.raises(cal.ProfileError, match="sweep_fallback"):
+        cal.validate(broken)
+    with pytest.raises(cal.ProfileError, match="replay"):
+        cal.validate({**p, "replay": {"ttft": "lockstep", "tpot": "sweep"}})
+
+
+def test_calibrate_reads_the_client_replay_and_falls_back_to_the_sweep_fit_without_it():
+    p = cal.fit([client_record(i) for i in range(6)], fitted="d", source="t", method=CLIENT)
+    report = {"mean_ttft_ms": 50.0, "p90_ttft_ms": 80.0, "mean_tpot_ms": 10.0, "mean_e2e_latency_ms": 1050.0}
+    out = cal.calibrate(report, p, system="h200_sxm", backend="vllm", concurrency=8,
+                        client={"ttft": 200.0, "tpot": 12.0})
+    assert out["calibrated_mean_ttft_ms"] == pytest.approx(300.0)  # client 200 x 1.5
+    assert out["calibration_factor_ttft"] == pytest.approx(6.0)  # over the sweep's own 50
+    assert out["calibrated_p90_ttft_ms"] == pytest.approx(480.0)  # the phase's keys follow its factor
+    assert out["calibrated_mean_tpot_ms"] == pytest.approx(5.0)  # TPOT stays on the sweep basis
+    assert out["client_mean_ttft_ms"] == 200.0 and out["calibration_client_replay"] == 1.0
+    assert out["calibrated_mean_e2e_latency_ms"] == pytest.approx(300.0 + 1000.0 * 0.5)
+    alone = cal.calibrate(report, p, system="h200_sxm", backend="vllm", concurrency=8)
+    assert alone["calibrated_mean_ttft_ms"] == pytest.approx(300.0)  # sweep 50 x the fallback's 6
+    assert alone["calibration_client_replay"] == 0.0 and alone["calibration_fallback"] == 0.0
+
+
+def test_benchmark_client_request_is_the_bench_replay():
+    from spica_pipeline.search import measurement
+    from spica_pipeline.search.evaluation import EvalRequest
+
+    req = EvalRequest({"backend": "vllm"}, {"isl": 100, "osl": 10, "concurrency": 4, "num_request_ratio": 6},
+                      {"target": "throughput"}, {"calibration": {"setting": "auto"}, "router_repeats": 2})
+    out = measurement.benchmark_client_request(req)
+    assert out.context == {"router_repeats": 2, "closed_loop_client": "together"}
+    assert out.workload["num_request_ratio"] == measurement.CLIENT_REQUEST_RATIO
+    assert out.workload["osl_jitter"] == measurement.CLIENT_OSL_JITTER["vllm"]
+    sglang = measurement.benchmark_client_request(EvalRequest({"backend": "sglang"}, req.workload, req.goal))
+    assert "osl_jitter" not in sglang.workload  # SGLang's clients stay in lockstep
+    own = measurement.benchmark_client_request(EvalRequest({"backend": "vllm"}, {**req.workload, "osl_jitter": 0.3},
+                                                           req.goal))
+    assert own.workload["osl_jitter"] == 0.3  # the workload's own jitter wins
+    assert req.workload["num_request_ratio"] == 6 and "calibration" in req.context  # the original is untouched
+
+
+def test_a_client_profile_makes_the_evaluator_replay_the_benchmark_client(monkeypatch, tmp_path):
+    from test_deploy import agg_sample
+    from test_replay import THROUGHPUT, FakeReplay
+
+    import dynamo._core as core
+    from spica_pipeline.resources import timing
+    from spica_pipeline.resources.replay import ReplayEvaluator
+    from spica_pipeline.search import kv as kv_mod
+    from spica_pipeline.search.evaluation import EvalRequest
+
+    f = FakeReplay(vary=[200.0, 50.0])  # the first call is the client replay, the second the sweep's
+    monkeypatch.setattr(core, "run_mocker_trace_replay", f.trace)
+    monkeypatch.setattr(core, "run_mocker_synthetic_trace_replay", f.synthetic)
+    monkeypatch.setattr(timing, "kv_capacity", lambda ident, **kw: timing.KvCapacity(
+        tokens_per_rank=64_000 * ident.tp, bytes_per_token=131072 // ident.tp))
+    monkeypatch.setattr(timing, "timing_table", lambda ident, **kw: timing.TimingTable(
+        path=str(tmp_path / f"tp{ident.tp}.npz"), speedup_ratio=10.0, key="k"))
+    monkeypatch.setattr(timing, "model_context_length", lambda model: 40960)
+    monkeypatch.setattr(timing, "table_estimators", lambda path: (lambda t: 100.0, lambda b, c: 10.0))
+    monkeypatch.setattr(kv_mod, "estimate_kv_tokens", lambda *a, **k: 1216)
+    path = tmp_path / "client.json"
+    path.write_text(json.dumps(cal.fit([client_record(i) for i in range(6)], fitted="d", source="t", method=CLIENT)))
+    wl = {"isl": 100, "osl": 10, "concurrency": 2, "num_request_ratio": 8}
+    req = EvalRequest(agg_sample(hardware_sku="h200_sxm"), wl, THROUGHPUT, {"calibration": {"setting": str(path)}})
+    out = ReplayEvaluator(cache_dir=str(tmp_path)).evaluate(req)
+    assert out.status == "feasible", out.reason
+    (client_fn, _, client_kw), (sweep_fn, sweep_args, _) = f.calls
+    assert client_fn == "trace" and sweep_fn == "synthetic"  # vLLM: the client replay's OSL spread needs a trace
+    assert out.derived["benchmark_client"]["mean_ttft_ms"] == 200.0
+    assert out.derived["benchmark_client"]["window_rule"] == "benchmark_client"
+    assert out.derived["benchmark_client"]["request_count"] == 20  # 10 x c
+    assert out.report["client_mean_ttft_ms"] == 200.0
+    assert out.report["calibrated_mean_ttft_ms"] == pytest.approx(300.0)
+    # without a calibration profile there is no second replay
+    f.calls.clear()
+    plain = ReplayEvaluator(cache_dir=str(tmp_path)).evaluate(EvalRequest(agg_sample(), wl, THROUGHPUT))
+    assert plain.status == "feasible" and len(f.calls) == 1 and "benchmark_client" not in plain.derived

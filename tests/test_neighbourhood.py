@@ -14,7 +14,13 @@ from spica_pipeline.search.branch_plan import StudySampler, SuggestingStudy, pro
 from spica_pipeline.search.encoding import build_encoding, enumerate_space
 from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest
 from spica_pipeline.search.ledger import content_view
-from spica_pipeline.search.neighbourhood import NEIGHBOURHOOD, NeighbourhoodDesigner, config_steps, crowding
+from spica_pipeline.search.neighbourhood import (
+    NEIGHBOURHOOD,
+    NeighbourhoodDesigner,
+    config_steps,
+    crowding,
+    hv_contributions,
+)
 from spica_pipeline.search.shapes import RoleShape
 from spica_pipeline.search.study import MemoryJournal, Scored, StudySettings, point_key, run_branch_study
 
@@ -76,19 +82,40 @@ def test_it_never_proposes_a_taken_or_pending_point_nor_one_twice(metrics):
         assert len(keys(points)) == len(points)
 
 
-def test_a_scalar_goal_steps_from_the_incumbent_and_the_runner_up_in_turn():
-    incumbent = ({"deployment_mode": "agg", "backend": "vllm", "agg_max_num_seqs": 512,
-                  "agg_max_num_batched_tokens": 8192}, RoleShape(tp=2, replicas=2))
-    worse = ({**incumbent[0], "agg_max_num_seqs": 256}, RoleShape(tp=8, replicas=1))
-    out = NeighbourhoodDesigner(ENCODING, SCALAR, seed=0, explore_share=0).suggest(
-        4, known([worse, incumbent]), [], keys([worse, incumbent]))
+AGG = {"deployment_mode": "agg", "backend": "vllm", "agg_max_num_seqs": 512, "agg_max_num_batched_tokens": 8192}
 
-    def steps(anchor, point):
-        knobs = ("agg_max_num_seqs", "agg_max_num_batched_tokens")
-        return config_steps(anchor[1], point[1]) + sum(point[0][k] != anchor[0][k] for k in knobs)
 
-    assert [steps(incumbent, p) for p in map(landed, out[0::2])] == [1, 1]  # best first
-    assert [steps(worse, p) for p in map(landed, out[1::2])] == [1, 1]
+def steps(anchor, point):
+    knobs = ("agg_max_num_seqs", "agg_max_num_batched_tokens")
+    return config_steps(anchor[1], point[1]) + sum(point[0][k] != anchor[0][k] for k in knobs)
+
+
+def test_near_equal_anchors_step_in_turn_and_a_poor_one_waits():
+    # three anchors more than two steps apart: the best, a runner-up within 0.5 %, a poor one
+    best, runner_up, poor = (AGG, RoleShape(tp=2, replicas=2)), (AGG, RoleShape(tp=1, replicas=8)), \
+        (AGG, RoleShape(tp=8, replicas=1))
+    values = {best[1]: 100.0, runner_up[1]: 99.5, poor[1]: 0.0}
+    seen = [poor, runner_up, best]
+    told = [(s, c, {"objective": values[c]}) for s, c in seen]
+    designer = NeighbourhoodDesigner(ENCODING, SCALAR, seed=0, explore_share=0)
+    out = [landed(p) for p in designer.suggest(8, told, [], keys(seen))]
+    assert [steps(best, p) for p in out[0:4:2]] == [1, 1]  # best first
+    assert [steps(runner_up, p) for p in out[1:4:2]] == [1, 1]  # then the runner-up, in turn
+    # the poor anchor's ring 1 costs 1 + GAP_WEIGHT: the good anchors' rings 1-2 come first
+    assert all(min(steps(best, p), steps(runner_up, p)) <= 2 for p in out)
+    old = NeighbourhoodDesigner(ENCODING, SCALAR, seed=0, explore_share=0, gap_weight=0.0)
+    assert any(steps(poor, landed(p)) == 1 for p in old.suggest(3, told, [], keys(seen)))  # no gap: all take turns
+
+
+def test_on_a_front_the_points_holding_the_hypervolume_step_first():
+    # (1, 10) and (10, 1) are ends of the front, (9, 9) holds most of its area
+    assert hv_contributions([(1.0, 10.0), (9.0, 9.0), (10.0, 1.0)]) == [1.0, 64.0, 1.0]
+    points = [(AGG, RoleShape(tp=1, replicas=1)), (AGG, RoleShape(tp=2, replicas=2)), (AGG, RoleShape(tp=8, replicas=1))]
+    values = dict(zip((c for _, c in points), [(1.0, 10.0), (9.0, 9.0), (10.0, 1.0)]))
+    told = [(s, c, {"throughput": values[c][0], "speed": values[c][1]}) for s, c in points]
+    designer = NeighbourhoodDesigner(ENCODING, PARETO, seed=0, explore_share=0)
+    out = [landed(p) for p in designer.suggest(3, told, [], keys(points))]
+    assert all(steps(points[1], p) == 1 for p in out)
 
 
 def test_a_knob_that_changed_nothing_is_stepped_last():
@@ -104,6 +131,40 @@ def test_a_knob_that_changed_nothing_is_stepped_last():
 
     # new points first: none equal to a seen one (or to another proposal) but for the inert knob
     assert len({alike(p) for p in out} | {alike(seen[0])}) == len(out) + 1
+
+
+def test_a_knob_is_inert_on_the_study_scale_and_only_for_the_values_it_took():
+    base = {"deployment_mode": "agg", "backend": "vllm", "agg_max_num_seqs": 512}
+    poor, good = RoleShape(tp=8, replicas=1), RoleShape(tp=2, replicas=2)
+    designer = NeighbourhoodDesigner(ENCODING, SCALAR, seed=0, explore_share=0)
+
+    def told(poor_values, good_values):
+        return designer._rows([({**base, "agg_max_num_batched_tokens": t}, c, {"objective": v})
+                               for c, vals in ((poor, poor_values), (good, good_values))
+                               for t, v in zip((8192, 16384), vals)])
+
+    # 11.84 vs 11.75 on a poor config (0.8 % of its own value) when the best is 470: no change
+    assert designer.inert_values(told((11.84, 11.75), (470.0, 470.0))) == {"agg_max_num_batched_tokens":
+                                                                           frozenset({8192, 16384})}
+    # 470 vs 465 on the best config (1 %): the knob matters
+    assert designer.inert_values(told((11.84, 11.84), (470.0, 465.0))) == {}
+
+
+def test_an_inert_knobs_unseen_value_is_a_new_point():
+    enc = build_encoding(Branch("agg", POOL, (("vllm",),) * len(POOL),
+                                {"backend": ["vllm"], "agg_max_num_seqs": [512],
+                                 "agg_max_num_batched_tokens": [8192, 16384, 32768]}, 8))
+    base = {"deployment_mode": "agg", "backend": "vllm", "agg_max_num_seqs": 512}
+    config = RoleShape(tp=2, replicas=2)
+    seen = [({**base, "agg_max_num_batched_tokens": t}, config) for t in (16384, 32768)]
+    designer = NeighbourhoodDesigner(enc, SCALAR, seed=0, explore_share=0)
+    out = [propose(enc, p) for p in designer.suggest(40, [(s, c, {"objective": 1.0}) for s, c in seen], [],
+                                                     keys(seen))]
+    assert len(out) > 10
+    same = [(i, p.selection["agg_max_num_batched_tokens"]) for i, p in enumerate(out) if p.parallel_config == config]
+    # the unseen value on the same config is a ring-1 new point (with the other configs one step
+    # away), not a look-alike left until every other config's rings were taken; offered once
+    assert [t for _, t in same] == [8192] and same[0][0] < 8
 
 
 def test_pareto_anchors_are_the_front_with_its_ends_first():

@@ -146,9 +146,10 @@ class ReplayEvaluator(dg.ConfigurableResource, Evaluator):
         summaries: list[dict[str, Any]] = []
         ticks: list[int] = []
         started = time.perf_counter()
+        client = self._benchmark_client(request, call)
         try:
             for _ in range(call.repeats):
-                summary, n_ticks = self._run(call, request)
+                summary, n_ticks = self._run(call, request, client)
                 summaries.append(summary)
                 if n_ticks is not None:
                     ticks.append(n_ticks)
@@ -200,7 +201,39 @@ class ReplayEvaluator(dg.ConfigurableResource, Evaluator):
 
     # ---- internals ---------------------------------------------------------------------------
 
-    def _run(self, call: ReplayCall, request: EvalRequest) -> tuple[dict[str, Any], int | None]:
+    def _benchmark_client(self, request: EvalRequest, call: ReplayCall) -> dict[str, float] | None:
+        """The candidate's mean TTFT/TPOT replayed as the benchmark client that measured the silicon
+        rows (every client at t=0, CLIENT_REQUEST_RATIO x c requests, every request counted), when
+        its calibration profile corrects that replay (calibration.needs_client) and the sweep's
+        own replay is a ramped closed loop; None otherwise or when that replay fails (the profile's
+        sweep fallback then applies). Recorded in `call.derived["benchmark_client"]`."""
+        setting = (request.context or {}).get("calibration")
+        if not setting or not call.derived.get("ramp"):
+            return None
+        from spica_pipeline.resources.calibration import load_profile
+        from spica_pipeline.search import calibration
+
+        profile, _ = load_profile(setting["setting"])
+        if profile is None or not calibration.needs_client(profile):
+            return None
+        client_request = measurement.benchmark_client_request(request)
+        derived: dict[str, Any] = {}
+        started = time.perf_counter()
+        try:
+            client_call = self.prepare(client_request, derived)
+            summary, _ = self._run(client_call, client_request)
+        except (InfeasibleKVCapacity, *REPLAY_ERRORS) as exc:
+            call.derived["benchmark_client"] = {"failed": describe(exc)}
+            return None
+        out = {"ttft": _numeric(summary.get("mean_ttft_ms")), "tpot": _numeric(summary.get("mean_tpot_ms"))}
+        call.derived["benchmark_client"] = {
+            "mean_ttft_ms": out["ttft"], "mean_tpot_ms": out["tpot"], "window_rule": derived.get("window_rule"),
+            "request_count": derived.get("request_count"), "osl_jitter": client_request.workload.get("osl_jitter"),
+            "replay_seconds": round(time.perf_counter() - started, 4)}
+        return {k: v for k, v in out.items() if v is not None}
+
+    def _run(self, call: ReplayCall, request: EvalRequest,
+             client: dict[str, float] | None = None) -> tuple[dict[str, Any], int | None]:
         import dynamo._core as core
 
         kwargs = dict(call.kwargs)
@@ -220,12 +253,12 @@ class ReplayEvaluator(dg.ConfigurableResource, Evaluator):
             summary = measurement.windowed_summary(summary, per_request, call.derived.get("window_rule"),
                                                    request.goal.sla_thresholds())
         # per repeat, because calibrated goodput re-tests each request's latencies against the SLA
-        _calibrate(summary, request, call.derived, per_request or None)
+        _calibrate(summary, request, call.derived, per_request or None, client)
         return summary, (counter.ticks if counter is not None else None)
 
 
 def _calibrate(report: dict[str, Any], request: EvalRequest, derived: dict[str, Any],
-               per_request: list[dict[str, Any]] | None = None) -> None:
+               per_request: list[dict[str, Any]] | None = None, client: dict[str, float] | None = None) -> None:
     """Add calibrated metrics and P10-P90 bands beside the raw ones (request.context["calibration"]);
     with a profile, picks rank on the calibrated goal metrics (search/scoring.ranked_value).
 
@@ -258,7 +291,7 @@ def _calibrate(report: dict[str, Any], request: EvalRequest, derived: dict[str, 
                                         concurrency=engines, extra_widen=widen,
                                         isl=workload.get("isl"), osl=workload.get("osl"),
                                         closed_loop=closed_loop, per_request=per_request,
-                                        sla=request.goal.sla_thresholds()))
+                                        sla=request.goal.sla_thresholds(), client=client))
 
 
 def _rebuild_evaluator(cls: type, fields: dict[str, Any]) -> "ReplayEvaluator":

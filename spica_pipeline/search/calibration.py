@@ -35,7 +35,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard
 
 from spica_pipeline.config.goal import GOODPUT_KEY
@@ -49,6 +49,11 @@ MIN_BAND_ROWS = 5
 FALLBACK_WIDEN = 1.5
 LOAD = "log2_concurrency_per_engine"
 FEATURES = (LOAD, "log2_isl", "log2_osl")
+# The replay a phase's correction applies to: "sweep" = the sweep's own measurement (ramped clients,
+# steady-state window); "client" = the same candidate replayed as the benchmark client that measured
+# the silicon rows (every client at t=0, CLIENT_REQUEST_RATIO x c requests, every request counted;
+# search/measurement.py). A sweep runs the client replay only when its profile has a client phase.
+REPLAYS = ("sweep", "client")
 
 
 @dataclass(frozen=True)
@@ -60,10 +65,17 @@ class PhaseMethod:
     extra: str | None = None
     slices: bool = True
     centred: bool = False  # anchor the load term at the rows' median load instead of one request per engine
+    replay: str = "sweep"  # which replay the phase corrects (REPLAYS)
 
     def label(self) -> str:
-        return (f"s={self.slope_shrink:.3g}" + (" centred" if self.centred else "")
+        return (("client " if self.replay == "client" else "") + f"s={self.slope_shrink:.3g}"
+                + (" centred" if self.centred else "")
                 + (f" +{self.extra}" if self.extra else "") + ("" if self.slices else " backend-only"))
+
+    @property
+    def is_reference(self) -> bool:
+        """The simplest variant: (system, backend) offsets only, no load or extra term."""
+        return self.slope_shrink == 0.0 and self.extra is None and self.slices
 
 
 @dataclass(frozen=True)
@@ -78,7 +90,9 @@ class Method:
         return self.ttft if phase == "ttft" else self.tpot
 
     def describe(self) -> str:
-        return (f"{self.name} (TTFT {self.ttft.label()}; TPOT {self.tpot.label()}): r = ln(silicon/replayed); per "
+        return (f"{self.name} (TTFT {self.ttft.label()}; TPOT {self.tpot.label()}): replayed = the sweep's own "
+                "replay, or for a 'client' phase the benchmark-client replay a sweep runs beside it; "
+                "r = ln(silicon/replayed); per "
                 "phase a Theil-Sen slope b of r on x = log2(concurrency per engine) [then a Theil-Sen slope of r - b x "
                 "on the extra feature]; per (system, backend, phase) [backend-only: per (backend, phase)] m = median over "
                 "models of per-model medians of the detrended r, shrunk to (backend, phase) then (phase) with K=3 "
@@ -86,12 +100,14 @@ class Method:
                 "calibrated residuals, widened sqrt(1+K/n), x1.5 for a slice without rows")
 
 
-def phase_options() -> tuple[PhaseMethod, ...]:
-    """The per-phase variants compared (each phase's choice is independent of the other's)."""
-    return (*(PhaseMethod(s) for s in (0.0, 0.25, 0.5, math.log(2), 0.75, 1.0)),
-            *(PhaseMethod(s, centred=True) for s in (0.0, 0.25, 0.5, 0.75)),
-            PhaseMethod(math.log(2), slices=False), PhaseMethod(1.0, slices=False),
-            *(PhaseMethod(s, extra=e) for s in (math.log(2), 1.0) for e in ("log2_isl", "log2_osl")))
+def phase_options(replays: tuple[str, ...] = ("sweep",)) -> tuple[PhaseMethod, ...]:
+    """The per-phase variants compared (each phase's choice is independent of the other's), on each
+    replay basis in `replays` (s = 0 centred is s = 0 and is listed once)."""
+    return tuple(opt for replay in replays for opt in (
+        *(PhaseMethod(s, replay=replay) for s in (0.0, 0.25, 0.5, math.log(2), 0.75, 1.0)),
+        *(PhaseMethod(s, centred=True, replay=replay) for s in (0.25, 0.5, 0.75)),
+        PhaseMethod(math.log(2), slices=False, replay=replay), PhaseMethod(1.0, slices=False, replay=replay),
+        *(PhaseMethod(s, extra=e, replay=replay) for s in (math.log(2), 1.0) for e in ("log2_isl", "log2_osl"))))
 
 
 # The v2 method as it was applied (s = ln 2 in both phases, see above).
@@ -99,7 +115,13 @@ V2_AS_APPLIED = Method("v2-as-applied", PhaseMethod(math.log(2)), PhaseMethod(ma
 # replay-v3: chosen per phase by leave-one-model-out error on the calibration split only (465 rows of
 # 6 models, bench_fidelity.py --compare-methods, 2026-12-04; docs/fidelity.md): TTFT keeps the
 # (system, backend) slices with a quarter of the fitted load slope, TPOT the backend level with ln 2 of it
-CHOSEN = Method("v3", PhaseMethod(0.25), PhaseMethod(math.log(2), slices=False))
+V3 = Method("v3", PhaseMethod(0.25), PhaseMethod(math.log(2), slices=False))
+# replay-v4: both phases corrected on the benchmark-client replay (search/measurement.py
+# benchmark_client_request), chosen by bench_fidelity.CHOICE_RULE (fixed 2026-12-04T11:14Z: pooled
+# leave-one-model-out score and >= 4 of 6 model folds against the simplest variant, sweep basis as
+# the reference) on 465 calibration rows (docs/fidelity.md)
+CHOSEN = Method("v4", PhaseMethod(0.5, centred=True, replay="client"),
+                PhaseMethod(math.log(2), extra="log2_osl", replay="client"))
 METHOD = CHOSEN.describe()
 
 # report key -> (phase, exponent): calibrated = raw x factor**exponent
@@ -194,13 +216,26 @@ def record_features(record: Mapping[str, Any], phase: str) -> dict[str, float]:
     return features(engine_concurrency(record, phase), record.get("isl"), record.get("osl"))
 
 
-def residual_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Bench records -> {id, model, system, backend, phase, x (features), residual} for rows with both numbers positive."""
+def replayed(record: Mapping[str, Any], phase: str, replay: str = "sweep") -> float | None:
+    """A bench record's replayed value of one phase on one basis (REPLAYS): "client" = its "ours"
+    (the benchmark-client replay); "sweep" = its "sweep" numbers, or "ours" when the record has a
+    single replay (a `--client ramp` run, whose "ours" is the sweep measurement)."""
+    if replay == "client":
+        side = record.get("ours") or {}
+    else:
+        side = record.get("sweep") or record.get("ours") or {}
+    v = side.get(phase)
+    return float(v) if _number(v) else None
+
+
+def residual_rows(records: Iterable[Mapping[str, Any]], method: "Method | None" = None) -> list[dict[str, Any]]:
+    """Bench records -> {id, model, system, backend, phase, x (features), residual} for rows with both
+    numbers positive; each phase's replayed value on the method's basis (PhaseMethod.replay)."""
     out = []
     for r in records:
-        ours, silicon = r.get("ours") or {}, r.get("silicon") or {}
+        silicon = r.get("silicon") or {}
         for phase in PHASES:
-            o, s = ours.get(phase), silicon.get(phase)
+            o, s = replayed(r, phase, method.phase(phase).replay if method else "sweep"), silicon.get(phase)
             if o and s and o > 0 and s > 0 and math.isfinite(o) and math.isfinite(s):
                 out.append({"id": r["id"], "model": r.get("model"), "system": r["system"], "backend": r["backend"],
                             "phase": phase, "split": r.get("split"), "x": record_features(r, phase),
@@ -247,7 +282,7 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
     """
     method = method or CHOSEN
     records = list(records)
-    rows = residual_rows(records)
+    rows = residual_rows(records, method)
     held = sorted({r["id"] for r in rows if r["split"] != "calibration"})
     if held:
         raise ProfileError(f"calibration may only use calibration-split rows; got held-out {held[:3]}")
@@ -274,6 +309,7 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
         "backend": {f"{b}/{p}": {"factor": round(math.exp(m), 6), "rows": len(by_backend[(b, p)])}
                     for (b, p), m in sorted(backend_m.items())},
         "phase": {p: {"factor": round(math.exp(m), 6), "rows": len(by_phase[p])} for p, m in sorted(phase_m.items())},
+        "replay": {p: method.phase(p).replay for p in PHASES},
     }
     # bands from calibrated residuals (each row corrected by a profile fitted without the row's
     # model, or in sample by its own profile)
@@ -282,7 +318,7 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
     for model in (models if lomo_bands and len(models) > 1 else [None]):
         sub = profile if model is None else fit([r for r in records if str(r.get("model")) != model], fitted=fitted,
                                                 source=source, method=method, lomo_bands=False)
-        for x in residual_rows(r for r in records if model is None or str(r.get("model")) == model):
+        for x in residual_rows((r for r in records if model is None or str(r.get("model")) == model), method):
             f = _factor(sub, x["system"], x["backend"], x["phase"], x["x"])[0]
             calibrated[(x["system"], x["backend"], x["phase"])].append(x["residual"] - math.log(f))
     backend_res: dict[tuple[str, str], list[float]] = defaultdict(list)
@@ -307,7 +343,18 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
         entry["offset"] = not method.phase(p).slices
     for p, entry in profile["phase"].items():
         entry["band"] = _band(phase_res[p], FALLBACK_WIDEN)
+    if any(method.phase(p).replay == "client" for p in PHASES):
+        # for a sweep without a client replay (open loop, trace, planner): the same method on the sweep basis
+        sweep_method = Method(f"{method.name}-sweep", replace(method.ttft, replay="sweep"),
+                              replace(method.tpot, replay="sweep"))
+        profile["sweep_fallback"] = fit(records, fitted=fitted, source=source, method=sweep_method,
+                                        lomo_bands=lomo_bands)
     return profile
+
+
+def needs_client(profile: Mapping[str, Any]) -> bool:
+    """Whether a profile corrects the benchmark-client replay in some phase (a sweep then runs it)."""
+    return any(v == "client" for v in (profile.get("replay") or {}).values())
 
 
 def _band(res: list[float], widen: float) -> list[float]:
@@ -341,6 +388,19 @@ def validate(profile: Any) -> dict[str, Any]:
                 raise ProfileError(f"{section}.{name}.band must be [lo, hi] with lo <= hi, got {band!r}")
     if set(profile["phase"]) != set(PHASES):
         raise ProfileError(f"phase must cover {list(PHASES)}")
+    replay = profile.get("replay", {})
+    if not isinstance(replay, dict) or any(replay.get(p, "sweep") not in REPLAYS for p in PHASES):
+        raise ProfileError(f"replay must map phases to one of {list(REPLAYS)}, got {replay!r}")
+    if needs_client(profile):
+        fallback = profile.get("sweep_fallback")
+        if not isinstance(fallback, dict):
+            raise ProfileError("a profile with a client phase needs 'sweep_fallback' (for sweeps without that replay)")
+        try:
+            validate(fallback)
+        except ProfileError as exc:
+            raise ProfileError(f"sweep_fallback: {exc}") from None
+        if needs_client(fallback):
+            raise ProfileError("sweep_fallback must correct the sweep replay only")
     for phase in PHASES:
         if fmt == 1:
             b = profile["load_slope"].get(phase) if isinstance(profile["load_slope"], dict) else None
@@ -394,7 +454,8 @@ def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: 
               concurrency: Mapping[str, float] | float | None = None, extra_widen: float = 1.0,
               isl: float | None = None, osl: float | None = None, closed_loop: bool = False,
               per_request: list[dict[str, Any]] | None = None,
-              sla: Mapping[str, float] | None = None) -> dict[str, Any]:
+              sla: Mapping[str, float] | None = None,
+              client: Mapping[str, float | None] | None = None) -> dict[str, Any]:
     """`calibrated_<key>` for every calibrated key present, the goal metrics at calibrated TTFT/TPOT
     (`_calibrated_goal`), and `band_<phase>_lo/hi` multipliers.
 
@@ -403,10 +464,29 @@ def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: 
     A disagg candidate's TTFT is prefill-bound and its TPOT decode-bound; both use the
     (system, backend) slices (the measured rows have no finer split). `extra_widen` > 1 widens the
     bands further (e.g. a fidelity fallback was used for this candidate).
+    client: the same candidate's benchmark-client replay, mean {"ttft", "tpot"} (ms). A phase the
+    profile fits on that replay ("replay": "client") is calibrated as client value x factor; the
+    phase's factor on this report is then that over the report's own mean, so every key of the phase
+    and the goal metrics follow it. Without a client value such a phase uses the profile's
+    `sweep_fallback` (the same method fitted on the sweep replay).
     """
     out: dict[str, Any] = {}
     per_phase = concurrency if isinstance(concurrency, Mapping) else {p: concurrency for p in PHASES}
-    looked = {p: lookup(profile, system, backend, p, per_phase.get(p), isl=isl, osl=osl) for p in PHASES}
+    looked: dict[str, dict[str, Any]] = {}
+    for p in PHASES:
+        basis = (profile.get("replay") or {}).get(p, "sweep")
+        own = _finite(report.get(f"mean_{p}_ms"))
+        seen = _finite((client or {}).get(p))
+        if basis == "client" and seen is not None and seen > 0 and own is not None and own > 0:
+            info = lookup(profile, system, backend, p, per_phase.get(p), isl=isl, osl=osl)
+            info = {**info, "factor": info["factor"] * seen / own}
+            out[f"client_mean_{p}_ms"] = seen
+        elif basis == "client":
+            info = lookup(profile["sweep_fallback"], system, backend, p, per_phase.get(p), isl=isl, osl=osl)
+            info = {**info, "source": f"sweep_fallback:{info['source']}"}
+        else:
+            info = lookup(profile, system, backend, p, per_phase.get(p), isl=isl, osl=osl)
+        looked[p] = info
     for key, (phase, exponent) in CALIBRATED_KEYS.items():
         v = report.get(key)
         if isinstance(v, (int, float)) and math.isfinite(v):
@@ -417,7 +497,10 @@ def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: 
         out[f"band_{phase}_lo"] = math.exp(lo * extra_widen)
         out[f"band_{phase}_hi"] = math.exp(hi * extra_widen)
         out[f"band_{phase}_rows"] = float(info["rows"])
-    out["calibration_fallback"] = float(any(i["source"].startswith("fallback") for i in looked.values()))
+    out["calibration_fallback"] = float(any(i["source"].removeprefix("sweep_fallback:").startswith("fallback")
+                                            for i in looked.values()))
+    if needs_client(profile):  # 1: the client replay's means were corrected; 0: the sweep fallback was used
+        out["calibration_client_replay"] = float(any(f"client_mean_{p}_ms" in out for p in PHASES))
     out.update(_calibrated_goal(report, out, looked["ttft"]["factor"], looked["tpot"]["factor"],
                                 closed_loop=closed_loop, per_request=per_request, sla=sla))
     return out
