@@ -30,7 +30,11 @@ but (a) scipy's OpenBLAS spinning its threads on the busy 2-core box inside JAX'
 triangular solves (117 ms instead of 0.18 ms for a 128x128 float64 Cholesky), now pinned to one
 thread during a GP suggest, and (b) GP-UCB-PE's pure-exploration score recomputing its UCB
 threshold (a GP prediction at every trial, O(n^3)) in every acquisition-optimiser step, now once
-per optimisation.
+per optimisation; then (c) XLA's triangular-solve expander (a 127-step loop per 128-row solve) for
+every batched solve, now LAPACK trsm (`_batched_lapack_triangular_solve`), (d) the one-program jaxopt
+ARD fit, now scipy's L-BFGS-B over a compiled value-and-gradient (`scipy_ard_optimizer`), and (e) a
+(history, history + pending) PAIR of padded shapes per suggest, now one `trial_bucket` per suggest.
+docs/performance.md ("compile once") has the profiles and the numbers.
 `Study.suggest_async` runs the next ask on a background thread while the current batch replays.
 
 vizier and jax are imported lazily: importing this module must not start JAX or set JAX_PLATFORMS.
@@ -111,7 +115,7 @@ def _batched_lapack_triangular_solve() -> bool:
     rows vs 0.09 ms for trsm, and most of a GP-UCB-PE suggest past 64 trials (each acquisition
     step solves twice per predictive). jaxlib's FFI trsm kernel loops over batch dimensions
     itself; this registers a CPU lowering that uses it for batched real solves (same results to
-    ~1e-14: tests/test_vizier_trsm.py) and keeps jax's own lowering otherwise. Process-wide and
+    ~1e-14: tests/test_vizier_speed.py) and keeps jax's own lowering otherwise. Process-wide and
     idempotent; False when this jax/jaxlib does not have the expected internals."""
     if _batched_trsm:
         return True
@@ -183,6 +187,10 @@ class VizierClient(dg.ConfigurableResource):
     # per process (and once ever with the persistent cache) instead of once per suggestion.
     trial_padding: bool = True
     min_padded_trials: int = 32
+    # One padded row count per suggest: trial_bucket(history + pending + count). Else history and
+    # history + pending (which grows through the batch) pad separately, and every (history bucket,
+    # history + pending bucket) PAIR met compiles its own programs (~400 MB each).
+    shared_trial_bucket: bool = True
     # Pad multi-objective GP-UCB-PE as well (else every trial count compiles its own programs).
     # Needs compile_once + jit_ard: Vizier's multi-task ARD loss does not mask padded rows, ours does.
     pad_multi_objective: bool = True
@@ -333,7 +341,10 @@ class Study:
 
             designer = nsga2.NSGA2Designer(problem, seed=call_seed)
         else:
-            designer = self._gp_designer(algo, problem, jax.random.PRNGKey(call_seed))
+            # every trial-axis array of this suggest (history, history + pending + the batch so far,
+            # trust region, Eagle prior) pads to ONE row count, so programs compile per bucket
+            rows = len(completed) + len(active) + count
+            designer = self._gp_designer(algo, problem, jax.random.PRNGKey(call_seed), rows=rows)
         designer.update(vza.CompletedTrials(completed), vza.ActiveTrials(active))
         with _one_blas_thread():
             suggestions = list(designer.suggest(count=count))[:count]  # NSGA2 may hand out a population
@@ -369,7 +380,7 @@ class Study:
                 break
         return (out + fallback)[:count]  # a tiny space may have fewer new points than asked
 
-    def _gp_designer(self, algo: str, problem, rng):
+    def _gp_designer(self, algo: str, problem, rng, rows: int = 0):
         from vizier._src.algorithms.designers import gp_bandit, gp_ucb_pe
         from vizier._src.algorithms.optimizers import eagle_strategy as es
         from vizier._src.algorithms.optimizers import vectorized_base as vb
@@ -389,7 +400,8 @@ class Study:
         # Several metrics: padded only with the masked multi-task ARD loss (jit_ard), see _masked_loss.
         pad_multi = c.pad_multi_objective and c.compile_once and c.jit_ard
         if c.trial_padding and not (multi and algo == "DEFAULT" and not pad_multi):
-            kw["padding_schedule"] = _floor_padding(c.min_padded_trials, numpy=c.compile_once)
+            floor = trial_bucket(rows, c.min_padded_trials) if c.shared_trial_bucket else c.min_padded_trials
+            kw["padding_schedule"] = _floor_padding(floor, numpy=c.compile_once)
         if algo == "DEFAULT":
             eagle = gp_ucb_pe.VizierGPUCBPEBandit.default_eagle_config
         else:
@@ -568,6 +580,12 @@ def _ard_value_and_grad(loss_fn, params):
     return jax.value_and_grad(lambda p: loss_fn(p)[0])(params)
 
 
+def _interleave(is_arr: tuple, static: tuple) -> list:
+    """Static leaves placed at their positions (None where an array goes)."""
+    it = iter(static)
+    return [None if a else next(it) for a in is_arr]
+
+
 def scipy_ard_optimizer(maxiter: int):
     """An ARD optimiser (Vizier's `core.Optimizer` interface): scipy's L-BFGS-B drives each random
     restart in turn, and only the loss's value and gradient are compiled (one small program per
@@ -589,9 +607,38 @@ def scipy_ard_optimizer(maxiter: int):
     import numpy as np
     from vizier._src.jax.optimizers import core, jaxopt_wrappers
 
-    if "ard_vg" not in _STABLE:
-        _STABLE["ard_vg"] = eqx.filter_jit(_ard_value_and_grad)
-    value_and_grad = _STABLE["ard_vg"]
+    def flat_value_and_grad(loss_fn, params_treedef, shapes: list, dtype):
+        """(x: flat parameter vector) -> [loss, gradient...] as ONE numpy vector. The loss's arrays
+        are bound once per fit and the compiled function is looked up by the loss's static
+        structure (what eqx.filter_jit keys on), so each of the ~400 evaluations is one plain
+        jax.jit dispatch of two arguments (eqx.filter_jit re-partitioned the loss module every
+        call: ~0.5 ms, a third of an evaluation at 128 rows)."""
+        leaves, treedef = jax.tree_util.tree_flatten(loss_fn)
+        is_arr = tuple(eqx.is_array(x) for x in leaves)
+        arrays = [x for x, a in zip(leaves, is_arr) if a]
+        static = tuple(x for x, a in zip(leaves, is_arr) if not a)
+        key = ("ard_vg", treedef, is_arr, static, params_treedef, tuple(shapes), np.dtype(dtype).str)
+        with _setup_lock:
+            fn = _STABLE.get(key)
+        if fn is None:
+            sizes = [int(np.prod(sh)) for sh in shapes]
+
+            def vg(arrays_, x):
+                it = iter(arrays_)
+                loss = jax.tree_util.tree_unflatten(treedef, [next(it) if a else st for a, st in zip(
+                    is_arr, _interleave(is_arr, static))])
+                parts, i = [], 0
+                for sh, size in zip(shapes, sizes):
+                    parts.append(jnp.reshape(x[i:i + size], sh))
+                    i += size
+                value, grad = _ard_value_and_grad(loss, jax.tree_util.tree_unflatten(params_treedef, parts))
+                return jnp.concatenate([jnp.reshape(value, (1,))] + [
+                    jnp.ravel(g) for g in jax.tree_util.tree_leaves(grad)]).astype(dtype)
+
+            fn = jax.jit(vg)
+            with _setup_lock:
+                fn = _STABLE.setdefault(key, fn)
+        return lambda x: np.asarray(fn(arrays, x))
 
     @attrs.define(frozen=True)
     class ScipyLbfgsB(core.Optimizer):
@@ -625,12 +672,14 @@ def scipy_ard_optimizer(maxiter: int):
                 lb, ub = jaxopt_wrappers._get_bounds(starts[0], constraints)
                 bounds = optimize.Bounds(flat(lb), flat(ub))
 
+            value_and_grad = flat_value_and_grad(loss_fn, treedef, shapes, dtype)
+
             def fun(x: np.ndarray):
-                value, grad = value_and_grad(loss_fn, unflat(x))
-                value = float(value)
+                out = value_and_grad(np.asarray(x, dtype))
+                value = float(out[0])
                 if not math.isfinite(value):
                     return np.inf, np.zeros_like(x)
-                return value, flat(grad)
+                return value, np.asarray(out[1:], dtype=np.float64)
 
             losses, params = [], []
             for start in starts:
@@ -848,6 +897,72 @@ def _ucb_pe_class():
                 finally:
                     gp_ucb_pe.PEScoreFunction = stock
 
+            def _trials_to_data(self, trials):
+                # the stock body (vizier 0.1.24), unpadding and re-padding the warped labels in numpy:
+                # jnp.pad / lax.slice on the unpadded shapes compiled small programs at every trial count
+                from vizier._src.algorithms.designers.gp import output_warpers
+
+                data = self._converter.to_xy(trials)
+                unpadded_labels = unpad(data.labels)
+                warped_labels = []
+                self._output_warpers = []
+                for i in range(data.labels.shape[1]):
+                    output_warper = output_warpers.create_default_warper()
+                    warped_labels.append(output_warper.warp(unpadded_labels[:, i: i + 1]))
+                    self._output_warpers.append(output_warper)
+                labels = _numpy_padded(np.concatenate(warped_labels, axis=-1), tuple(data.labels.padded_array.shape),
+                                       data.labels.fill_value)
+                return types.ModelData(features=data.features, labels=labels)
+
+            def suggest(self, count=None):
+                # the stock body (vizier 0.1.24 VizierGPUCBPEBandit.suggest) with the trust region's
+                # features joined in numpy (jnp.concatenate compiled a program per trial count)
+                import equinox as eqx
+                import jax
+                from vizier import pyvizier as vz
+                from vizier._src.algorithms.designers.gp import acquisitions
+
+                count = count or 1
+                num_total = len(self._all_completed_trials) + len(self._all_active_trials)
+                if num_total < self._num_seed_trials:
+                    return self._generate_seed_trials(count)
+                if self._clear_jax_cache:
+                    jax.clear_caches()
+                self._rng, rng = jax.random.split(self._rng, 2)  # type: ignore[has-type]
+                data = self._trials_to_data(self._all_completed_trials)
+                model = self._build_gp_model_and_optimize_parameters(data, rng)
+                predictive = sp.UniformEnsemblePredictive(
+                    predictives=eqx.filter_jit(model.precompute_predictive)(data))
+                active_features = self._converter.to_features(self._all_active_trials)
+                pad = self._padding_schedule
+                tr_features = types.ModelInput(
+                    continuous=pad.pad_features(np.concatenate(
+                        [unpad(data.features.continuous), unpad(active_features.continuous)], axis=0)),
+                    categorical=pad.pad_features(np.concatenate(
+                        [unpad(data.features.categorical), unpad(active_features.categorical)], axis=0)),
+                )
+                tr = acquisitions.TrustRegion(trusted=tr_features)
+                acquisition_problem = copy.deepcopy(self._problem)
+                acquisition_problem.metric_information = [
+                    vz.MetricInformation(name="acquisition", goal=vz.ObjectiveMetricGoal.MAXIMIZE)]
+                active_trials = list(self._all_active_trials)
+                if count <= 1:
+                    return [self._suggest_one(active_trials, data, model, predictive, tr, acquisition_problem)]
+                suggestions = []
+                if self._config.optimize_set_acquisition_for_exploration:
+                    if gp_ucb_pe._has_new_completed_trials(completed_trials=self._all_completed_trials,
+                                                           active_trials=active_trials):
+                        suggestions.append(self._suggest_one(active_trials, data, model, predictive, tr,
+                                                             acquisition_problem))
+                        active_trials.append(suggestions[-1].to_trial())
+                    return suggestions + self._suggest_batch_with_exploration(
+                        count - len(suggestions), active_trials, data, model, predictive, tr)
+                for _ in range(count):
+                    suggestions.append(self._suggest_one(active_trials, data, model, predictive, tr,
+                                                         acquisition_problem))
+                    active_trials.append(suggestions[-1].to_trial())
+                return suggestions
+
         _STABLE["ucb_pe"] = StableUCBPE
     return _STABLE["ucb_pe"]
 
@@ -875,6 +990,14 @@ def _acquisition_value(suggestion) -> float:
         return float(ns.get("acquisition", "nan"))
     except (TypeError, ValueError):
         return float("nan")
+
+
+def trial_bucket(rows: int, floor: int = 32) -> int:
+    """Padded trial rows for a suggest that will see `rows` trials (history + pending + batch):
+    max(floor, next power of two). With doubling buckets, 8-100 trials meet at most 3 (32, 64,
+    128), so a process compiles at most 3 sets of GP programs there."""
+    rows = max(int(rows), 1)
+    return max(int(floor), 1 << (rows - 1).bit_length())
 
 
 def _floor_padding(min_trials: int, numpy: bool = True):
@@ -925,12 +1048,17 @@ def _numpy_padded(array, shape: tuple, fill):
     import numpy as np
     from vizier._src.jax import types
 
-    spec = [(0, new - old) for old, new in zip(array.shape, shape)]
+    array = np.asarray(array)
+    region = tuple(slice(0, n) for n in array.shape)
+    padded = np.full(shape, fill, dtype=array.dtype)  # np.full + a slice: ~10x cheaper than np.pad
+    padded[region] = array
+    mask = np.zeros(shape, dtype=bool)
+    mask[region] = True
     return types.PaddedArray(
-        padded_array=np.pad(array, spec, constant_values=fill),
+        padded_array=padded,
         fill_value=fill,
         _original_shape=array.shape,
-        _mask=np.pad(np.ones_like(array, dtype=bool), spec, constant_values=False),
+        _mask=mask,
         _nopadding_done=tuple(array.shape) == tuple(shape),
     )
 

@@ -1,5 +1,5 @@
 """Pure pieces of the GP speed-ups in resources/vizier.py: the LAPACK lowering of batched
-triangular solves and the scipy-driven ARD optimiser (no suggest: seconds)."""
+triangular solves, the scipy-driven ARD optimiser and the shared trial bucket (no suggest: seconds)."""
 
 import itertools
 
@@ -104,3 +104,26 @@ def test_scipy_ard_optimizer_respects_bounds_and_is_deterministic(jax_setup):
     assert np.asarray(metrics["loss"]).shape == (1, 3)
     for k in best:
         np.testing.assert_array_equal(np.asarray(best[k]), np.asarray(again[k]))
+
+
+def test_trial_bucket_rule():
+    from spica_pipeline.resources.vizier import trial_bucket
+
+    assert [trial_bucket(n) for n in (0, 1, 8, 32, 33, 64, 65, 108, 128, 129)] == [
+        32, 32, 32, 32, 64, 64, 128, 128, 128, 256]
+    assert trial_bucket(5, floor=16) == 16 and trial_bucket(17, floor=16) == 32
+    # 8-100 trials with a batch of 8 meet three buckets
+    assert {trial_bucket(n + 8) for n in range(8, 101)} == {32, 64, 128}
+
+
+def test_one_padded_row_count_per_suggest():
+    """History, history + pending and the batch pad to the same rows, so a suggest compiles one
+    bucket's programs, not a (history, history + pending) pair."""
+    import numpy as np
+
+    from spica_pipeline.resources.vizier import _floor_padding, trial_bucket
+
+    pad = _floor_padding(trial_bucket(60 + 8))
+    for n in (1, 30, 60, 67):
+        assert pad.pad_features(np.ones((n, 3))).padded_array.shape == (128, 3)
+    assert pad.pad_labels(np.ones((0, 1))).padded_array.shape == (0, 1)
