@@ -542,7 +542,6 @@ def stable_ard_optimizer(maxiter: int):
         key = ("ard", int(maxiter))
         if key in _STABLE:
             return _STABLE[key]
-    import attrs
     import equinox as eqx
     import jax.numpy as jnp
     from vizier._src.jax.optimizers import core, jaxopt_wrappers
@@ -551,12 +550,7 @@ def stable_ard_optimizer(maxiter: int):
         _STABLE["ard_fn"] = eqx.filter_jit(_ard_fit_impl)
     fit = _STABLE["ard_fn"]
 
-    @attrs.define(frozen=True)
-    class StableJaxLbfgsB(core.Optimizer):
-        maxiter: int = 50
-        maxls: int = 20
-        tol: float = 1e-8
-
+    class StableJaxLbfgsB(_lbfgsb_base()):  # type: ignore[misc]  # frozen attrs fields and hash from the base
         def __call__(self, init_params, loss_fn, rng, *, constraints=None, best_n=None):
             del rng  # L-BFGS-B is deterministic given the initial parameters
             loss_fn = _masked_loss(loss_fn)
@@ -565,13 +559,38 @@ def stable_ard_optimizer(maxiter: int):
             losses = jnp.where(jnp.isfinite(losses), losses, jnp.inf)
             return core.get_best_params(losses, all_params, best_n=best_n), {"loss": losses[jnp.newaxis, :]}
 
-        @property
-        def best_n(self) -> int:
-            return 1
-
     opt = StableJaxLbfgsB(maxiter=int(maxiter))
     with _setup_lock:
         return _STABLE.setdefault(key, opt)
+
+
+def _lbfgsb_base() -> Any:
+    """What both ARD optimisers share: L-BFGS-B's options and Vizier's `best_n` (one best start)."""
+    if "lbfgsb_base" not in _STABLE:
+        import attrs
+        from vizier._src.jax.optimizers import core
+
+        @attrs.define(frozen=True)
+        class LbfgsBOptimizer(core.Optimizer):
+            maxiter: int = 50
+            maxls: int = 20
+            tol: float = 1e-8
+
+            @property
+            def best_n(self) -> int:
+                return 1
+
+        _STABLE["lbfgsb_base"] = LbfgsBOptimizer
+    return _STABLE["lbfgsb_base"]
+
+
+def _split_vector(x, shapes: list, sizes: list, reshape) -> list:
+    """A flat parameter vector cut back into its leaves (`reshape`: np.reshape or jnp.reshape)."""
+    out, i = [], 0
+    for shape, size in zip(shapes, sizes):
+        out.append(reshape(x[i:i + size], shape))
+        i += size
+    return out
 
 
 def _ard_value_and_grad(loss_fn, params):
@@ -600,7 +619,6 @@ def scipy_ard_optimizer(maxiter: int):
         key = ("ard_scipy", int(maxiter))
         if key in _STABLE:
             return _STABLE[key]
-    import attrs
     import equinox as eqx
     import jax
     import jax.numpy as jnp
@@ -627,10 +645,7 @@ def scipy_ard_optimizer(maxiter: int):
                 it = iter(arrays_)
                 loss = jax.tree_util.tree_unflatten(treedef, [next(it) if a else st for a, st in zip(
                     is_arr, _interleave(is_arr, static))])
-                parts, i = [], 0
-                for sh, size in zip(shapes, sizes):
-                    parts.append(jnp.reshape(x[i:i + size], sh))
-                    i += size
+                parts = _split_vector(x, shapes, sizes, jnp.reshape)
                 value, grad = _ard_value_and_grad(loss, jax.tree_util.tree_unflatten(params_treedef, parts))
                 return jnp.concatenate([jnp.reshape(value, (1,))] + [
                     jnp.ravel(g) for g in jax.tree_util.tree_leaves(grad)]).astype(dtype)
@@ -640,12 +655,7 @@ def scipy_ard_optimizer(maxiter: int):
                 fn = _STABLE.setdefault(key, fn)
         return lambda x: np.asarray(fn(arrays, x))
 
-    @attrs.define(frozen=True)
-    class ScipyLbfgsB(core.Optimizer):
-        maxiter: int = 50
-        maxls: int = 20
-        tol: float = 1e-8
-
+    class ScipyLbfgsB(_lbfgsb_base()):  # type: ignore[misc]  # frozen attrs fields and hash from the base
         def __call__(self, init_params, loss_fn, rng, *, constraints=None, best_n=None):
             from scipy import optimize  # type: ignore[import-untyped]
 
@@ -661,11 +671,7 @@ def scipy_ard_optimizer(maxiter: int):
                 return np.concatenate([np.ravel(np.asarray(x, dtype)) for x in jax.tree_util.tree_leaves(tree)])
 
             def unflat(x: np.ndarray):
-                out, i = [], 0
-                for shape, size in zip(shapes, sizes):
-                    out.append(np.reshape(x[i:i + size], shape))
-                    i += size
-                return jax.tree_util.tree_unflatten(treedef, out)
+                return jax.tree_util.tree_unflatten(treedef, _split_vector(x, shapes, sizes, np.reshape))
 
             bounds = None
             if constraints is not None:
@@ -690,10 +696,6 @@ def scipy_ard_optimizer(maxiter: int):
             all_params = jax.tree_util.tree_map(lambda *x: jnp.stack(x), *params)
             losses_arr = jnp.asarray(losses)
             return core.get_best_params(losses_arr, all_params, best_n=best_n), {"loss": losses_arr[jnp.newaxis, :]}
-
-        @property
-        def best_n(self) -> int:
-            return 1
 
     opt = ScipyLbfgsB(maxiter=int(maxiter))
     with _setup_lock:
