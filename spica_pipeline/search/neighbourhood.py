@@ -278,10 +278,6 @@ class NeighbourhoodDesigner:
         order = sorted(range(len(anchors)), key=lambda i: (explored[i], i))
         return [anchors[i] for i in order]
 
-    def inert_knobs(self, rows: list[_Row]) -> frozenset[str]:
-        """The knobs of `inert_values` (see there)."""
-        return frozenset(self.inert_values(rows))
-
     def inert_values(self, rows: list[_Row]) -> dict[str, frozenset[Any]]:
         """Knobs that have changed nothing that matters so far, each with the values it was seen
         to take without effect: every pair of known trials on the same parallel config that
