@@ -43,12 +43,23 @@ class SimBackend(EvaluationBackend):
     def _cancel(self, t): pass
     def _close(self): pass
 
+# SIM_NB_<NAME>=<python literal>: override search/neighbourhood.py's module constant NAME (A/B trials)
+import ast
+import spica_pipeline.search.neighbourhood as NB
+for _k, _v in os.environ.items():
+    if _k.startswith("SIM_NB_"):
+        setattr(NB, _k[len("SIM_NB_"):], ast.literal_eval(_v))
+
 SPACES = {}
 def space(name):
     if name not in SPACES:
         config, prepared = prepare_space(B.SPACES_DIR / f"{name}.yaml")
         cache = OutcomeCache(B.CACHE_DIR / f"{name}.{B.space_key(config)}.outcomes.json")
-        truth = json.loads((B.CACHE_DIR / f"{name}.{B.space_key(config)}.truth.json").read_text())
+        # the truth of the current replays (keyed by every point's spec hash, as the timed bench keys it)
+        path = B.CACHE_DIR / f"{name}.{B.space_key(config)}.{B.specs_digest(config, prepared)}.truth.json"
+        if not path.exists():
+            raise SystemExit(f"{path} missing: build it with bench_time_to_quality.py --truth-only --spaces {name}")
+        truth = json.loads(path.read_text())
         SPACES[name] = (config, prepared, cache, truth)
     return SPACES[name]
 
@@ -60,7 +71,8 @@ def run(name, algorithm, seed, workers=2):
     budget = max(config.sweep.max_rounds * config.sweep.per_round, math.ceil(0.5 * truth["points"]))
     algo = "DEFAULT" if algorithm == "ours" else algorithm
     cfg = with_sweep(config, algorithm=algo, seed=seed, policy="rapid", parallel_evals=workers,
-                     optimizer_share=0.25 if algorithm == "ours" else None,
+                     optimizer_share=(float(os.environ.get("SIM_OPTIMIZER_SHARE", 0.25))
+                                      if algorithm == "ours" else None),
                      max_rounds=max(1, math.ceil(budget / config.sweep.per_round)))
     plan = plan_branch(prepared.branches[0], cfg)
     plan = BranchPlan(plan.branch, plan.encoding, plan.finite_size, plan.budget, False, "benchmark: rapid")

@@ -63,7 +63,7 @@ def test_the_designer_is_deterministic_and_ignores_nothing_it_is_told():
     seen = rng.sample(SPACE, 10)
     a = NeighbourhoodDesigner(ENCODING, SCALAR, seed=7).suggest(8, known(seen[:8]), seen[8:], keys(seen))
     b = NeighbourhoodDesigner(ENCODING, SCALAR, seed=7).suggest(8, known(seen[:8]), seen[8:], keys(seen))
-    assert a == b and len(a) == 7  # trials 11-18: one (trial 16) left to quasi-random exploration
+    assert a == b and len(a) == 8  # trials 11-18: 7 neighbours, one (trial 16) exploring
     designer = NeighbourhoodDesigner(ENCODING, SCALAR, seed=7)
     assert [designer.local_count(4, p) for p in range(0, 16, 4)] == [4, 3, 4, 3]  # one in eight explores
 
@@ -123,17 +123,16 @@ def test_a_knob_that_changed_nothing_is_stepped_last():
     seen = [({**base, "agg_max_num_batched_tokens": t}, RoleShape(tp=2, replicas=2)) for t in (8192, 16384)]
     designer = NeighbourhoodDesigner(ENCODING, SCALAR, seed=0, explore_share=0)
     rows = designer._rows(known(seen))
-    assert set(designer.inert_values(rows)) == {"agg_max_num_batched_tokens"}
-    out = [landed(p) for p in designer.suggest(6, known(seen), [], keys(seen))]
+    # batched tokens changed nothing; max_num_seqs was never varied on one config: inert too (the prior)
+    assert designer.inert_knobs(rows) == {"agg_max_num_batched_tokens", "agg_max_num_seqs"}
+    out = [landed(p) for p in designer.suggest(4, known(seen), [], keys(seen))]
+    # new points first: the anchor's one-step layouts, none equal to a seen point or to another
+    # proposal but for the inert knobs
+    assert len({c for _, c in out} | {seen[0][1]}) == len(out) + 1
+    assert all(config_steps(seen[0][1], c) == 1 for _, c in out)
 
-    def alike(point):  # the point but for the inert knob
-        return point_key({k: v for k, v in point[0].items() if k != "agg_max_num_batched_tokens"}, point[1])
 
-    # new points first: none equal to a seen one (or to another proposal) but for the inert knob
-    assert len({alike(p) for p in out} | {alike(seen[0])}) == len(out) + 1
-
-
-def test_a_knob_is_inert_on_the_study_scale_and_only_for_the_values_it_took():
+def test_a_knob_is_inert_on_the_study_scale_until_a_pair_shows_it_matters():
     base = {"deployment_mode": "agg", "backend": "vllm", "agg_max_num_seqs": 512}
     poor, good = RoleShape(tp=8, replicas=1), RoleShape(tp=2, replicas=2)
     designer = NeighbourhoodDesigner(ENCODING, SCALAR, seed=0, explore_share=0)
@@ -143,28 +142,35 @@ def test_a_knob_is_inert_on_the_study_scale_and_only_for_the_values_it_took():
                                for c, vals in ((poor, poor_values), (good, good_values))
                                for t, v in zip((8192, 16384), vals)])
 
+    both = {"agg_max_num_batched_tokens", "agg_max_num_seqs"}
+    assert designer.inert_knobs([]) == both  # nothing known: every knob starts inert
     # 11.84 vs 11.75 on a poor config (0.8 % of its own value) when the best is 470: no change
-    assert designer.inert_values(told((11.84, 11.75), (470.0, 470.0))) == {"agg_max_num_batched_tokens":
-                                                                           frozenset({8192, 16384})}
-    # 470 vs 465 on the best config (1 %): the knob matters
-    assert designer.inert_values(told((11.84, 11.84), (470.0, 465.0))) == {}
+    assert designer.inert_knobs(told((11.84, 11.75), (470.0, 470.0))) == both
+    # 470 vs 465 on the best config (1 %): batched tokens matters, for good
+    assert designer.inert_knobs(told((11.84, 11.84), (470.0, 465.0))) == {"agg_max_num_seqs"}
 
 
-def test_an_inert_knobs_unseen_value_is_a_new_point():
+def test_the_best_anchors_inert_knobs_are_tried_early_another_anchors_last():
     enc = build_encoding(Branch("agg", POOL, (("vllm",),) * len(POOL),
                                 {"backend": ["vllm"], "agg_max_num_seqs": [512],
                                  "agg_max_num_batched_tokens": [8192, 16384, 32768]}, 8))
-    base = {"deployment_mode": "agg", "backend": "vllm", "agg_max_num_seqs": 512}
-    config = RoleShape(tp=2, replicas=2)
-    seen = [({**base, "agg_max_num_batched_tokens": t}, config) for t in (16384, 32768)]
+    base = {"deployment_mode": "agg", "backend": "vllm", "agg_max_num_seqs": 512,
+            "agg_max_num_batched_tokens": 16384}
+    best, poor = RoleShape(tp=2, replicas=2), RoleShape(tp=8, replicas=1)
+    seen = [(base, best), (base, poor)]
+    told = [(base, best, {"objective": 1.0}), (base, poor, {"objective": 0.5})]
     designer = NeighbourhoodDesigner(enc, SCALAR, seed=0, explore_share=0)
-    out = [propose(enc, p) for p in designer.suggest(40, [(s, c, {"objective": 1.0}) for s, c in seen], [],
-                                                     keys(seen))]
+    out = [propose(enc, p) for p in designer.suggest(40, told, [], keys(seen))]
     assert len(out) > 10
-    same = [(i, p.selection["agg_max_num_batched_tokens"]) for i, p in enumerate(out) if p.parallel_config == config]
-    # the unseen value on the same config is a ring-1 new point (with the other configs one step
-    # away), not a look-alike left until every other config's rings were taken; offered once
-    assert [t for _, t in same] == [8192] and same[0][0] < 8
+    on = {c: [i for i, p in enumerate(out) if p.parallel_config == c] for c in (best, poor)}
+    first = {p.parallel_config: i for i, p in reversed(list(enumerate(out)))}
+    rings = [i for c, i in first.items()
+             if c not in (best, poor) and min(config_steps(best, c), config_steps(poor, c)) <= 2]
+    # the best anchor's untried batched tokens (a look-alike: the knob has shown no effect yet) come
+    # at one ring more, early; the poor anchor's only after a first point on every config its
+    # rings or the best's reach
+    assert on[best] and on[best][0] < 12
+    assert on[poor] and all(i > max(rings) for i in on[poor])
 
 
 def test_pareto_anchors_are_the_front_with_its_ends_first():
@@ -181,10 +187,12 @@ def test_pareto_anchors_are_the_front_with_its_ends_first():
     assert crowding([(1.0, 3.0), (2.0, 2.0), (3.0, 1.0)]) == [float("inf"), 2.0, float("inf")]
 
 
-def test_no_feasible_trial_or_an_exhausted_neighbourhood_gives_nothing():
+def test_with_no_feasible_trial_it_explores_configs_no_trial_used():
     designer = NeighbourhoodDesigner(ENCODING, SCALAR, seed=0)
-    assert designer.suggest(4, [(s, c, None) for s, c in SPACE[:5]], [], keys(SPACE[:5])) == []
-    assert designer.suggest(4, known(SPACE), [], keys(SPACE)) == []
+    tried = SPACE[:5]
+    out = [landed(p) for p in designer.suggest(4, [(s, c, None) for s, c in tried], [], keys(tried))]
+    assert len(out) == 4 and len({c for _, c in out}) == 4 and not {c for _, c in out} & {c for _, c in tried}
+    assert designer.suggest(4, known(SPACE), [], keys(SPACE)) == []  # a used-up space: nothing
 
 
 # --------------------------------------------------------------------------------------------
@@ -250,8 +258,8 @@ def rows(result):
 def test_the_fill_records_its_designer_on_every_trial_and_never_repeats_a_point():
     result = sweep(Backend())
     designers = [r.designer for r in result.records]
-    assert designers[:8] == ["QUASI_RANDOM_SEARCH"] * 8  # seeding: no outcome known yet
-    assert NEIGHBOURHOOD in designers and designers.count(NEIGHBOURHOOD) >= 12
+    assert designers[:8] == [NEIGHBOURHOOD] * 8  # seeding, no outcome known yet: the designer explores
+    assert designers.count(NEIGHBOURHOOD) >= 20
     assert all(d in (NEIGHBOURHOOD, "QUASI_RANDOM_SEARCH") for d in designers)
     assert len({r.spec_hash for r in result.records}) == len(result.records) == 24
     plain = sweep(Backend(), local=False)
@@ -276,8 +284,8 @@ def test_kill_then_resume_gives_an_equal_ledger(kill_after):
 
 
 def test_an_exhausted_neighbourhood_falls_back_to_the_quasi_random_fill():
-    # the designer alone answers nothing once every neighbour is taken (see above); in the loop the
-    # quasi-random fill then covers the rest, and the sweep ends when the space is used up
+    # the designer alone answers nothing once every point is taken or a look-alike (see above); in
+    # the loop the quasi-random fill then covers the rest, and the sweep ends when the space is used up
     result = sweep(Backend(), rounds=30)  # 120 asks for a 90-point space
     assert len(result.records) == len({r.spec_hash for r in result.records}) == len(SPACE)
     exhausted = sweep(Backend(), rounds=30, local=False)

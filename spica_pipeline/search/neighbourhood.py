@@ -3,9 +3,10 @@
 Why: when replays are cheap, a model-based (GP-UCB-PE) ask never fits the optimizer's share of wall
 time (search/cost.py), so every ask used to be filled quasi-randomly, which ignores every outcome.
 This designer uses the outcomes without a model: it proposes unevaluated points one step away from
-the best points found so far, and leaves a share of each batch to quasi-random exploration (the
-caller fills the rest of the batch, so a space whose neighbourhoods are exhausted falls back to
-quasi-random).
+the best points found so far, and explores with a share of each batch (and the whole batch while no
+trial is feasible yet): random points on parallel configs no trial has used, never a look-alike of
+a proposed point (the caller fills what it cannot answer quasi-randomly, so a used-up space falls
+back to quasi-random).
 
 * Anchors. Pareto goal: the non-dominated front of the feasible trials, the least-explored first
   (fewest one-step neighbours already taken), then by crowding distance. Scalar goal: the feasible
@@ -25,11 +26,17 @@ quasi-random).
   and on a front the points that hold most of the hypervolume are stepped from first (the end of
   a flat tail adds almost none). Within a queue, candidates come in a fixed order shuffled by
   (seed, anchor).
-* Inert knobs. A knob that has changed no outcome so far (every pair of known trials on one
-  parallel config that differ in it gave metrics within INERT_TOL of the best known |value| of
-  each metric: the study's scale, so 11.84 vs 11.75 goodput on a poor config counts as no change
-  when the best is 470) is likely to change none among the values it took: points equal to a
-  proposed one but for those values (look-alikes) come after every new point.
+* Inert knobs. A knob no pair of known trials on one parallel config has shown to matter (metrics
+  within INERT_TOL of the best known |value| of each metric: the study's scale) counts as inert,
+  every value of it; a knob starts inert (the layout decides most: on the benchmark spaces the
+  batching knobs move no outcome on most configs) and one pair whose metrics moved clears it for
+  good. Points equal to a proposed one but for inert knobs (look-alikes) come after every new
+  point, except the best anchor's, which cost INCUMBENT_LOOKALIKE rings more: near the optimum a
+  small knob effect can decide it (trace_agg: batched tokens 8192 on the best config, +3 %).
+* Exploration: points drawn uniformly over the encoding (features and knobs, as the quasi-random
+  designer spreads them), projected onto the pool, kept only on a config no trial has used (while
+  one remains) and never a look-alike. Quasi-random exploration repeated used configs (three of
+  the first eight trials on tp4 x1 in one goodput_agg run).
 
 Deterministic: the proposals are a function of the encoding, the seed, the known outcomes (in
 trial order) and the taken points, never of timing, so the same seed gives the same ledger.
@@ -56,6 +63,8 @@ GAP_WEIGHT = 2.0  # an anchor's normalised gap to the best (0-1) costs this many
 EXPLORED_WEIGHT = 0.125  # each neighbour already taken around an anchor costs 1/8 ring
 MAX_ANCHORS = 64  # the best anchors stepped from (bounds an ask's work on long studies)
 INERT_TOL = 2e-3  # a knob's effect this small, relative to the best |value| of each metric, counts as none
+INCUMBENT_LOOKALIKE = 1.0  # the best anchor's look-alikes cost this many rings more (every other one waits)
+EXPLORE_TRIES = 8  # draws per exploration point before giving up (the caller fills the rest quasi-randomly)
 
 # One trial the designer learns from: (selection, parallel config, told metrics or None).
 Known = tuple[dict[str, Any], ParallelConfig, Mapping[str, float] | None]
@@ -147,26 +156,33 @@ class NeighbourhoodDesigner:
     def local_count(self, count: int, position: int = 0) -> int:
         """How many of a batch of `count` trials starting at trial `position` of the branch go to
         neighbours; the rest, `explore_share` of the trials counted over the whole branch (so a
-        share below 1 / batch still explores every few batches), to quasi-random exploration."""
+        share below 1 / batch still explores every few batches), to exploration (`_explore`)."""
         explore = math.floor((position + count) * self.explore_share + 1e-9) - math.floor(
             position * self.explore_share + 1e-9)
         return max(0, count - explore)
 
     def suggest(self, count: int, known: Sequence[Known], pending: Sequence[tuple[dict[str, Any], ParallelConfig]],
                 taken: Collection[PointKey]) -> list[dict[str, Any]]:
-        """Up to `local_count(count)` parameter dicts of points not in `taken` (fewer, or none,
-        when no trial is feasible yet or every neighbourhood is used up). `known`: the trials
+        """Up to `count` parameter dicts of points not in `taken`: `local_count(count)` neighbours
+        (none while no trial is feasible), then exploration points for the rest (fewer when the
+        space has no unused config and no point unlike every proposed one). `known`: the trials
         whose outcomes the ask may use, in trial order; `pending`: the trials proposed since."""
-        want = self.local_count(count, len(known) + len(pending))
+        position = len(known) + len(pending)
+        want = self.local_count(count, position)
         rows = self._rows(known)
         anchors = self._anchors(rows)
-        if want <= 0 or not anchors:
-            return []
-        inert = self.inert_values(rows)
+        inert = self.inert_knobs(rows)
         used = set(taken)
         # points equal to a proposed one but for inert knobs: likely a known outcome again
         alike = {self._reduced(sel, cfg, inert) for sel, cfg, _ in known}
         alike |= {self._reduced(sel, cfg, inert) for sel, cfg in pending}
+        out = self._local(want, rows, anchors, inert, used, alike) if want > 0 and anchors else []
+        visited = {cfg for _, cfg in used} | {cfg for _, cfg, _ in known} | {cfg for _, cfg in pending}
+        return out + self._explore(count - len(out), position, inert, used, alike, visited)
+
+    def _local(self, want: int, rows: list[_Row], anchors: list[tuple[dict[str, Any], ParallelConfig]],
+               inert: frozenset[str], used: set[PointKey], alike: set[PointKey]) -> list[dict[str, Any]]:
+        """Up to `want` unevaluated neighbours of the anchors, best-first (module docstring)."""
         gaps = self._gaps(rows, anchors)
         ordered = self._order(anchors, used)[:MAX_ANCHORS]
         explored = [-1] * len(ordered)  # counted when the anchor's turn first comes (-1: not yet)
@@ -174,17 +190,20 @@ class NeighbourhoodDesigner:
         # one queue per (anchor, tier); the cheapest queue gives the next candidate (module docstring)
         heap: list[tuple[int, float, int, int]] = []
         queues: dict[tuple[int, int], Iterator[_Candidate]] = {}
+        # the best anchor's look-alikes (its untried knob values) mix in at a cost, so the knobs get
+        # tried where they could still matter; every other look-alike waits for every new point
+        top = min(range(len(ordered)), key=lambda j: (gap[j], j))
         for i, anchor in enumerate(ordered):
             for tier in (1, 2, 3, 4):  # rings 1, 2 of new points; then rings 1, 2 of look-alikes
                 queues[(i, tier)] = self._tier(anchor, tier, inert, alike, used)
-                heap.append((tier > 2, self._priority(tier, gap[i], explored[i]), i, tier))
+                heap.append((tier > 2 and i != top, self._priority(tier, gap[i], explored[i], i == top), i, tier))
         heapq.heapify(heap)
         out: list[dict[str, Any]] = []
         while heap and len(out) < want:
             late, key, i, tier = heapq.heappop(heap)
             if explored[i] < 0:
                 explored[i] = self._explored(ordered[i], used)
-            now = self._priority(tier, gap[i], explored[i])
+            now = self._priority(tier, gap[i], explored[i], i == top)
             if now > key + 1e-12:  # the anchor was stepped from since: re-queue at its new cost
                 heapq.heappush(heap, (late, now, i, tier))
                 continue
@@ -195,14 +214,68 @@ class NeighbourhoodDesigner:
             alike.add(self._reduced(cand.selection, cand.key[1], inert))
             out.append(cand.parameters)
             explored[i] += 1
-            heapq.heappush(heap, (late, self._priority(tier, gap[i], explored[i]), i, tier))
+            heapq.heappush(heap, (late, self._priority(tier, gap[i], explored[i], i == top), i, tier))
         return out
 
-    def _priority(self, tier: int, gap: float, explored: int) -> float:
+    def _priority(self, tier: int, gap: float, explored: int, top: bool = False) -> float:
         """A queue's cost: its ring, plus the anchor's score gap to the best (0 best, 1 worst,
-        x gap_weight), plus explored_weight per neighbour already taken around the anchor."""
+        x gap_weight), plus explored_weight per neighbour already taken around the anchor; the
+        incumbent's look-alike tiers also INCUMBENT_LOOKALIKE."""
         ring = tier if tier <= 2 else tier - 2
-        return ring + self.gap_weight * gap + self.explored_weight * max(0, explored)
+        extra = INCUMBENT_LOOKALIKE if (top and tier > 2) else 0.0
+        return ring + extra + self.gap_weight * gap + self.explored_weight * max(0, explored)
+
+    def _explore(self, count: int, position: int, inert: frozenset[str], used: set[PointKey],
+                 alike: set[PointKey], visited: set[ParallelConfig]) -> list[dict[str, Any]]:
+        """Up to `count` exploration points, drawn uniformly over the encoding (the optimizer's own
+        parameters: structural features and knobs) and projected onto the pool like a suggestion,
+        kept only on a parallel config no trial has used (while one remains) and never a taken
+        point or a look-alike of a proposed one. Seeded by (seed, position). Quasi-random
+        exploration, unaware of what was proposed, lands on a used config again and again (three
+        of the first eight trials on tp4 x1 in one goodput_agg run) and re-tries its knobs."""
+        enc = self.encoding
+        if count <= 0:
+            return []
+        rng = random.Random(int.from_bytes(hashlib.sha256(f"{self.seed}:explore:{position}".encode()).digest()[:8],
+                                           "big"))
+        fresh = set(enc.parallel_configs) - visited
+        out: list[dict[str, Any]] = []
+        budget = EXPLORE_TRIES * count
+        for attempt in range(2 * budget):
+            if len(out) >= count:
+                break
+            try:
+                sel, requested = enc.decode(self._random_params(rng))
+                cfg = enc.project(sel, requested).config
+                params = enc.encode(sel, cfg)
+            except ValueError:
+                continue
+            if fresh and cfg not in fresh and attempt < budget:  # a used config: draw again (for a while)
+                continue
+            backend = sel.get("backend")
+            if backend is not None and backend not in enc.supported_backends[enc.parallel_configs.index(cfg)]:
+                continue
+            key = point_key(sel, cfg)
+            reduced = self._reduced(sel, cfg, inert)
+            if key in used or reduced in alike:
+                continue
+            used.add(key)
+            alike.add(reduced)
+            fresh.discard(cfg)
+            out.append(params)
+        return out
+
+    def _random_params(self, rng: random.Random) -> dict[str, Any]:
+        """Optimizer parameters drawn uniformly over the encoding (features and knobs)."""
+        out: dict[str, Any] = {}
+        for p in self.encoding.params:
+            if p.role == "internal":
+                out[p.name] = "0"
+            elif p.kind == "double" and p.bounds is not None:
+                out[p.name] = rng.uniform(*p.bounds)
+            elif p.values:
+                out[p.name] = p.values[rng.randrange(len(p.values))]
+        return out
 
     def _gaps(self, rows: list[_Row], anchors: list[tuple[dict[str, Any], ParallelConfig]]) -> dict[PointKey, float]:
         """Each anchor's normalised gap, 0 (best) to 1 (worst). Scalar goal: its score's gap to the
@@ -229,11 +302,9 @@ class NeighbourhoodDesigner:
         return sum(1 for ring in (1, 2) for c in self._candidates(anchor, ring) if c.key in used)
 
     @staticmethod
-    def _reduced(selection: Mapping[str, Any], config: ParallelConfig,
-                 inert: Mapping[str, frozenset[Any]]) -> PointKey:
-        """The point with each inert knob's seen-without-effect values made one value."""
-        return point_key({k: ("~inert" if k in inert and v in inert[k] else v) for k, v in selection.items()},
-                         config)
+    def _reduced(selection: Mapping[str, Any], config: ParallelConfig, inert: Collection[str]) -> PointKey:
+        """The point with every inert knob made one value (its look-alikes share this key)."""
+        return point_key({k: ("~inert" if k in inert else v) for k, v in selection.items()}, config)
 
     # ----- anchors ---------------------------------------------------------------------------
     def anchors(self, known: Sequence[Known]) -> list[tuple[dict[str, Any], ParallelConfig]]:
@@ -278,37 +349,34 @@ class NeighbourhoodDesigner:
         order = sorted(range(len(anchors)), key=lambda i: (explored[i], i))
         return [anchors[i] for i in order]
 
-    def inert_values(self, rows: list[_Row]) -> dict[str, frozenset[Any]]:
-        """Knobs that have changed nothing that matters so far, each with the values it was seen
-        to take without effect: every pair of known trials on the same parallel config that
-        differ in that knob (other knobs may differ too) gave metrics within INERT_TOL x that
-        metric's largest |value| among the known trials, and there is at least one such pair.
-        The scale is the study's, not the pair's: a knob that moves a poor config's goodput from
-        11.84 to 11.75 when the best known is 470 changed nothing that could decide where 99 % of
-        the optimum is. Conservative otherwise: a pair whose metrics changed by more clears every
-        knob it differs in, and a value never seen in such a pair stays new (batched tokens 16384
-        and 32768 alike says nothing of 8192). Moves among the seen values go last: stepping them
-        again would likely repeat a known outcome."""
+    def inert_knobs(self, rows: list[_Row]) -> frozenset[str]:
+        """Knobs not shown to matter so far: no pair of known trials on the same parallel config
+        that differ in the knob (other knobs may differ too) gave metrics further apart than
+        INERT_TOL x that metric's largest |value| among the known trials. The scale is the
+        study's, not the pair's: a knob that moves a poor config's goodput from 11.84 to 11.75
+        when the best known is 470 changed nothing that could decide where 99 % of the optimum is.
+        A knob starts inert (the prior: the layout decides most; on every benchmark space the
+        batching knobs move no outcome on most configs) and is cleared for good by one pair whose
+        metrics moved. Moves of inert knobs make look-alikes: stepped from the best anchor at
+        INCUMBENT_LOOKALIKE rings more (where a small effect could still decide the optimum, as
+        batched tokens 8192 vs 16384 on trace_agg's best config, +3 %), from any other anchor
+        only after every new point."""
         knobs = [p.name for p in self.encoding.params if p.role in ("knob", "float")]
         scale = [max((abs(r[2][m]) for r in rows), default=0.0) for m in range(len(self.metrics))]
         tol = [INERT_TOL * max(s, 1e-12) for s in scale]
         by_config: dict[ParallelConfig, list[_Row]] = {}
         for row in rows:
             by_config.setdefault(row[1], []).append(row)
-        seen: dict[str, set[Any]] = {}
         changed: set[str] = set()
         for members in by_config.values():
             for i, (sa, _, va) in enumerate(members):
                 for sb, _, vb in members[i + 1:]:
-                    differ = [k for k in knobs if sa.get(k) != sb.get(k)]
-                    for k in differ:
-                        seen.setdefault(k, set()).update((sa.get(k), sb.get(k)))
                     if any(abs(x - y) > t for x, y, t in zip(va, vb, tol)):
-                        changed.update(differ)
-        return {k: frozenset(v) for k, v in seen.items() if k not in changed}
+                        changed.update(k for k in knobs if sa.get(k) != sb.get(k))
+        return frozenset(k for k in knobs if k not in changed)
 
     # ----- neighbours ------------------------------------------------------------------------
-    def _tier(self, anchor: tuple[dict[str, Any], ParallelConfig], tier: int, inert: Mapping[str, frozenset[Any]],
+    def _tier(self, anchor: tuple[dict[str, Any], ParallelConfig], tier: int, inert: frozenset[str],
               alike: set[PointKey], used: set[PointKey]) -> Iterator[_Candidate]:
         """Tier 1-2: ring 1-2 points unlike any proposed one; tier 3-4: ring 1-2 look-alikes
         (equal to a proposed point but for inert knobs). Checked lazily: `used` and `alike` grow
