@@ -637,7 +637,7 @@ CHOICE_RULE = (
 # replay-v5's rule (issue 14 leftover 1: the replay basis per backend), written before any per-backend
 # score was computed; calibration rows only, held-out rows evaluated once after the choice is committed
 CHOICE_RULE_V5 = (
-    "replay-v5, fixed 2026-12-04T16:02Z before any per-backend score was computed; calibration split only. "
+    "replay-v5, fixed 2026-12-04T16:01Z (commit 67830f7) before any per-backend score was computed; calibration split only. "
     "Step 1, per (backend, phase), on that backend's calibration rows only (vLLM: 4 models, SGLang: 4 models): "
     "every calibration.phase_options variant on both replay bases scored as in CHOICE_RULE (LOMO MdAPE/target + "
     "P90/target, pooled and per left-out model); within a basis the simplest variant (s=0) is the reference and "
