@@ -570,6 +570,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         final["method_comparison"] = compare_methods(fit_records(records))
     if args.compare_per_backend:
         final["per_backend_comparison"] = compare_per_backend(fit_records(records))
+    if args.compare_within:
+        final["within_comparison"] = compare_within(fit_records(records))
     if args.fit_calibration:
         final["calibration"]["leave_one_model_out"] = lomo
         print(f"leave-one-model-out calibrated ({lomo['rows']} rows): "
@@ -648,6 +650,16 @@ CHOICE_RULE_V5 = (
     "v4's and it wins >= 4 of the 6 model folds; otherwise the phase stays v4's. v5 ships as the default only if "
     "some phase changed; a phase that stays v4's is fitted exactly as v4, so v5 is not worse than v4 on pooled "
     "calibration LOMO in either phase.")
+# round 2 of replay-v5 (CHOICE_RULE_V5 kept v4 in both phases: bench/results/fidelity_calibration_per_backend.json).
+# The TPOT diagnosis on calibration rows (docs/fidelity.md) showed v4's pooled Theil-Sen slopes are set by
+# MiniMax-M2.5 (217 of 465 rows, TPOT +74 % raw): dense models' TPOT is 8 % / 20 % raw and 13 % / 32 % after v4.
+CHOICE_RULE_V5_ROUND2 = (
+    "replay-v5 round 2, fixed 2026-12-04T16:10Z before it was scored; calibration split only. One candidate per "
+    "phase: v4's phase method with its slopes fitted from within-model variation only (PhaseMethod.within: the "
+    "median over models of each model's Theil-Sen slope), everything else as v4. It replaces v4's phase only if "
+    "its pooled LOMO score (MdAPE/target + P90/target) over all calibration rows is lower than v4's and it wins "
+    ">= 4 of the 6 model folds; otherwise the phase stays v4's. v5 ships as the default only if some phase "
+    "changed; held-out rows are evaluated once after that choice is committed.")
 MIN_FOLD_SHARE = 2 / 3  # 4 of 6 folds (CHOICE_RULE), 3 of 4 (CHOICE_RULE_V5 step 1)
 
 
@@ -749,6 +761,30 @@ def compare_per_backend(records: list[dict[str, Any]]) -> dict[str, Any]:
             "chosen_overrides": chosen_overrides, "changes_default": bool(overrides),
             "shipped": shipped.name, "shipped_overrides": [[b, p, vars(pm)] for b, p, pm in shipped.per_backend],
             "shipped_is_chosen": [[b, p, vars(pm)] for b, p, pm in shipped.per_backend] == chosen_overrides}
+
+
+def compare_within(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """CHOICE_RULE_V5_ROUND2: v4 with within-model slopes against v4, per phase, on calibration rows."""
+    from dataclasses import replace
+
+    from spica_pipeline.search import calibration
+
+    held = sorted({r["id"] for r in records if r.get("split") != "calibration"})
+    if held:
+        raise SystemExit(f"--compare-within uses calibration rows only; got held-out {held[:3]}")
+    base = calibration.V4
+    within = calibration.Method("v4-within", replace(base.ttft, within=True), replace(base.tpot, within=True))
+    reference, row = _scored(records, base, base.name), _scored(records, within, within.name)
+    steps: dict[str, Any] = {}
+    for phase in TARGETS:
+        replaces, folds = _beats(row, reference, phase)
+        steps[phase] = {"within": row[phase], "v4": reference[phase], "fold_wins": folds, "replaces_v4": replaces,
+                        "option": vars(within.phase(phase))}
+        print(f"   {phase.upper()}: within-model {_fmt(row[phase])} score {row[phase]['score']:.2f} vs v4 "
+              f"{_fmt(reference[phase])} score {reference[phase]['score']:.2f}; folds won {folds} of "
+              f"{len(reference[phase]['folds'])} -> {'replace' if replaces else 'keep v4'}", flush=True)
+    return {"rule": CHOICE_RULE_V5_ROUND2, "rows": len({r["id"] for r in records}), "steps": steps,
+            "chosen": {p: ("within" if v["replaces_v4"] else "v4") for p, v in steps.items()}}
 
 
 def compare_methods(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -855,6 +891,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--compare-per-backend", action="store_true",
                     help="CHOICE_RULE_V5: each backend's phase method and replay basis chosen by leave-one-model-out "
                          "on its own calibration rows, then per phase against v4 on all calibration rows")
+    ap.add_argument("--compare-within", action="store_true",
+                    help="CHOICE_RULE_V5_ROUND2: v4 with within-model slopes against v4 by leave-one-model-out")
     ap.add_argument("--fit-calibration", metavar="PATH",
                     help="fit a profile on this run's calibration-split rows, write it to PATH and apply it")
     args = ap.parse_args(argv)

@@ -69,11 +69,15 @@ class PhaseMethod:
     slices: bool = True
     centred: bool = False  # anchor the load term at the rows' median load instead of one request per engine
     replay: str = "sweep"  # which replay the phase corrects (REPLAYS)
+    # slopes from within-model variation only: the median over models of each model's Theil-Sen slope
+    # (pooled pairs let the model with most rows, and between-model offsets, set the slope)
+    within: bool = False
 
     def label(self) -> str:
         return (("client " if self.replay == "client" else "") + f"s={self.slope_shrink:.3g}"
                 + (" centred" if self.centred else "")
-                + (f" +{self.extra}" if self.extra else "") + ("" if self.slices else " backend-only"))
+                + (f" +{self.extra}" if self.extra else "") + ("" if self.slices else " backend-only")
+                + (" within-model" if self.within else ""))
 
     @property
     def is_reference(self) -> bool:
@@ -267,6 +271,17 @@ def theil_sen(xs: list[float], ys: list[float]) -> float:
     return statistics.median(slopes) if slopes else 0.0
 
 
+def within_model_slope(rows: list[dict[str, Any]], feature: str) -> float:
+    """Median over models of each model's Theil-Sen slope of the residual on `feature` (models whose
+    rows do not vary in it are left out; 0 when none varies)."""
+    per: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        per[r.get("model")].append(r)
+    slopes = [theil_sen([r["x"][feature] for r in v], [r["residual"] for r in v]) for v in per.values()
+              if len({r["x"][feature] for r in v}) > 1]
+    return statistics.median(slopes) if slopes else 0.0
+
+
 def _terms(rows: list[dict[str, Any]], method: Method) -> dict[str, list[dict[str, Any]]]:
     """Per phase the fitted slopes (load, then the optional extra feature); detrends rows in place."""
     terms: dict[str, list[dict[str, Any]]] = {}
@@ -278,7 +293,12 @@ def _terms(rows: list[dict[str, Any]], method: Method) -> dict[str, list[dict[st
             if not name:
                 continue
             have = [r for r in members if name in r["x"]]
-            b = theil_sen([r["x"][name] for r in have], [r["residual"] for r in have]) if shrink else 0.0
+            if not shrink:
+                b = 0.0
+            elif pm.within:
+                b = within_model_slope(have, name)
+            else:
+                b = theil_sen([r["x"][name] for r in have], [r["residual"] for r in have])
             centre = statistics.median(r["x"][name] for r in have) if have else 0.0
             anchor = centre if (pm.centred and name == LOAD) else 0.0
             for r in members:  # the offsets are fitted on the detrended residuals
