@@ -572,6 +572,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         final["per_backend_comparison"] = compare_per_backend(fit_records(records))
     if args.compare_within:
         final["within_comparison"] = compare_within(fit_records(records))
+    if args.diagnose:
+        final["diagnosis"] = diagnose(fit_records(records))
     if args.fit_calibration:
         final["calibration"]["leave_one_model_out"] = lomo
         print(f"leave-one-model-out calibrated ({lomo['rows']} rows): "
@@ -763,6 +765,56 @@ def compare_per_backend(records: list[dict[str, Any]]) -> dict[str, Any]:
             "shipped_is_chosen": [[b, p, vars(pm)] for b, p, pm in shipped.per_backend] == chosen_overrides}
 
 
+def _largest_attention_dp(record: dict[str, Any]) -> int:
+    return max(int((v or {}).get("attention_dp") or 1) for v in (record.get("shape") or {}).values())
+
+
+def diagnose(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where the shipped method's leave-one-model-out error sits (calibration rows only): per slice
+    (backend, model, system, MoE/dense, attention DP, load, mode, MiniMax x system) the LOMO-calibrated,
+    raw benchmark-client and AIC error stats of TTFT and TPOT, and how many rows are off by > 50 %."""
+    import copy
+
+    from spica_pipeline.search import calibration
+    from spica_pipeline.search.model_hw import model_facts
+
+    held = sorted({r["id"] for r in records if r.get("split") != "calibration"})
+    if held:
+        raise SystemExit(f"--diagnose uses calibration rows only; got held-out {held[:3]}")
+    scored: list[dict[str, Any]] = []
+    for model in sorted({r["model"] for r in records}):
+        test = [copy.deepcopy(r) for r in records if r["model"] == model]
+        apply_profile(test, calibration.fit([r for r in records if r["model"] != model], fitted="lomo",
+                                            source="lomo", method=calibration.CHOSEN, lomo_bands=False))
+        scored += test
+    moe = {m: model_facts(m).is_moe for m in {r["aic_model"] for r in scored}}
+    keys = {
+        "backend": lambda r: r["backend"], "model": lambda r: r["model"], "system": lambda r: r["system"],
+        "moe": lambda r: "MoE" if moe[r["aic_model"]] else "dense",
+        "attention_dp": lambda r: "adp>1" if _largest_attention_dp(r) > 1 else "adp=1",
+        "load": lambda r: "c>128" if (r.get("concurrency") or 0) > 128 else "c<=128", "mode": lambda r: r["mode"],
+        "minimax_x_system": lambda r: ("MiniMax-M2.5 " if "MiniMax" in r["model"] else "other ") + r["system"],
+    }
+
+    def off(rows: list[dict[str, Any]], phase: str) -> int:
+        return sum(1 for r in rows if r.get("calibrated") and abs(r["calibrated"][phase] / r["silicon"][phase] - 1) > 0.5)
+
+    out: dict[str, Any] = {"method": calibration.CHOSEN.name, "rows": len(scored),
+                           "off_by_more_than_half": {p: off(scored, p) for p in ("ttft", "tpot")}, "by": {}}
+    for name, fn in keys.items():
+        groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in scored:
+            groups[fn(r)].append(r)
+        out["by"][name] = {k: {"rows": len(v), "lomo": summarise(v)["calibrated"], "client_raw": summarise(v)["ours"],
+                               "aic": summarise(v)["aic"], "off_by_more_than_half": {p: off(v, p) for p in ("ttft", "tpot")}}
+                           for k, v in sorted(groups.items())}
+    for name, groups in out["by"].items():
+        for k, v in groups.items():
+            print(f"   {name}={k} (n={v['rows']}): TPOT LOMO {_fmt(v['lomo']['tpot'])} raw {_fmt(v['client_raw']['tpot'])}"
+                  f" aic {_fmt(v['aic']['tpot'])} off>50% {v['off_by_more_than_half']['tpot']}")
+    return out
+
+
 def compare_within(records: list[dict[str, Any]]) -> dict[str, Any]:
     """CHOICE_RULE_V5_ROUND2: v4 with within-model slopes against v4, per phase, on calibration rows."""
     from dataclasses import replace
@@ -891,6 +943,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--compare-per-backend", action="store_true",
                     help="CHOICE_RULE_V5: each backend's phase method and replay basis chosen by leave-one-model-out "
                          "on its own calibration rows, then per phase against v4 on all calibration rows")
+    ap.add_argument("--diagnose", action="store_true",
+                    help="the shipped method's leave-one-model-out TTFT/TPOT error per slice (calibration rows only)")
     ap.add_argument("--compare-within", action="store_true",
                     help="CHOICE_RULE_V5_ROUND2: v4 with within-model slopes against v4 by leave-one-model-out")
     ap.add_argument("--fit-calibration", metavar="PATH",
