@@ -41,7 +41,10 @@ def bootstrap() -> None:
         _run([sys.executable, "-m", "venv", str(VENV)])
     _run([str(BIN / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", "uv==0.9.7"])
     uv = [str(BIN / "uv"), "pip", "install", "--python", str(BIN / "python"), "-q"]
-    _run(uv + ["-r", str(LOCK)])
+    # --compile-bytecode: .pyc for the whole site-packages now, so imports never parse source (jax +
+    # vizier + the definitions: 12 s of CPU from source, 5 s from .pyc, 2026-12-04 15:38 UTC here);
+    # without it nothing writes them where PYTHONDONTWRITEBYTECODE is set
+    _run(uv + ["--compile-bytecode", "-r", str(LOCK)])
     _run(uv + ["--no-deps", "-e", str(ROOT)])
     STAMP.write_text(_fingerprint())
 

@@ -3,12 +3,20 @@
 from spica_pipeline.search import cost
 
 
-def test_suggest_cost_is_flat_for_few_rows_then_grows_and_scales_with_the_batch():
+def test_suggest_cost_follows_the_padding_bucket_and_the_batch():
     p = cost.predicted_ask_seconds
-    assert p(0, 8) == p(8, 8) == p(16, 8) == cost.ASK_FLOOR_S
-    assert p(16, 8) < p(32, 8) < p(64, 8) < p(100, 8)  # the GP's linear algebra
-    assert p(16, 4) < p(16, 8) < p(16, 16)
-    assert p(16, 8, objectives=2) > p(16, 8)
+    # history + pending + batch <= 32 rows: one bucket, one price
+    assert p(0, 8) == p(8, 8) == p(24, 8) == cost.SUGGEST_COST[1][32][0] + 8 * cost.SUGGEST_COST[1][32][1]
+    assert p(24, 8) < p(25, 8) < p(100, 8) < p(200, 8)  # 32 -> 64 -> 128 -> 256 (extrapolated)
+    assert p(16, 4) < p(16, 8) < p(16, 16)  # each suggestion is one acquisition optimisation
+    assert p(100, 8, objectives=2) > p(100, 8)
+
+
+def test_the_bucket_is_the_vizier_adapters_padding():
+    from spica_pipeline.resources.vizier import trial_bucket
+
+    for rows in (1, 8, 31, 32, 33, 64, 65, 100, 128, 129, 300):
+        assert cost.suggest_bucket(rows) == trial_bucket(rows)
 
 
 def test_replay_estimate_grows_with_requests_and_repeats():

@@ -9,48 +9,56 @@ config and seed make the same choices; `cost_aware: measured` uses measured seco
 to the machine, not reproducible across fresh runs).
 
 Constants and where they come from (2 cores, 2026-12-04):
-  * GP-UCB-PE suggest(8), one objective, after the process's first call (compile-once programs), CPU
-    seconds, median of 3 (bench/results/vizier_after_first.json, `bench/bench_vizier.py
-    --after-first --count 8 --ns 8,16,32,64,100`, load average 2-3): 1.95 at 8 history rows, 1.63 at
-    16, 2.59 at 32, 10.9 at 64, 32.2 at 100. Flat up to ~32 rows, then roughly quadratic-to-cubic
-    (the GP's linear algebra): max(ASK_FLOOR_S, ASK_S_AT_32 x (rows / 32) ** ASK_EXPONENT) gives
-    2.0 / 2.0 / 2.6 / 11.9 / 32 s at those rows. A batch of `count` is charged
-    (0.5 + 0.5 x count / 8) of the suggest(8) figure: one sequential acquisition optimisation per
-    suggestion, assumed to be half of a suggest(8) (not measured separately). Crossing a padding
-    bucket (32, 64, 128 rows) compiles that bucket's programs once per process (60-130 s of CPU
-    here); like the first call, that is not charged.
-  * Two objectives: multi-objective GP-UCB-PE is not padded (padding changed its acquisition
-    values in an earlier check), so every new trial count compiles its own programs: 61 s and
-    134 s of CPU at the first suggest with 8 and 16 history rows, then ~1 s for a repeat at the same
-    count (bench/results/vizier_after_first.json). In a study every ask has a new count, so an
-    ask is charged MULTI_OBJECTIVE_ASK_S.
+  * GP-UCB-PE suggest(k), CPU seconds after the first call of its padding bucket (docs/performance.md
+    "Suggest cost for search/cost.py"; `bench/bench_vizier.py --after-first --count 8 --ns
+    8,16,32,64,100 --objectives 1|2`, 12:12-12:22 UTC, bench/results/vizier_after_first.json, and the
+    k = 1, 2, 4, 8 slope measured 12:47-12:50 UTC). Every suggest pads its trials to one bucket,
+    R = max(32, next power of two of history + pending + k) (resources/vizier.py `trial_bucket`),
+    and costs about a(R) + k x b(R): a = the ARD fit and fixed work, b = one acquisition
+    optimisation. Measured at R = 32 and 128 (R = 64 interpolated from its k = 8 median), one and
+    two objectives: SUGGEST_COST below. Beyond 128 rows (not measured) each doubling of R is
+    charged x ASK_GROWTH_PER_DOUBLING, the steeper 64 -> 128 step (two objectives: 1.94 -> 4.2 s).
+    A bucket's first suggest compiles its programs (~9-11 s at 64 rows, ~15-21 s at 128); like
+    the process's first call, that is not charged (paid once per process, not per study).
   * A replay: the exhaustive truths of bench_time_to_quality (2026-12-04, load average 2-5) took a
     median 0.20 ms per request on goodput_agg (135 replays of 240 requests, median 47 ms) and 0.32 ms
     on pareto_disagg (142 closed-loop replays, median 1,424 requests, 0.52 s); the replay notes
     give 0.13 ms (10,000 requests in 1.3 s, shared/reference replay-notes §1.11). 0.25 ms per
     request plus ~3 ms per replay (a 200-request replay took 29 ms through ReplayEvaluator,
     bench/results/evaluator_quick.json).
-The first GP suggest of a process compiles its programs (~77 s of CPU here, once; the persistent JAX
-cache serves later processes); it is not charged to any branch, because it is paid once per process,
-not per study, and charging it would make the choice depend on what ran before in the process.
+The first GP suggest of a process compiles its programs (20-27 s of CPU cold here, 12-15 s with the
+persistent JAX cache); it is not charged to any branch, because it is paid once per process, not per
+study, and charging it would make the choice depend on what ran before in the process.
 """
 
-ASK_FLOOR_S = 2.0  # suggest(8) CPU seconds with few rows (fit above)
-ASK_S_AT_32 = 2.6  # ... at 32 rows
-ASK_EXPONENT = 2.2  # growth beyond: x 2 ** 2.2 = x 4.6 per doubling of the rows
-ASK_REFERENCE_BATCH = 8
-MULTI_OBJECTIVE_ASK_S = 100.0  # two objectives: a compile per ask (61-134 s measured)
+# objectives -> {bucket rows R: (a, b)}: suggest(k) CPU seconds ~ a + k x b (docstring)
+SUGGEST_COST: dict[int, dict[int, tuple[float, float]]] = {
+    1: {32: (0.20, 0.117), 64: (0.5, 0.11), 128: (1.05, 0.28)},
+    2: {32: (0.27, 0.094), 64: (1.0, 0.12), 128: (2.44, 0.24)},
+}
+BUCKET_FLOOR = 32
+ASK_GROWTH_PER_DOUBLING = 2.2  # beyond the largest measured bucket (not measured)
 REPLAY_FIXED_S = 0.003
 REPLAY_PER_REQUEST_S = 0.00025
 DEFAULT_REPLAY_S = 0.5  # when the caller has no request count: the middle of issue 15's 0.07-3.2 s
 
 
+def suggest_bucket(rows: int) -> int:
+    """Padded trial rows of a suggest that sees `rows` trials (history + pending + batch):
+    max(BUCKET_FLOOR, next power of two), the bucket the GP programs are compiled for."""
+    rows = max(int(rows), 1)
+    return max(BUCKET_FLOOR, 1 << (rows - 1).bit_length())
+
+
 def predicted_ask_seconds(rows: int, count: int, objectives: int = 1) -> float:
     """CPU seconds of one model-based suggest of `count` with `rows` trials (history + pending)."""
-    batch = 0.5 + 0.5 * max(1, count) / ASK_REFERENCE_BATCH
-    if objectives > 1:
-        return MULTI_OBJECTIVE_ASK_S
-    return max(ASK_FLOOR_S, ASK_S_AT_32 * (max(0, rows) / 32) ** ASK_EXPONENT) * batch
+    count = max(1, int(count))
+    table = SUGGEST_COST[2 if objectives > 1 else 1]
+    bucket = suggest_bucket(max(0, rows) + count)
+    largest = max(table)
+    a, b = table[min(bucket, largest)]
+    growth = ASK_GROWTH_PER_DOUBLING ** max(0.0, (bucket.bit_length() - largest.bit_length()))
+    return (a + count * b) * growth
 
 
 def predicted_replay_seconds(requests: float | None, repeats: int = 1) -> float:
@@ -79,4 +87,5 @@ def model_ask_fits(model_seconds: float, ask_seconds: float, replay_seconds: flo
     return model <= share * (model + replay_seconds / max(1, workers))
 
 
-__all__ = ["model_ask_fits", "outcome_replay_seconds", "predicted_ask_seconds", "predicted_replay_seconds"]
+__all__ = ["model_ask_fits", "outcome_replay_seconds", "predicted_ask_seconds", "predicted_replay_seconds",
+           "suggest_bucket"]
