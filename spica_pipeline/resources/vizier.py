@@ -95,14 +95,36 @@ def _runtime_setup(cache_dir: str | None) -> None:
 
         jax.config.update("jax_enable_x64", True)
         _batched_lapack_triangular_solve()
+        cache_dir = resolve_cache_dir(cache_dir)
         if cache_dir:
-            path = os.path.expanduser(cache_dir)
+            path = cache_dir
             os.makedirs(path, exist_ok=True)
             jax.config.update("jax_compilation_cache_dir", path)
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
             jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
             _setup_done["cache_dir"] = path
         _setup_done["platforms"] = os.environ.get("JAX_PLATFORMS", "")
+
+
+CACHE_ENV = "SPICA_JAX_CACHE_DIR"
+
+
+def resolve_cache_dir(cache_dir: str | None, env: Mapping[str, str] | None = None) -> str:
+    """Where the persistent JAX compilation cache lives ("" = off). On by default: the default
+    `~/.cache/spica-pipeline/jax` follows $XDG_CACHE_HOME when that is set. $SPICA_JAX_CACHE_DIR
+    overrides the configured value (`off`, `0` or empty: no persistent cache). The cache serves
+    the XLA compiles of a bucket's programs to every later process (not the tracing)."""
+    env = os.environ if env is None else env
+    if CACHE_ENV in env:
+        cache_dir = env[CACHE_ENV]
+        if cache_dir.strip().lower() in ("", "0", "off", "none", "false"):
+            return ""
+    if not cache_dir:
+        return ""
+    xdg = env.get("XDG_CACHE_HOME", "")
+    if xdg and (cache_dir == "~/.cache" or cache_dir.startswith("~/.cache/")):
+        cache_dir = xdg + cache_dir[len("~/.cache"):]
+    return os.path.expanduser(cache_dir)
 
 
 def _batched_lapack_triangular_solve() -> bool:
@@ -197,7 +219,8 @@ class VizierClient(dg.ConfigurableResource):
     # Drop every compiled program before each GP suggest. Off: with `compile_once` the programs
     # are reused, not re-made per call, so memory stays flat (bench_vizier --after-first --rss-suggests).
     clear_jax_cache: bool = False
-    # Persistent JAX compilation cache; empty string turns it off.
+    # Persistent JAX compilation cache (on by default; under $XDG_CACHE_HOME when set); empty string
+    # turns it off, and so does SPICA_JAX_CACHE_DIR=off (that variable overrides this field).
     jax_cache_dir: str = "~/.cache/spica-pipeline/jax"
     # GP-UCB-PE, single objective: one UCB point plus ONE joint pure-exploration optimisation for
     # the rest of the batch (Vizier's `optimize_set_acquisition_for_exploration`), instead of one
