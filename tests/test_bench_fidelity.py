@@ -96,3 +96,34 @@ def test_the_choice_rule_needs_a_pooled_win_and_four_of_six_folds():
     assert bench_fidelity.choose([ref, client], "ttft") is ref  # the client basis must win 4 folds too
     better = row(calibration.PhaseMethod(0.0, replay="client"), 3.0, [3, 3, 3, 3, 6, 6])
     assert bench_fidelity.choose([ref, better], "ttft") is better
+
+
+def test_with_four_folds_a_challenger_must_win_three():
+    import bench_fidelity
+
+    from spica_pipeline.search import calibration
+
+    def row(option, score, folds):
+        return {"variant": option.label(), "option": vars(option),
+                "ttft": {"score": score, "folds": dict(zip("abcd", folds))}}
+
+    ref = row(calibration.PhaseMethod(0.0), 5.0, [5] * 4)
+    two = row(calibration.PhaseMethod(0.0, replay="client"), 3.0, [1, 1, 9, 9])  # lower pooled, 2 of 4
+    three = row(calibration.PhaseMethod(0.0, replay="client"), 4.0, [4, 4, 4, 9])  # lower pooled, 3 of 4
+    assert bench_fidelity.choose([ref, two], "ttft") is ref
+    assert bench_fidelity.choose([ref, three], "ttft") is three
+
+
+def test_per_backend_and_within_comparisons_use_calibration_rows_only():
+    import bench_fidelity
+
+    records = [r for r in json.loads((RESULTS / "fidelity_calibration.json").read_text())["records"]
+               if (r.get("sweep") or {}).get("ttft")]
+    records = bench_fidelity.fit_records(records)[:90]
+    within = bench_fidelity.compare_within(records)
+    assert set(within["chosen"]) == {"ttft", "tpot"} and within["rule"] == bench_fidelity.CHOICE_RULE_V5_ROUND2
+    assert all(math.isfinite(within["steps"][p][k]["score"]) for p in ("ttft", "tpot") for k in ("within", "v4"))
+    with pytest.raises(SystemExit, match="held-out"):
+        bench_fidelity.compare_within([{**records[0], "split": "heldout"}, *records[1:]])
+    with pytest.raises(SystemExit, match="held-out"):
+        bench_fidelity.compare_per_backend([{**records[0], "split": "heldout"}, *records[1:]])

@@ -397,3 +397,117 @@ def test_a_client_profile_makes_the_evaluator_replay_the_benchmark_client(monkey
     f.calls.clear()
     plain = ReplayEvaluator(cache_dir=str(tmp_path)).evaluate(EvalRequest(agg_sample(), wl, THROUGHPUT))
     assert plain.status == "feasible" and len(f.calls) == 1 and "benchmark_client" not in plain.derived
+
+
+# ---- format 3: a (backend, phase) fitted on its own rows with its own replay basis ------------------
+
+def mixed_records():
+    """vLLM rows whose client replay is right (x1.5), SGLang rows whose sweep replay is (x2)."""
+    rows = [client_record(i) for i in range(6)]  # vllm: silicon 300, client 200, sweep 50
+    for i in range(6, 12):
+        r = client_record(i, ttft_client=900.0, ttft_sweep=150.0, silicon_ttft=300.0)
+        r["backend"], r["model"] = "sglang", f"m{i % 3}"
+        rows.append(r)
+    for i, r in enumerate(rows[:6]):
+        r["model"] = f"m{i % 3}"
+    return rows
+
+
+PER_BACKEND = cal.Method("pb-test", cal.PhaseMethod(0.0, replay="client"), cal.PhaseMethod(0.0),
+                         per_backend=(("vllm", "ttft", cal.PhaseMethod(0.0, replay="client")),
+                                      ("sglang", "ttft", cal.PhaseMethod(0.0))))
+
+
+def test_a_per_backend_override_is_fitted_on_its_rows_with_its_own_basis():
+    p = cal.fit(mixed_records(), fitted="d", source="t", method=PER_BACKEND)
+    assert p["format"] == cal.PER_BACKEND_FORMAT and p["method_name"] == "pb-test"
+    assert p["replay"] == {"ttft": "client", "tpot": "sweep", "vllm/ttft": "client", "sglang/ttft": "sweep"}
+    assert "sglang/ttft" in p["terms"] and "(own fit)" in p["method"]
+    assert p["slices"]["h200_sxm/vllm/ttft"]["factor"] == pytest.approx(1.5)  # client basis
+    assert p["slices"]["h200_sxm/sglang/ttft"]["factor"] == pytest.approx(2.0)  # sweep basis: 300 / 150
+    assert cal.needs_client(p) and cal.needs_client(p, "vllm") and not cal.needs_client(p, "sglang")
+    assert cal.replay_basis(p, "ttft", "sglang") == "sweep" and cal.replay_basis(p, "ttft", "trtllm") == "client"
+    fallback = p["sweep_fallback"]
+    assert not cal.needs_client(fallback) and fallback["slices"]["h200_sxm/sglang/ttft"]["factor"] == pytest.approx(2.0)
+    assert len(p["rows_used"]) == 12
+    assert cal.validate(json.loads(json.dumps(p)))
+    report = {"mean_ttft_ms": 150.0, "mean_tpot_ms": 10.0}
+    sg = cal.calibrate(report, p, system="h200_sxm", backend="sglang", concurrency=8, client={"ttft": 900.0})
+    assert sg["calibrated_mean_ttft_ms"] == pytest.approx(300.0) and "client_mean_ttft_ms" not in sg
+    assert "calibration_client_replay" not in sg  # nothing on SGLang reads the client replay
+    vl = cal.calibrate({**report, "mean_ttft_ms": 50.0}, p, system="h200_sxm", backend="vllm", concurrency=8,
+                       client={"ttft": 200.0})
+    assert vl["calibrated_mean_ttft_ms"] == pytest.approx(300.0) and vl["calibration_client_replay"] == 1.0
+
+
+def test_format_3_keys_are_validated():
+    p = cal.fit(mixed_records(), fitted="d", source="t", method=PER_BACKEND)
+    with pytest.raises(cal.ProfileError, match="format 3"):
+        cal.validate({**p, "format": 2})  # a format-2 reader would ignore the override silently
+    with pytest.raises(cal.ProfileError, match="per-backend keys"):
+        cal.validate({**p, "replay": {**p["replay"], "sglang/e2e": "sweep"}})
+    with pytest.raises(cal.ProfileError, match="replay.sglang/ttft"):
+        cal.validate({**p, "replay": {**p["replay"], "sglang/ttft": "lockstep"}})
+    with pytest.raises(cal.ProfileError, match="terms.sglang/ttft"):
+        cal.validate({**p, "terms": {**p["terms"], "sglang/ttft": [{"feature": "nope"}]}})
+
+
+def test_a_format_3_file_loads_and_a_bad_one_names_its_path(tmp_path):
+    good = tmp_path / "v5.json"
+    good.write_text(json.dumps(cal.fit(mixed_records(), fitted="d", source="t", method=PER_BACKEND)))
+    profile, digest = loader.load_profile(str(good))
+    assert profile is not None and profile["format"] == 3 and digest
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**profile, "replay": {**profile["replay"], "x/y/ttft": "sweep"}}))
+    with pytest.raises(ConfigError, match=str(bad)):
+        loader.load_profile(str(bad))
+
+
+def test_within_model_slopes_ignore_between_model_offsets():
+    """Two models, each flat in load, the slower one measured only at high load: the pooled Theil-Sen
+    slope sees a trend, the within-model slope none."""
+    rows = []
+    for i, c in enumerate([1, 2, 4, 8]):
+        rows.append({**record(i, c=c, ttft_ratio=1.0), "model": "a"})
+    for i, c in enumerate([16, 32, 64, 128], 4):
+        rows.append({**record(i, c=c, ttft_ratio=4.0), "model": "b"})
+    pooled = cal.fit(rows, fitted="d", source="t", method=cal.Method("p", cal.PhaseMethod(1.0), cal.PhaseMethod(1.0)))
+    within = cal.fit(rows, fitted="d", source="t",
+                     method=cal.Method("w", cal.PhaseMethod(1.0, within=True), cal.PhaseMethod(1.0, within=True)))
+    assert pooled["terms"]["ttft"][0]["fitted"] > 0.1
+    assert abs(within["terms"]["ttft"][0]["fitted"]) < 0.02
+    assert "within-model" in cal.PhaseMethod(1.0, within=True).label()
+
+
+def test_a_backend_whose_phases_are_on_the_sweep_basis_gets_no_client_replay(monkeypatch, tmp_path):
+    from test_deploy import agg_sample
+    from test_replay import THROUGHPUT, FakeReplay
+
+    import dynamo._core as core
+    from spica_pipeline.resources import timing
+    from spica_pipeline.resources.replay import ReplayEvaluator
+    from spica_pipeline.search import kv as kv_mod
+    from spica_pipeline.search.evaluation import EvalRequest
+
+    f = FakeReplay(vary=[50.0])
+    monkeypatch.setattr(core, "run_mocker_trace_replay", f.trace)
+    monkeypatch.setattr(core, "run_mocker_synthetic_trace_replay", f.synthetic)
+    monkeypatch.setattr(timing, "kv_capacity", lambda ident, **kw: timing.KvCapacity(
+        tokens_per_rank=64_000 * ident.tp, bytes_per_token=131072 // ident.tp))
+    monkeypatch.setattr(timing, "timing_table", lambda ident, **kw: timing.TimingTable(
+        path=str(tmp_path / f"tp{ident.tp}.npz"), speedup_ratio=10.0, key="k"))
+    monkeypatch.setattr(timing, "model_context_length", lambda model: 40960)
+    monkeypatch.setattr(timing, "table_estimators", lambda path: (lambda t: 100.0, lambda b, c: 10.0))
+    monkeypatch.setattr(kv_mod, "estimate_kv_tokens", lambda *a, **k: 1216)
+    method = cal.Method("pb", cal.PhaseMethod(0.0, replay="client"), cal.PhaseMethod(0.0),
+                        per_backend=(("vllm", "ttft", cal.PhaseMethod(0.0)),))
+    p = cal.fit(mixed_records(), fitted="d", source="t", method=method)
+    assert cal.needs_client(p) and not cal.needs_client(p, "vllm")
+    path = tmp_path / "pb.json"
+    path.write_text(json.dumps(p))
+    wl = {"isl": 100, "osl": 10, "concurrency": 2, "num_request_ratio": 8}
+    req = EvalRequest(agg_sample(hardware_sku="h200_sxm"), wl, THROUGHPUT, {"calibration": {"setting": str(path)}})
+    out = ReplayEvaluator(cache_dir=str(tmp_path)).evaluate(req)
+    assert out.status == "feasible", out.reason
+    assert len(f.calls) == 1 and "benchmark_client" not in out.derived  # the sweep's own replay only
+    assert out.report["calibrated_mean_ttft_ms"] == pytest.approx(out.report["mean_ttft_ms"] * 6.0)  # 300 / 50

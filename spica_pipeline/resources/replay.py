@@ -204,7 +204,7 @@ class ReplayEvaluator(dg.ConfigurableResource, Evaluator):
     def _benchmark_client(self, request: EvalRequest, call: ReplayCall) -> dict[str, float] | None:
         """The candidate's mean TTFT/TPOT replayed as the benchmark client that measured the silicon
         rows (every client at t=0, CLIENT_REQUEST_RATIO x c requests, every request counted), when
-        its calibration profile corrects that replay (calibration.needs_client) and the sweep's
+        its calibration profile corrects that replay for its backend (calibration.needs_client) and the sweep's
         own replay is a ramped closed loop; None otherwise or when that replay fails (the profile's
         sweep fallback then applies). Recorded in `call.derived["benchmark_client"]`."""
         setting = (request.context or {}).get("calibration")
@@ -214,7 +214,7 @@ class ReplayEvaluator(dg.ConfigurableResource, Evaluator):
         from spica_pipeline.search import calibration
 
         profile, _ = load_profile(setting["setting"])
-        if profile is None or not calibration.needs_client(profile):
+        if profile is None or not calibration.needs_client(profile, request.sample.get("backend")):
             return None
         client_request = measurement.benchmark_client_request(request)
         derived: dict[str, Any] = {}

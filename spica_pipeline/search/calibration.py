@@ -41,8 +41,11 @@ from typing import Any, TypeGuard
 from spica_pipeline.config.goal import GOODPUT_KEY
 from spica_pipeline.search.measurement import quantile, sla_token_share
 
-PROFILE_FORMAT = 2  # what fit writes
-READABLE_FORMATS = (1, 2)  # 1: replay-v1/v2 (load slope applied as c^b); 2: explicit terms
+PROFILE_FORMAT = 2  # what fit writes for a method without per-backend overrides
+PER_BACKEND_FORMAT = 3  # what fit writes when some (backend, phase) has its own terms and replay basis
+# 1: replay-v1/v2 (load slope applied as c^b); 2: explicit terms; 3: 2 + "<backend>/<phase>" keys in
+# "terms" and "replay" (replay-v5), which a format-2 reader would silently ignore
+READABLE_FORMATS = (1, 2, 3)
 PHASES = ("ttft", "tpot")
 SHRINK_K = 3.0
 MIN_BAND_ROWS = 5
@@ -66,11 +69,15 @@ class PhaseMethod:
     slices: bool = True
     centred: bool = False  # anchor the load term at the rows' median load instead of one request per engine
     replay: str = "sweep"  # which replay the phase corrects (REPLAYS)
+    # slopes from within-model variation only: the median over models of each model's Theil-Sen slope
+    # (pooled pairs let the model with most rows, and between-model offsets, set the slope)
+    within: bool = False
 
     def label(self) -> str:
         return (("client " if self.replay == "client" else "") + f"s={self.slope_shrink:.3g}"
                 + (" centred" if self.centred else "")
-                + (f" +{self.extra}" if self.extra else "") + ("" if self.slices else " backend-only"))
+                + (f" +{self.extra}" if self.extra else "") + ("" if self.slices else " backend-only")
+                + (" within-model" if self.within else ""))
 
     @property
     def is_reference(self) -> bool:
@@ -85,12 +92,24 @@ class Method:
     name: str
     ttft: PhaseMethod = PhaseMethod()
     tpot: PhaseMethod = PhaseMethod()
+    # (backend, phase, PhaseMethod): that backend's phase fitted on its own rows only, with its own
+    # terms and replay basis (profile keys "<backend>/<phase>", format 3); the pooled fit above stays
+    # the phase level for backends without an override
+    per_backend: tuple[tuple[str, str, PhaseMethod], ...] = ()
 
     def phase(self, phase: str) -> PhaseMethod:
         return self.ttft if phase == "ttft" else self.tpot
 
+    def phase_for(self, phase: str, backend: str | None) -> PhaseMethod:
+        """The phase method a row of `backend` is fitted with (its override, else the pooled one)."""
+        for b, p, pm in self.per_backend:
+            if b == backend and p == phase:
+                return pm
+        return self.phase(phase)
+
     def describe(self) -> str:
-        return (f"{self.name} (TTFT {self.ttft.label()}; TPOT {self.tpot.label()}): replayed = the sweep's own "
+        over = "".join(f"; {b} {p.upper()} {pm.label()} (own fit)" for b, p, pm in self.per_backend)
+        return (f"{self.name} (TTFT {self.ttft.label()}; TPOT {self.tpot.label()}{over}): replayed = the sweep's own "
                 "replay, or for a 'client' phase the benchmark-client replay a sweep runs beside it; "
                 "r = ln(silicon/replayed); per "
                 "phase a Theil-Sen slope b of r on x = log2(concurrency per engine) [then a Theil-Sen slope of r - b x "
@@ -120,8 +139,9 @@ V3 = Method("v3", PhaseMethod(0.25), PhaseMethod(math.log(2), slices=False))
 # benchmark_client_request), chosen by bench_fidelity.CHOICE_RULE (fixed 2026-12-04T11:14Z: pooled
 # leave-one-model-out score and >= 4 of 6 model folds against the simplest variant, sweep basis as
 # the reference) on 465 calibration rows (docs/fidelity.md)
-CHOSEN = Method("v4", PhaseMethod(0.5, centred=True, replay="client"),
-                PhaseMethod(math.log(2), extra="log2_osl", replay="client"))
+V4 = Method("v4", PhaseMethod(0.5, centred=True, replay="client"),
+            PhaseMethod(math.log(2), extra="log2_osl", replay="client"))
+CHOSEN = V4
 METHOD = CHOSEN.describe()
 
 # report key -> (phase, exponent): calibrated = raw x factor**exponent
@@ -235,7 +255,8 @@ def residual_rows(records: Iterable[Mapping[str, Any]], method: "Method | None" 
     for r in records:
         silicon = r.get("silicon") or {}
         for phase in PHASES:
-            o, s = replayed(r, phase, method.phase(phase).replay if method else "sweep"), silicon.get(phase)
+            basis = method.phase_for(phase, r.get("backend")).replay if method else "sweep"
+            o, s = replayed(r, phase, basis), silicon.get(phase)
             if o and s and o > 0 and s > 0 and math.isfinite(o) and math.isfinite(s):
                 out.append({"id": r["id"], "model": r.get("model"), "system": r["system"], "backend": r["backend"],
                             "phase": phase, "split": r.get("split"), "x": record_features(r, phase),
@@ -250,6 +271,17 @@ def theil_sen(xs: list[float], ys: list[float]) -> float:
     return statistics.median(slopes) if slopes else 0.0
 
 
+def within_model_slope(rows: list[dict[str, Any]], feature: str) -> float:
+    """Median over models of each model's Theil-Sen slope of the residual on `feature` (models whose
+    rows do not vary in it are left out; 0 when none varies)."""
+    per: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        per[r.get("model")].append(r)
+    slopes = [theil_sen([r["x"][feature] for r in v], [r["residual"] for r in v]) for v in per.values()
+              if len({r["x"][feature] for r in v}) > 1]
+    return statistics.median(slopes) if slopes else 0.0
+
+
 def _terms(rows: list[dict[str, Any]], method: Method) -> dict[str, list[dict[str, Any]]]:
     """Per phase the fitted slopes (load, then the optional extra feature); detrends rows in place."""
     terms: dict[str, list[dict[str, Any]]] = {}
@@ -261,7 +293,12 @@ def _terms(rows: list[dict[str, Any]], method: Method) -> dict[str, list[dict[st
             if not name:
                 continue
             have = [r for r in members if name in r["x"]]
-            b = theil_sen([r["x"][name] for r in have], [r["residual"] for r in have]) if shrink else 0.0
+            if not shrink:
+                b = 0.0
+            elif pm.within:
+                b = within_model_slope(have, name)
+            else:
+                b = theil_sen([r["x"][name] for r in have], [r["residual"] for r in have])
             centre = statistics.median(r["x"][name] for r in have) if have else 0.0
             anchor = centre if (pm.centred and name == LOAD) else 0.0
             for r in members:  # the offsets are fitted on the detrended residuals
@@ -282,6 +319,8 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
     """
     method = method or CHOSEN
     records = list(records)
+    if method.per_backend:
+        return _fit_per_backend(records, fitted=fitted, source=source, method=method, lomo_bands=lomo_bands)
     rows = residual_rows(records, method)
     held = sorted({r["id"] for r in rows if r["split"] != "calibration"})
     if held:
@@ -352,9 +391,59 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
     return profile
 
 
-def needs_client(profile: Mapping[str, Any]) -> bool:
-    """Whether a profile corrects the benchmark-client replay in some phase (a sweep then runs it)."""
-    return any(v == "client" for v in (profile.get("replay") or {}).values())
+def _fit_per_backend(records: list[Mapping[str, Any]], *, fitted: str, source: str, method: Method,
+                     lomo_bands: bool) -> dict[str, Any]:
+    """Format 3: the pooled fit of `method` without overrides (the phase level, and every backend
+    without an override), then each (backend, phase) override fitted on that backend's rows only and
+    put in place of the pooled entries of that backend and phase: its slices, backend offset, terms
+    ("<backend>/<phase>") and replay basis; the sweep fallback likewise."""
+    import copy
+
+    base_method = replace(method, per_backend=())
+    profile = fit(records, fitted=fitted, source=source, method=base_method, lomo_bands=lomo_bands)
+    fallback = copy.deepcopy(profile.get("sweep_fallback") or {k: v for k, v in profile.items()
+                                                                 if k != "sweep_fallback"})
+    for backend, phase, pm in method.per_backend:
+        part = [r for r in records if r.get("backend") == backend]
+        if not any(replayed(r, phase, pm.replay) for r in part):
+            continue
+        sub_method = Method(f"{method.name}-{backend}-{phase}", pm if phase == "ttft" else base_method.ttft,
+                            pm if phase == "tpot" else base_method.tpot)
+        sub = fit(part, fitted=fitted, source=source, method=sub_method, lomo_bands=lomo_bands)
+        for target, own in ((profile, sub), (fallback, sub.get("sweep_fallback") or sub)):
+            for key in [k for k in target["slices"] if k.split("/")[1:] == [backend, phase]]:
+                del target["slices"][key]
+            target["slices"].update({k: v for k, v in own["slices"].items() if k.split("/")[1:] == [backend, phase]})
+            target["backend"][f"{backend}/{phase}"] = own["backend"][f"{backend}/{phase}"]
+            target["terms"][f"{backend}/{phase}"] = own["terms"][phase]
+            target["replay"][f"{backend}/{phase}"] = own["replay"][phase]
+    for target in (profile, fallback):
+        target["format"] = PER_BACKEND_FORMAT
+        target["slices"] = dict(sorted(target["slices"].items()))
+    profile["method"], profile["method_name"] = method.describe(), method.name
+    fallback["method"], fallback["method_name"] = method.describe() + " [sweep fallback]", f"{method.name}-sweep"
+    profile["rows_used"] = sorted({r["id"] for r in residual_rows(records, method)})
+    profile.pop("sweep_fallback", None)
+    if needs_client(profile):
+        fallback.pop("sweep_fallback", None)
+        fallback["replay"] = {k: "sweep" for k in fallback["replay"]}
+        profile["sweep_fallback"] = fallback
+    return profile
+
+
+def replay_basis(profile: Mapping[str, Any], phase: str, backend: str | None = None) -> str:
+    """Which replay a profile corrects for one phase of a candidate on `backend` (REPLAYS)."""
+    replay = profile.get("replay") or {}
+    return str(replay.get(f"{backend}/{phase}", replay.get(phase, "sweep")))
+
+
+def needs_client(profile: Mapping[str, Any], backend: str | None = None) -> bool:
+    """Whether a profile corrects the benchmark-client replay in some phase (a sweep then runs it);
+    with `backend`: for a candidate on that backend."""
+    replay = profile.get("replay") or {}
+    if backend is None:
+        return any(v == "client" for v in replay.values())
+    return any(replay_basis(profile, p, backend) == "client" for p in PHASES)
 
 
 def _band(res: list[float], widen: float) -> list[float]:
@@ -368,7 +457,7 @@ def _number(v: Any) -> TypeGuard[float]:
 
 
 def validate(profile: Any) -> dict[str, Any]:
-    """Raise ProfileError unless `profile` is a usable profile of a readable format (1 or 2)."""
+    """Raise ProfileError unless `profile` is a usable profile of a readable format (1, 2 or 3)."""
     if not isinstance(profile, dict):
         raise ProfileError("not a JSON object")
     fmt = profile.get("format")
@@ -391,6 +480,14 @@ def validate(profile: Any) -> dict[str, Any]:
     replay = profile.get("replay", {})
     if not isinstance(replay, dict) or any(replay.get(p, "sweep") not in REPLAYS for p in PHASES):
         raise ProfileError(f"replay must map phases to one of {list(REPLAYS)}, got {replay!r}")
+    overrides = sorted(k for k in (*replay, *(profile["terms"] if fmt != 1 and isinstance(profile["terms"], dict)
+                                             else ())) if k not in PHASES)
+    for key in overrides:  # "<backend>/<phase>" (format 3 only)
+        if fmt != PER_BACKEND_FORMAT or key.count("/") != 1 or key.split("/")[1] not in PHASES:
+            raise ProfileError(f"{key!r}: per-backend keys are '<backend>/<phase>' and need format "
+                               f"{PER_BACKEND_FORMAT}")
+        if replay.get(key, "sweep") not in REPLAYS:
+            raise ProfileError(f"replay.{key} must be one of {list(REPLAYS)}, got {replay[key]!r}")
     if needs_client(profile):
         fallback = profile.get("sweep_fallback")
         if not isinstance(fallback, dict):
@@ -401,7 +498,7 @@ def validate(profile: Any) -> dict[str, Any]:
             raise ProfileError(f"sweep_fallback: {exc}") from None
         if needs_client(fallback):
             raise ProfileError("sweep_fallback must correct the sweep replay only")
-    for phase in PHASES:
+    for phase in (*PHASES, *(k for k in overrides if fmt != 1 and k in profile["terms"])):
         if fmt == 1:
             b = profile["load_slope"].get(phase) if isinstance(profile["load_slope"], dict) else None
             if not _number(b):
@@ -424,8 +521,8 @@ def _factor(profile: Mapping[str, Any], system: str, backend: str, phase: str,
     if profile["format"] == 1:  # replay-v1/v2 as they were applied: exp(m) c^b
         log_load = profile["load_slope"][phase] * math.log(2) * x.get(LOAD, 0.0)
     else:
-        log_load = sum(t["coefficient"] * (x.get(t["feature"], t["centre"]) - t.get("anchor", 0.0))
-                       for t in profile["terms"][phase])
+        terms = profile["terms"].get(f"{backend}/{phase}", profile["terms"][phase])  # format 3: the backend's own
+        log_load = sum(t["coefficient"] * (x.get(t["feature"], t["centre"]) - t.get("anchor", 0.0)) for t in terms)
     entry = profile["slices"].get(f"{system}/{backend}/{phase}")
     source = "slice"
     if entry is None:
@@ -474,7 +571,7 @@ def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: 
     per_phase = concurrency if isinstance(concurrency, Mapping) else {p: concurrency for p in PHASES}
     looked: dict[str, dict[str, Any]] = {}
     for p in PHASES:
-        basis = (profile.get("replay") or {}).get(p, "sweep")
+        basis = replay_basis(profile, p, backend)
         own = _finite(report.get(f"mean_{p}_ms"))
         seen = _finite((client or {}).get(p))
         if basis == "client" and seen is not None and seen > 0 and own is not None and own > 0:
@@ -499,7 +596,7 @@ def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: 
         out[f"band_{phase}_rows"] = float(info["rows"])
     out["calibration_fallback"] = float(any(i["source"].removeprefix("sweep_fallback:").startswith("fallback")
                                             for i in looked.values()))
-    if needs_client(profile):  # 1: the client replay's means were corrected; 0: the sweep fallback was used
+    if needs_client(profile, backend):  # 1: the client replay's means were corrected; 0: the sweep fallback was used
         out["calibration_client_replay"] = float(any(f"client_mean_{p}_ms" in out for p in PHASES))
     out.update(_calibrated_goal(report, out, looked["ttft"]["factor"], looked["tpot"]["factor"],
                                 closed_loop=closed_loop, per_request=per_request, sla=sla))
