@@ -476,6 +476,12 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         if path:
             for r in json.loads(Path(path).read_text())["records"]:
                 earlier.setdefault(r["id"], r)
+    if args.client_osl_jitter:  # a bench-only override of the client replay's OSL spread
+        from spica_pipeline.search import measurement
+
+        for item in args.client_osl_jitter.split(","):
+            backend, _, value = item.partition("=")
+            measurement.CLIENT_OSL_JITTER[backend.strip()] = float(value)
     evaluator = ReplayEvaluator(cache_dir=args.cache_dir)
     records: list[dict[str, Any]] = []
     started = time.perf_counter()
@@ -492,6 +498,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             "request_ratio": args.request_ratio,
             "client": args.client,
             "client_gap_cycles": args.client_gap_cycles,
+            "client_osl_jitter": args.client_osl_jitter,
             "replays_from": args.from_json,
             "calibration_profile": args.fit_calibration or args.calibration,
             "quick": bool(args.quick),
@@ -574,6 +581,14 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         final["within_comparison"] = compare_within(fit_records(records))
     if args.diagnose:
         final["diagnosis"] = diagnose(fit_records(records))
+    if args.compare_v4_on:
+        reference: dict[str, dict[str, Any]] = {}
+        for path in args.compare_v4_on.split(","):
+            for r in json.loads(Path(path).read_text())["records"]:
+                reference.setdefault(r["id"], r)
+        ids = {r["id"] for r in records}
+        final["v4_comparison"] = compare_v4_on(fit_records(records),
+                                               fit_records([r for i, r in reference.items() if i in ids]))
     if args.fit_calibration:
         final["calibration"]["leave_one_model_out"] = lomo
         print(f"leave-one-model-out calibrated ({lomo['rows']} rows): "
@@ -662,6 +677,18 @@ CHOICE_RULE_V5_ROUND2 = (
     "its pooled LOMO score (MdAPE/target + P90/target) over all calibration rows is lower than v4's and it wins "
     ">= 4 of the 6 model folds; otherwise the phase stays v4's. v5 ships as the default only if some phase "
     "changed; held-out rows are evaluated once after that choice is committed.")
+# round 3: SGLang's client replay with a small OSL spread (the lockstep overshoot on DeepSeek-R1, v4 diagnosis)
+SGLANG_JITTERS = (0.01, 0.02, 0.05)
+CHOICE_RULE_V5_ROUND3 = (
+    "replay-v5 round 3, fixed 2026-12-04T16:22Z before any replay for it; calibration split only. SGLang's "
+    "benchmark-client OSL spread j (search/measurement.CLIENT_OSL_JITTER['sglang']; v4: none) in "
+    f"{list(SGLANG_JITTERS)}: the SGLang calibration rows' client replay re-run with each j (vLLM rows, sweep "
+    "replays and AIC unchanged); for each j v4's method is fitted on those records and scored by LOMO over all "
+    "calibration rows (--compare-v4-on: against v4 on its own records). A j qualifies if its TTFT pooled score is "
+    "lower than v4's and it wins >= 4 of the 6 model folds, and its TPOT pooled score is not higher than v4's; "
+    "the qualifying j with the lowest TTFT pooled score wins (ties: the smaller j) and becomes replay-v5 (v4's "
+    "method fitted on those records, CLIENT_OSL_JITTER['sglang'] = j); held-out rows are evaluated once after "
+    "that is committed. No j qualifies: v4 stays.")
 MIN_FOLD_SHARE = 2 / 3  # 4 of 6 folds (CHOICE_RULE), 3 of 4 (CHOICE_RULE_V5 step 1)
 
 
@@ -815,6 +842,28 @@ def diagnose(records: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def compare_v4_on(records: list[dict[str, Any]], reference_records: list[dict[str, Any]]) -> dict[str, Any]:
+    """v4's method on this run's records (e.g. a different client replay) against v4 on its own records,
+    per phase, by LOMO on calibration rows (CHOICE_RULE_V5_ROUND3)."""
+    from spica_pipeline.search import calibration
+
+    held = sorted({r["id"] for r in [*records, *reference_records] if r.get("split") != "calibration"})
+    if held:
+        raise SystemExit(f"--compare-v4-on uses calibration rows only; got held-out {held[:3]}")
+    reference = _scored(reference_records, calibration.V4, "v4")
+    row = _scored(records, calibration.V4, "v4 on these replays")
+    steps: dict[str, Any] = {}
+    for phase in TARGETS:
+        replaces, folds = _beats(row, reference, phase)
+        steps[phase] = {"candidate": row[phase], "v4": reference[phase], "fold_wins": folds,
+                        "lower_pooled_and_folds": replaces}
+        print(f"   {phase.upper()}: these replays {_fmt(row[phase])} score {row[phase]['score']:.2f} vs v4 "
+              f"{_fmt(reference[phase])} score {reference[phase]['score']:.2f}; folds won {folds}", flush=True)
+    qualifies = steps["ttft"]["lower_pooled_and_folds"] and row["tpot"]["score"] <= reference["tpot"]["score"]
+    return {"rule": CHOICE_RULE_V5_ROUND3, "rows": len({r["id"] for r in records}), "steps": steps,
+            "qualifies": qualifies}
+
+
 def compare_within(records: list[dict[str, Any]]) -> dict[str, Any]:
     """CHOICE_RULE_V5_ROUND2: v4 with within-model slopes against v4, per phase, on calibration rows."""
     from dataclasses import replace
@@ -943,6 +992,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--compare-per-backend", action="store_true",
                     help="CHOICE_RULE_V5: each backend's phase method and replay basis chosen by leave-one-model-out "
                          "on its own calibration rows, then per phase against v4 on all calibration rows")
+    ap.add_argument("--compare-v4-on", metavar="PATH[,PATH]",
+                    help="CHOICE_RULE_V5_ROUND3: v4's method on this run's records against v4 on these files' "
+                         "records (the same rows), by leave-one-model-out on calibration rows")
+    ap.add_argument("--client-osl-jitter", metavar="BACKEND=J[,...]",
+                    help="the benchmark-client replay's OSL spread per backend for this run "
+                         "(default search/measurement.py CLIENT_OSL_JITTER); recorded in the JSON")
     ap.add_argument("--diagnose", action="store_true",
                     help="the shipped method's leave-one-model-out TTFT/TPOT error per slice (calibration rows only)")
     ap.add_argument("--compare-within", action="store_true",

@@ -127,3 +127,15 @@ def test_per_backend_and_within_comparisons_use_calibration_rows_only():
         bench_fidelity.compare_within([{**records[0], "split": "heldout"}, *records[1:]])
     with pytest.raises(SystemExit, match="held-out"):
         bench_fidelity.compare_per_backend([{**records[0], "split": "heldout"}, *records[1:]])
+
+
+def test_v4_on_the_same_replays_does_not_qualify_and_refuses_held_out_rows():
+    import bench_fidelity
+
+    records = bench_fidelity.fit_records([r for r in json.loads((RESULTS / "fidelity_calibration.json").read_text())
+                                          ["records"] if (r.get("sweep") or {}).get("ttft")])[:90]
+    same = bench_fidelity.compare_v4_on(records, records)
+    assert not same["qualifies"] and same["steps"]["ttft"]["fold_wins"] == 0  # a tie wins nothing
+    assert same["rule"] == bench_fidelity.CHOICE_RULE_V5_ROUND3
+    with pytest.raises(SystemExit, match="held-out"):
+        bench_fidelity.compare_v4_on([{**records[0], "split": "heldout"}, *records[1:]], records)
