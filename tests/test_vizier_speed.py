@@ -127,3 +127,17 @@ def test_one_padded_row_count_per_suggest():
     for n in (1, 30, 60, 67):
         assert pad.pad_features(np.ones((n, 3))).padded_array.shape == (128, 3)
     assert pad.pad_labels(np.ones((0, 1))).padded_array.shape == (0, 1)
+
+
+def test_persistent_cache_dir_resolution():
+    from spica_pipeline.resources.vizier import resolve_cache_dir
+
+    default = VizierClient.model_fields["jax_cache_dir"].default
+    home = resolve_cache_dir(default, {})
+    assert home.endswith("/.cache/spica-pipeline/jax") and not home.startswith("~")
+    assert resolve_cache_dir(default, {"XDG_CACHE_HOME": "/x/cache"}) == "/x/cache/spica-pipeline/jax"
+    assert resolve_cache_dir("/tmp/c", {"XDG_CACHE_HOME": "/x/cache"}) == "/tmp/c"
+    assert resolve_cache_dir("", {"XDG_CACHE_HOME": "/x/cache"}) == ""
+    for off in ("off", "0", "", "none"):
+        assert resolve_cache_dir(default, {"SPICA_JAX_CACHE_DIR": off}) == ""
+    assert resolve_cache_dir("", {"SPICA_JAX_CACHE_DIR": "/y"}) == "/y"
