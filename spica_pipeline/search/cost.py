@@ -9,35 +9,36 @@ config and seed make the same choices; `cost_aware: measured` uses measured seco
 to the machine, not reproducible across fresh runs).
 
 Constants and where they come from (2 cores, 2026-12-04):
-  * GP-UCB-PE suggest(k), CPU seconds after the first call of its padding bucket (docs/performance.md
-    "Suggest cost for search/cost.py"; `bench/bench_vizier.py --after-first --count 8 --ns
-    8,16,32,64,100 --objectives 1|2`, 12:12-12:22 UTC, bench/results/vizier_after_first.json, and the
-    k = 1, 2, 4, 8 slope measured 12:47-12:50 UTC). Every suggest pads its trials to one bucket,
-    R = max(32, next power of two of history + pending + k) (resources/vizier.py `trial_bucket`),
+  * GP-UCB-PE suggest(k), CPU seconds after the first call of its padding bucket (docs/performance.md,
+    "Suggest cost for search/cost.py after this change"). Every suggest pads its trials to one
+    bucket, R = max(32, next power of two of history + pending + k) (`suggest_bucket`, the same rule as resources/vizier.py `trial_bucket`),
     and costs about a(R) + k x b(R): a = the ARD fit and fixed work, b = one acquisition
-    optimisation. Measured at R = 32 and 128 (R = 64 interpolated from its k = 8 median), one and
-    two objectives: SUGGEST_COST below. Beyond 128 rows (not measured) each doubling of R is
-    charged x ASK_GROWTH_PER_DOUBLING, the steeper 64 -> 128 step (two objectives: 1.94 -> 4.2 s).
-    A bucket's first suggest compiles its programs (~9-11 s at 64 rows, ~15-21 s at 128); like
-    the process's first call, that is not charged (paid once per process, not per study).
+    optimisation. b is the k = 1, 2, 4, 8 slope measured 16:27-16:32 UTC; a puts k = 8 on the
+    bench's median (`bench/bench_vizier.py --after-first --count 8 --ns 8,16,32,64,100 --objectives
+    1|2`, 16:12-16:21 UTC, bench/results/vizier_after_first.json: one objective 0.91-0.99 / 1.53 /
+    2.66 s at R = 32 / 64 / 128, two objectives 0.93-0.99 / 1.68 / 3.37 s), the higher of the two
+    trial counts where two share a bucket. Beyond 128 rows (not measured) each doubling of R is
+    charged x ASK_GROWTH_PER_DOUBLING, the steeper 64 -> 128 step (two objectives, 1.68 -> 3.37 s).
+    A bucket's first suggest compiles its programs (~11 s at 64 rows, ~19-20 s at 128); like the
+    process's first call, that is not charged (paid once per process, not per study).
   * A replay: the exhaustive truths of bench_time_to_quality (2026-12-04, load average 2-5) took a
     median 0.20 ms per request on goodput_agg (135 replays of 240 requests, median 47 ms) and 0.32 ms
     on pareto_disagg (142 closed-loop replays, median 1,424 requests, 0.52 s); the replay notes
     give 0.13 ms (10,000 requests in 1.3 s, shared/reference replay-notes §1.11). 0.25 ms per
     request plus ~3 ms per replay (a 200-request replay took 29 ms through ReplayEvaluator,
     bench/results/evaluator_quick.json).
-The first GP suggest of a process compiles its programs (20-27 s of CPU cold here, 12-15 s with the
+The first GP suggest of a process compiles its programs (18-24 s of CPU cold here, 13-16 s with the
 persistent JAX cache); it is not charged to any branch, because it is paid once per process, not per
 study, and charging it would make the choice depend on what ran before in the process.
 """
 
 # objectives -> {bucket rows R: (a, b)}: suggest(k) CPU seconds ~ a + k x b (docstring)
 SUGGEST_COST: dict[int, dict[int, tuple[float, float]]] = {
-    1: {32: (0.20, 0.117), 64: (0.5, 0.11), 128: (1.05, 0.28)},
-    2: {32: (0.27, 0.094), 64: (1.0, 0.12), 128: (2.44, 0.24)},
+    1: {32: (0.36, 0.079), 64: (0.47, 0.133), 128: (0.51, 0.269)},
+    2: {32: (0.56, 0.054), 64: (0.43, 0.156), 128: (1.76, 0.201)},
 }
 BUCKET_FLOOR = 32
-ASK_GROWTH_PER_DOUBLING = 2.2  # beyond the largest measured bucket (not measured)
+ASK_GROWTH_PER_DOUBLING = 2.0  # beyond the largest measured bucket (not measured)
 REPLAY_FIXED_S = 0.003
 REPLAY_PER_REQUEST_S = 0.00025
 DEFAULT_REPLAY_S = 0.5  # when the caller has no request count: the middle of issue 15's 0.07-3.2 s
