@@ -360,17 +360,16 @@ def test_benchmark_client_request_is_the_bench_replay():
     assert req.workload["num_request_ratio"] == 6 and "calibration" in req.context  # the original is untouched
 
 
-def test_a_client_profile_makes_the_evaluator_replay_the_benchmark_client(monkeypatch, tmp_path):
-    from test_deploy import agg_sample
-    from test_replay import THROUGHPUT, FakeReplay
+def _fake_replay(monkeypatch, tmp_path, vary):
+    """The replay and its timing/KV inputs stubbed, so ReplayEvaluator runs without perf data; the
+    FakeReplay records each replay call (client before sweep)."""
+    from test_replay import FakeReplay
 
     import dynamo._core as core
     from spica_pipeline.resources import timing
-    from spica_pipeline.resources.replay import ReplayEvaluator
     from spica_pipeline.search import kv as kv_mod
-    from spica_pipeline.search.evaluation import EvalRequest
 
-    f = FakeReplay(vary=[200.0, 50.0])  # the first call is the client replay, the second the sweep's
+    f = FakeReplay(vary=vary)
     monkeypatch.setattr(core, "run_mocker_trace_replay", f.trace)
     monkeypatch.setattr(core, "run_mocker_synthetic_trace_replay", f.synthetic)
     monkeypatch.setattr(timing, "kv_capacity", lambda ident, **kw: timing.KvCapacity(
@@ -380,6 +379,17 @@ def test_a_client_profile_makes_the_evaluator_replay_the_benchmark_client(monkey
     monkeypatch.setattr(timing, "model_context_length", lambda model: 40960)
     monkeypatch.setattr(timing, "table_estimators", lambda path: (lambda t: 100.0, lambda b, c: 10.0))
     monkeypatch.setattr(kv_mod, "estimate_kv_tokens", lambda *a, **k: 1216)
+    return f
+
+
+def test_a_client_profile_makes_the_evaluator_replay_the_benchmark_client(monkeypatch, tmp_path):
+    from test_deploy import agg_sample
+    from test_replay import THROUGHPUT
+
+    from spica_pipeline.resources.replay import ReplayEvaluator
+    from spica_pipeline.search.evaluation import EvalRequest
+
+    f = _fake_replay(monkeypatch, tmp_path, [200.0, 50.0])  # the first call is the client replay, the second the sweep's
     path = tmp_path / "client.json"
     path.write_text(json.dumps(cal.fit([client_record(i) for i in range(6)], fitted="d", source="t", method=CLIENT)))
     wl = {"isl": 100, "osl": 10, "concurrency": 2, "num_request_ratio": 8}
@@ -481,24 +491,12 @@ def test_within_model_slopes_ignore_between_model_offsets():
 
 def test_a_backend_whose_phases_are_on_the_sweep_basis_gets_no_client_replay(monkeypatch, tmp_path):
     from test_deploy import agg_sample
-    from test_replay import THROUGHPUT, FakeReplay
+    from test_replay import THROUGHPUT
 
-    import dynamo._core as core
-    from spica_pipeline.resources import timing
     from spica_pipeline.resources.replay import ReplayEvaluator
-    from spica_pipeline.search import kv as kv_mod
     from spica_pipeline.search.evaluation import EvalRequest
 
-    f = FakeReplay(vary=[50.0])
-    monkeypatch.setattr(core, "run_mocker_trace_replay", f.trace)
-    monkeypatch.setattr(core, "run_mocker_synthetic_trace_replay", f.synthetic)
-    monkeypatch.setattr(timing, "kv_capacity", lambda ident, **kw: timing.KvCapacity(
-        tokens_per_rank=64_000 * ident.tp, bytes_per_token=131072 // ident.tp))
-    monkeypatch.setattr(timing, "timing_table", lambda ident, **kw: timing.TimingTable(
-        path=str(tmp_path / f"tp{ident.tp}.npz"), speedup_ratio=10.0, key="k"))
-    monkeypatch.setattr(timing, "model_context_length", lambda model: 40960)
-    monkeypatch.setattr(timing, "table_estimators", lambda path: (lambda t: 100.0, lambda b, c: 10.0))
-    monkeypatch.setattr(kv_mod, "estimate_kv_tokens", lambda *a, **k: 1216)
+    f = _fake_replay(monkeypatch, tmp_path, [50.0])
     method = cal.Method("pb", cal.PhaseMethod(0.0, replay="client"), cal.PhaseMethod(0.0),
                         per_backend=(("vllm", "ttft", cal.PhaseMethod(0.0)),))
     p = cal.fit(mixed_records(), fitted="d", source="t", method=method)
