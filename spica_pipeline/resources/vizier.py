@@ -98,9 +98,8 @@ def _runtime_setup(cache_dir: str | None) -> None:
 
         jax.config.update("jax_enable_x64", True)
         _batched_lapack_triangular_solve()
-        cache_dir = resolve_cache_dir(cache_dir)
-        if cache_dir:
-            path = cache_dir
+        path = resolve_cache_dir(cache_dir)
+        if path:
             os.makedirs(path, exist_ok=True)
             jax.config.update("jax_compilation_cache_dir", path)
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
@@ -790,12 +789,7 @@ def _masked_mt_loss_class():
                 diff = jnp.where(missing, 0.0, jnp.where(missing, 0.0, y) - jnp.broadcast_to(dist.mean_fn(x), (n, m)))
                 noise = jnp.reshape(dist.observation_noise_variance, (-1,))[0]
                 if type(dist.kernel).__name__ == "Independent" and self.shared_rows:
-                    cov = dist.kernel.base_kernel.matrix(x, x)
-                    cov = cov + noise * jnp.eye(n, dtype=cov.dtype)
-                    row_missing = missing[:, 0]
-                    eye = jnp.eye(n, dtype=cov.dtype)
-                    cov = jnp.where(row_missing[:, None] | row_missing[None, :], eye, cov)
-                    chol = (dist.cholesky_fn if dist.cholesky_fn is not None else jnp.linalg.cholesky)(cov)
+                    chol = _shared_row_cholesky(dist, x, noise, missing[:, 0])
                     sol = jax.scipy.linalg.solve_triangular(chol, diff, lower=True)  # [n, m]
                     log_prob = (-0.5 * jnp.sum(sol**2) - m * jnp.sum(jnp.log(jnp.diagonal(chol)))
                                 - 0.5 * jnp.sum(~missing) * np.log(2 * np.pi))
@@ -843,6 +837,20 @@ def _precompute_predictive(model, data):
     return fn(model, data)
 
 
+def _shared_row_cholesky(dist, x, noise, row_missing):
+    """The one n x n factor that metrics with shared rows (`_shared_rows`) share under Vizier's
+    INDEPENDENT kernel: K_nn + noise, masked as TFP's mask_matrix does (a missing row / column
+    becomes the identity's). Used by the ARD loss and by the posterior, so both factor the same."""
+    import jax.numpy as jnp
+
+    cov = dist.kernel.base_kernel.matrix(x, x)
+    eye = jnp.eye(cov.shape[-1], dtype=cov.dtype)
+    if noise is not None:
+        cov = cov + jnp.asarray(noise)[..., None, None] * eye
+    cov = jnp.where(row_missing[:, None] | row_missing[None, :], eye, cov)
+    return (dist.cholesky_fn if dist.cholesky_fn is not None else jnp.linalg.cholesky)(cov)
+
+
 def _independent_precompute(model, data):
     import jax
     import jax.numpy as jnp
@@ -852,15 +860,8 @@ def _independent_precompute(model, data):
     if type(prior.kernel).__name__ != "Independent":  # e.g. a separable multi-task kernel
         return model.precompute_predictive(data)
     x = prior.index_points
-    cov = prior.kernel.base_kernel.matrix(x, x)
-    n = cov.shape[-1]
-    eye = jnp.eye(n, dtype=cov.dtype)
-    if prior.observation_noise_variance is not None:
-        cov = cov + jnp.asarray(prior.observation_noise_variance)[..., None, None] * eye
     missing = ~jnp.asarray(data.labels._mask)  # [n, m]; rows all-or-nothing  # pylint: disable=protected-access
-    row_missing = missing[:, 0]
-    cov = jnp.where(row_missing[:, None] | row_missing[None, :], eye, cov)  # TFP's mask_matrix
-    chol = (prior.cholesky_fn if prior.cholesky_fn is not None else jnp.linalg.cholesky)(cov)
+    chol = _shared_row_cholesky(prior, x, prior.observation_noise_variance, missing[:, 0])
     diff = jnp.where(missing, 0.0, jnp.asarray(data.labels.padded_array) - prior.mean_fn(x))
     diff = jnp.broadcast_to(diff, chol.shape[:-2] + diff.shape[-2:])
     half = jax.scipy.linalg.solve_triangular(chol, diff, lower=True)
