@@ -189,10 +189,7 @@ def propose(encoding: SearchEncoding, parameters: dict[str, Any],
         if exclude:
             nearest = encoding.project(selection, requested).config
             meta["moved_to_unevaluated"] = nearest != config
-    index = encoding.parallel_configs.index(config)
-    backend = selection.get("backend")
-    supported = backend is None or backend in encoding.supported_backends[index]
-    return Proposal(parameters, selection, config, meta, supported=supported)
+    return Proposal(parameters, selection, config, meta, supported=encoding.supports(selection, config))
 
 
 def exhaustive_points(encoding: SearchEncoding) -> Iterable[Proposal]:

@@ -114,6 +114,12 @@ class SearchEncoding:
         """True when every parameter is discrete or categorical (exhaustive enumeration works)."""
         return all(p.kind != "double" or p.role == "feature" for p in self.params)
 
+    def supports(self, selection: Mapping[str, Any], config: ParallelConfig) -> bool:
+        """Whether the selection's backend can run `config` (no backend knob: always). Projection
+        only ever picks such a config, except a one-config pool, which is a strict pin."""
+        backend = selection.get("backend")
+        return backend is None or backend in self.supported_backends[self.parallel_configs.index(config)]
+
     def features_of(self, config: ParallelConfig) -> dict[str, FeatureValue]:
         return config_features(config, self.gpu_budget, self.is_moe)
 

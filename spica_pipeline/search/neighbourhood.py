@@ -252,8 +252,7 @@ class NeighbourhoodDesigner:
                 continue
             if fresh and cfg not in fresh and attempt < budget:  # a used config: draw again (for a while)
                 continue
-            backend = sel.get("backend")
-            if backend is not None and backend not in enc.supported_backends[enc.parallel_configs.index(cfg)]:
+            if not enc.supports(sel, cfg):  # only a one-config pool (a strict pin) can miss
                 continue
             key = point_key(sel, cfg)
             reduced = self._reduced(sel, cfg, inert)
@@ -410,9 +409,7 @@ class NeighbourhoodDesigner:
                     sel, _ = enc.decode(params)
                 except ValueError:
                     continue
-                index = enc.parallel_configs.index(cfg)
-                backend = sel.get("backend")
-                if backend is not None and backend not in enc.supported_backends[index]:
+                if not enc.supports(sel, cfg):
                     continue
                 key = point_key(sel, cfg)
                 if key in seen:
