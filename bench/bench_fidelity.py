@@ -586,9 +586,9 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         for path in args.compare_v4_on.split(","):
             for r in json.loads(Path(path).read_text())["records"]:
                 reference.setdefault(r["id"], r)
-        ids = {r["id"] for r in records}
+        replayed = {r["id"] for r in records}
         final["v4_comparison"] = compare_v4_on(fit_records(records),
-                                               fit_records([r for i, r in reference.items() if i in ids]))
+                                               fit_records([r for i, r in reference.items() if i in replayed]))
     if args.fit_calibration:
         final["calibration"]["leave_one_model_out"] = lomo
         print(f"leave-one-model-out calibrated ({lomo['rows']} rows): "
@@ -742,6 +742,13 @@ def _scored(records: list[dict[str, Any]], method, label: str, option: dict[str,
     return row
 
 
+def _calibration_rows_only(records: list[dict[str, Any]], flag: str) -> None:
+    """The split rule's gate for every method choice: exit when a held-out row is among `records`."""
+    held = sorted({r["id"] for r in records if r.get("split") != "calibration"})
+    if held:
+        raise SystemExit(f"{flag} uses calibration rows only; got held-out {held[:3]}")
+
+
 def compare_per_backend(records: list[dict[str, Any]]) -> dict[str, Any]:
     """CHOICE_RULE_V5: each backend's phase method (incl. its replay basis) chosen on its own rows by
     LOMO, then per phase the per-backend profile against v4 on all calibration rows."""
@@ -749,9 +756,7 @@ def compare_per_backend(records: list[dict[str, Any]]) -> dict[str, Any]:
 
     from spica_pipeline.search import calibration
 
-    held = sorted({r["id"] for r in records if r.get("split") != "calibration"})
-    if held:
-        raise SystemExit(f"--compare-per-backend uses calibration rows only; got held-out {held[:3]}")
+    _calibration_rows_only(records, "--compare-per-backend")
     base = calibration.V4
     per: dict[str, Any] = {}
     for backend in sorted({r["backend"] for r in records}):
@@ -805,9 +810,7 @@ def diagnose(records: list[dict[str, Any]]) -> dict[str, Any]:
     from spica_pipeline.search import calibration
     from spica_pipeline.search.model_hw import model_facts
 
-    held = sorted({r["id"] for r in records if r.get("split") != "calibration"})
-    if held:
-        raise SystemExit(f"--diagnose uses calibration rows only; got held-out {held[:3]}")
+    _calibration_rows_only(records, "--diagnose")
     scored: list[dict[str, Any]] = []
     for model in sorted({r["model"] for r in records}):
         test = [copy.deepcopy(r) for r in records if r["model"] == model]
@@ -832,11 +835,13 @@ def diagnose(records: list[dict[str, Any]]) -> dict[str, Any]:
         groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for r in scored:
             groups[fn(r)].append(r)
-        out["by"][name] = {k: {"rows": len(v), "lomo": summarise(v)["calibrated"], "client_raw": summarise(v)["ours"],
-                               "aic": summarise(v)["aic"], "off_by_more_than_half": {p: off(v, p) for p in ("ttft", "tpot")}}
-                           for k, v in sorted(groups.items())}
-    for name, groups in out["by"].items():
-        for k, v in groups.items():
+        out["by"][name] = {}
+        for k, v in sorted(groups.items()):
+            summary = summarise(v)
+            out["by"][name][k] = {"rows": len(v), "lomo": summary["calibrated"], "client_raw": summary["ours"],
+                                  "aic": summary["aic"], "off_by_more_than_half": {p: off(v, p) for p in ("ttft", "tpot")}}
+    for name, table in out["by"].items():
+        for k, v in table.items():
             print(f"   {name}={k} (n={v['rows']}): TPOT LOMO {_fmt(v['lomo']['tpot'])} raw {_fmt(v['client_raw']['tpot'])}"
                   f" aic {_fmt(v['aic']['tpot'])} off>50% {v['off_by_more_than_half']['tpot']}")
     return out
@@ -847,9 +852,7 @@ def compare_v4_on(records: list[dict[str, Any]], reference_records: list[dict[st
     per phase, by LOMO on calibration rows (CHOICE_RULE_V5_ROUND3)."""
     from spica_pipeline.search import calibration
 
-    held = sorted({r["id"] for r in [*records, *reference_records] if r.get("split") != "calibration"})
-    if held:
-        raise SystemExit(f"--compare-v4-on uses calibration rows only; got held-out {held[:3]}")
+    _calibration_rows_only([*records, *reference_records], "--compare-v4-on")
     reference = _scored(reference_records, calibration.V4, "v4")
     row = _scored(records, calibration.V4, "v4 on these replays")
     steps: dict[str, Any] = {}
@@ -870,9 +873,7 @@ def compare_within(records: list[dict[str, Any]]) -> dict[str, Any]:
 
     from spica_pipeline.search import calibration
 
-    held = sorted({r["id"] for r in records if r.get("split") != "calibration"})
-    if held:
-        raise SystemExit(f"--compare-within uses calibration rows only; got held-out {held[:3]}")
+    _calibration_rows_only(records, "--compare-within")
     base = calibration.V4
     within = calibration.Method("v4-within", replace(base.ttft, within=True), replace(base.tpot, within=True))
     reference, row = _scored(records, base, base.name), _scored(records, within, within.name)
@@ -894,9 +895,7 @@ def compare_methods(records: list[dict[str, Any]]) -> dict[str, Any]:
     phases are fitted independently, so one comparison per phase option serves both phases."""
     from spica_pipeline.search import calibration
 
-    held = sorted({r["id"] for r in records if r.get("split") != "calibration"})
-    if held:
-        raise SystemExit(f"--compare-methods uses calibration rows only; got held-out {held[:3]}")
+    _calibration_rows_only(records, "--compare-methods")
     rows: list[dict[str, Any]] = []
     for option in calibration.phase_options(calibration.REPLAYS):
         lomo = leave_one_model_out(records, calibration.Method(option.label(), option, option), lomo_bands=False)
