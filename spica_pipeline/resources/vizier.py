@@ -59,6 +59,7 @@ import dagster as dg
 
 # resolve_algorithm lives with the config so `spica validate` resolves the env override too
 from spica_pipeline.config.sweep import ALGO_ENV, ALGORITHMS, resolve_algorithm  # noqa: F401
+from spica_pipeline.search.cost import BUCKET_FLOOR, suggest_bucket
 from spica_pipeline.search.encoding import ParamSpec, SearchEncoding
 SEED_BATCH = "QUASI_RANDOM_SEARCH"
 
@@ -210,7 +211,7 @@ class VizierClient(dg.ConfigurableResource):
     # GP programs then keep one shape across the rounds and the batch, so XLA compiles them once
     # per process (and once ever with the persistent cache) instead of once per suggestion.
     trial_padding: bool = True
-    min_padded_trials: int = 32
+    min_padded_trials: int = BUCKET_FLOOR
     # One padded row count per suggest: trial_bucket(history + pending + count). Else history and
     # history + pending (which grows through the batch) pad separately, and every (history bucket,
     # history + pending bucket) PAIR met compiles its own programs (~400 MB each).
@@ -1091,12 +1092,12 @@ def _acquisition_value(suggestion) -> float:
         return float("nan")
 
 
-def trial_bucket(rows: int, floor: int = 32) -> int:
+def trial_bucket(rows: int, floor: int = BUCKET_FLOOR) -> int:
     """Padded trial rows for a suggest that will see `rows` trials (history + pending + batch):
-    max(floor, next power of two). With doubling buckets, 8-100 trials meet at most 3 (32, 64,
-    128), so a process compiles at most 3 sets of GP programs there."""
-    rows = max(int(rows), 1)
-    return max(int(floor), 1 << (rows - 1).bit_length())
+    search/cost.py's `suggest_bucket`, the rule the cost model prices, so the two cannot drift.
+    With doubling buckets, 8-100 trials meet at most 3 (32, 64, 128), so a process compiles at
+    most 3 sets of GP programs there."""
+    return suggest_bucket(rows, floor)
 
 
 def _floor_padding(min_trials: int, numpy: bool = True):

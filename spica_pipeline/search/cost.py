@@ -11,8 +11,8 @@ to the machine, not reproducible across fresh runs).
 Constants and where they come from (2 cores, 2026-12-04):
   * GP-UCB-PE suggest(k), CPU seconds after the first call of its padding bucket (docs/performance.md,
     "Suggest cost for search/cost.py after this change"). Every suggest pads its trials to one
-    bucket, R = max(32, next power of two of history + pending + k) (`suggest_bucket`, the same rule as resources/vizier.py `trial_bucket`),
-    and costs about a(R) + k x b(R): a = the ARD fit and fixed work, b = one acquisition
+    bucket, R = max(32, next power of two of history + pending + k) (`suggest_bucket`, which
+    resources/vizier.py pads to), and costs about a(R) + k x b(R): a = the ARD fit and fixed work, b = one acquisition
     optimisation. b is the k = 1, 2, 4, 8 slope measured 16:27-16:32 UTC; a puts k = 8 on the
     bench's median (`bench/bench_vizier.py --after-first --count 8 --ns 8,16,32,64,100 --objectives
     1|2`, 16:12-16:21 UTC, bench/results/vizier_after_first.json: one objective 0.91-0.99 / 1.53 /
@@ -44,11 +44,12 @@ REPLAY_PER_REQUEST_S = 0.00025
 DEFAULT_REPLAY_S = 0.5  # when the caller has no request count: the middle of issue 15's 0.07-3.2 s
 
 
-def suggest_bucket(rows: int) -> int:
+def suggest_bucket(rows: int, floor: int = BUCKET_FLOOR) -> int:
     """Padded trial rows of a suggest that sees `rows` trials (history + pending + batch):
-    max(BUCKET_FLOOR, next power of two), the bucket the GP programs are compiled for."""
+    max(floor, next power of two), the bucket the GP programs are compiled for (resources/vizier.py
+    pads to it)."""
     rows = max(int(rows), 1)
-    return max(BUCKET_FLOOR, 1 << (rows - 1).bit_length())
+    return max(int(floor), 1 << (rows - 1).bit_length())
 
 
 def predicted_ask_seconds(rows: int, count: int, objectives: int = 1) -> float:
