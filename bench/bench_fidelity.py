@@ -581,6 +581,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         final["within_comparison"] = compare_within(fit_records(records))
     if args.diagnose:
         final["diagnosis"] = diagnose(fit_records(records))
+    if args.sglang_signature:
+        final["sglang_signature"] = sglang_signature(fit_records(records))
     if args.compare_v4_on:
         reference: dict[str, dict[str, Any]] = {}
         for path in args.compare_v4_on.split(","):
@@ -689,6 +691,19 @@ CHOICE_RULE_V5_ROUND3 = (
     "the qualifying j with the lowest TTFT pooled score wins (ties: the smaller j) and becomes replay-v5 (v4's "
     "method fitted on those records, CLIENT_OSL_JITTER['sglang'] = j); held-out rows are evaluated once after "
     "that is committed. No j qualifies: v4 stays.")
+# round 4 (a mechanism, not a fitted correction): SGLang runs prefill-only batches with priority over decode
+# and, by default, a larger prefill budget than the 8192 tokens engine_args gives the replay's sglang scheduler
+# (max_prefill_tokens 16384; chunked_prefill_size 8192 below 160 GB of GPU memory, 16384 above). A replay that
+# under-prioritises or under-sizes SGLang's prefill shows TTFT too high and TPOT too low. Step 1 checks for that
+# signature on the calibration split before anything is changed; only if it is there are the defaults tried.
+SGLANG_SIGNATURE_RULE = (
+    "round 4 step 1, calibration split only, before any change: on the SGLang agg calibration rows' raw "
+    "benchmark-client replay (v4's basis; 'ours'), per model and pooled, the median signed TTFT error (bias) "
+    "and TPOT bias. A model shows the prefill-scheduling signature if its TTFT bias > 0 and its TPOT bias < 0. "
+    "The mechanism round (SGLang server defaults in the replay, refit with v4's method, LOMO against v4) runs "
+    "only if the pooled rows show the signature and so does at least half of the models with >= 5 rows; "
+    "otherwise the finding is documented and nothing is changed. The sweep replay's bias is reported beside it.")
+SIGNATURE_MIN_ROWS = 5
 MIN_FOLD_SHARE = 2 / 3  # 4 of 6 folds (CHOICE_RULE), 3 of 4 (CHOICE_RULE_V5 step 1)
 
 
@@ -847,6 +862,35 @@ def diagnose(records: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def sglang_signature(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """SGLANG_SIGNATURE_RULE: per model and pooled, the SGLang agg calibration rows' raw client (and sweep)
+    TTFT/TPOT error, and whether the prefill-scheduling signature (TTFT bias > 0, TPOT bias < 0) is there."""
+    _calibration_rows_only(records, "--sglang-signature")
+    rows = [r for r in records if r["backend"] == "sglang" and r.get("mode") == "agg"
+            and (r.get("ours") or {}).get("ttft") and (r.get("ours") or {}).get("tpot")]
+
+    def entry(part: list[dict[str, Any]]) -> dict[str, Any]:
+        summary = summarise(part)
+        bias = {p: summary["ours"][p]["bias"] for p in TARGETS}
+        has = bias["ttft"] is not None and bias["tpot"] is not None and bias["ttft"] > 0 and bias["tpot"] < 0
+        return {"rows": len(part), "client_raw": summary["ours"], "sweep_raw": summary["sweep"], "signature": has}
+
+    by_model = {m: entry([r for r in rows if r["model"] == m]) for m in sorted({r["model"] for r in rows})}
+    pooled = entry(rows) if rows else {"rows": 0, "signature": False}
+    counted = {m: v for m, v in by_model.items() if v["rows"] >= SIGNATURE_MIN_ROWS}
+    with_sig = sorted(m for m, v in counted.items() if v["signature"])
+    present = bool(pooled["signature"]) and bool(counted) and 2 * len(with_sig) >= len(counted)
+    for name, v in [("pooled", pooled), *by_model.items()]:
+        if v["rows"]:
+            print(f"   {name} (n={v['rows']}): client TTFT {_fmt(v['client_raw']['ttft'])} TPOT "
+                  f"{_fmt(v['client_raw']['tpot'])}; sweep TTFT {_fmt(v['sweep_raw']['ttft'])} TPOT "
+                  f"{_fmt(v['sweep_raw']['tpot'])} -> signature {'yes' if v['signature'] else 'no'}")
+    print(f"   signature present: {'yes' if present else 'no'} ({len(with_sig)} of {len(counted)} models "
+          f"with >= {SIGNATURE_MIN_ROWS} rows)")
+    return {"rule": SGLANG_SIGNATURE_RULE, "pooled": pooled, "by_model": by_model,
+            "models_with_signature": with_sig, "models_counted": sorted(counted), "present": present}
+
+
 def compare_v4_on(records: list[dict[str, Any]], reference_records: list[dict[str, Any]]) -> dict[str, Any]:
     """v4's method on this run's records (e.g. a different client replay) against v4 on its own records,
     per phase, by LOMO on calibration rows (CHOICE_RULE_V5_ROUND3)."""
@@ -999,6 +1043,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "(default search/measurement.py CLIENT_OSL_JITTER); recorded in the JSON")
     ap.add_argument("--diagnose", action="store_true",
                     help="the shipped method's leave-one-model-out TTFT/TPOT error per slice (calibration rows only)")
+    ap.add_argument("--sglang-signature", action="store_true",
+                    help="SGLANG_SIGNATURE_RULE: TTFT/TPOT bias of the SGLang agg calibration rows' raw replays "
+                         "per model (round 4 step 1, calibration rows only)")
     ap.add_argument("--compare-within", action="store_true",
                     help="CHOICE_RULE_V5_ROUND2: v4 with within-model slopes against v4 by leave-one-model-out")
     ap.add_argument("--fit-calibration", metavar="PATH",

@@ -139,3 +139,27 @@ def test_v4_on_the_same_replays_does_not_qualify_and_refuses_held_out_rows():
     assert same["rule"] == bench_fidelity.CHOICE_RULE_V5_ROUND3
     with pytest.raises(SystemExit, match="held-out"):
         bench_fidelity.compare_v4_on([{**records[0], "split": "heldout"}, *records[1:]], records)
+
+
+def _signature_record(model: str, ttft: float, tpot: float, i: int) -> dict:
+    return {"id": f"{model}-{i}", "split": "calibration", "backend": "sglang", "mode": "agg", "model": model,
+            "window_rule": "benchmark_client", "silicon": {"ttft": 100.0, "tpot": 10.0},
+            "ours": {"ttft": ttft, "tpot": tpot}, "sweep": {"ttft": 50.0, "tpot": 10.0}}
+
+
+def test_sglang_signature_needs_ttft_over_and_tpot_under_pooled_and_in_half_the_models():
+    import bench_fidelity
+
+    over_under = [_signature_record("a", 130.0, 8.0, i) for i in range(5)]
+    both_over = [_signature_record("b", 130.0, 12.0, i) for i in range(5)]
+    tiny = [_signature_record("c", 50.0, 8.0, i) for i in range(2)]  # under SIGNATURE_MIN_ROWS: not counted
+    vllm = [{**_signature_record("d", 50.0, 12.0, i), "backend": "vllm"} for i in range(9)]  # not SGLang
+    out = bench_fidelity.sglang_signature(over_under + both_over + tiny + vllm)
+    assert out["by_model"]["a"]["signature"] and not out["by_model"]["b"]["signature"]
+    assert out["models_counted"] == ["a", "b"] and out["models_with_signature"] == ["a"]
+    assert out["pooled"]["rows"] == 12 and "d" not in out["by_model"]
+    assert out["present"] and out["rule"] == bench_fidelity.SGLANG_SIGNATURE_RULE  # pooled +30 % / -20 %, 1 of 2 models
+    absent = bench_fidelity.sglang_signature(both_over + tiny)
+    assert not absent["present"] and absent["models_with_signature"] == []
+    with pytest.raises(SystemExit, match="held-out"):
+        bench_fidelity.sglang_signature([{**over_under[0], "split": "heldout"}, *over_under[1:]])
