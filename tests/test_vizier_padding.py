@@ -100,6 +100,40 @@ def test_pe_score_with_precomputed_threshold_matches_vizier(metrics):
     assert jax.tree.structure(ours) == jax.tree.structure(_threshold_pe_class()(predictive, predictive, **kw))
 
 
+@pytest.mark.parametrize("metrics", [PARETO, [("throughput", "max")]])
+def test_shared_ucb_pe_score_matches_vizier(metrics):
+    """One score class for UCB and PE (a traced use_ucb flag): each flag value gives the stock
+    class's score, and both flag values have one pytree structure (one compiled program)."""
+    import jax
+    import numpy as np
+    from vizier._src.algorithms.designers import gp_ucb_pe
+    from vizier._src.jax import stochastic_process_model as sp
+
+    from spica_pipeline.resources.vizier import _shared_score_class
+
+    designer, data, model, params = _model(True, metrics)
+    predictive = sp.UniformEnsemblePredictive(
+        sp.StochasticProcessWithCoroutine(model.coroutine, params).precompute_predictive(data))
+    cfg = designer._config
+    pe_kw = dict(ucb_coefficient=cfg.ucb_coefficient, explore_ucb_coefficient=cfg.explore_region_ucb_coefficient,
+                 penalty_coefficient=cfg.cb_violation_penalty_coefficient, trust_region=None,
+                 multimetric_promising_region_penalty_type=cfg.multimetric_promising_region_penalty_type)
+    rng = jax.random.PRNGKey(5)
+    stock_ucb = gp_ucb_pe.UCBScoreFunction(predictive, predictive, ucb_coefficient=cfg.ucb_coefficient,
+                                           trust_region=None, scalarization_weights_rng=rng, labels=data.labels)
+    stock_pe = gp_ucb_pe.PEScoreFunction(predictive, predictive, **pe_kw)
+    shared = _shared_score_class()
+    ucb = shared(predictive, predictive, use_ucb=True, labels=data.labels, scalarization_weights_rng=rng, **pe_kw)
+    pe = shared(predictive, predictive, use_ucb=False, labels=data.labels, **pe_kw)
+    xs = designer._converter.to_features(designer._quasi_random_sampler.suggest(5))
+    for ours, stock in ((ucb, stock_ucb), (pe, stock_pe)):
+        np.testing.assert_allclose(np.asarray(ours.score(xs)), np.asarray(stock.score(xs)), rtol=1e-10, atol=1e-12)
+        for k, v in stock.aux(xs).items():
+            np.testing.assert_allclose(np.asarray(ours.aux(xs)[k]), np.asarray(v), rtol=1e-10, atol=1e-12)
+    assert jax.tree.structure(ucb) == jax.tree.structure(pe)
+    assert [np.shape(x) for x in jax.tree.leaves(ucb)] == [np.shape(x) for x in jax.tree.leaves(pe)]
+
+
 def test_shared_row_loss_equals_per_metric_loss():
     """Rows with all metrics or none: one n x n Cholesky for every metric, same loss and gradient."""
     import jax
