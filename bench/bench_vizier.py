@@ -147,6 +147,8 @@ def main() -> None:
     ap.add_argument("--first-only", action="store_true",
                     help="series mode: only the first call per (algorithm, objectives), e.g. a second run "
                          "with the same --cache DIR measures the first call with a warm persistent cache")
+    ap.add_argument("--no-shared-acquisition", action="store_true",
+                    help="GP-UCB-PE's UCB and PE scores as two compiled programs (before 2026-12-04 19:49 UTC)")
     ap.add_argument("--merge", action="store_true",
                     help="series mode: merge into the existing --json (keys per algorithm/N/objectives, "
                          "this run's argv/date/loadavg appended to 'invocations') instead of replacing it")
@@ -273,7 +275,8 @@ def after_first(args) -> None:
     client_kw = dict(acquisition_evaluations=args.budget, ard_random_restarts=args.restarts,
                      ard_max_iterations=args.ard_iter, trial_padding=not args.no_padding,
                      min_padded_trials=args.min_pad, clear_jax_cache=args.clear,
-                     jax_cache_dir="" if args.cache == "none" else args.cache)
+                     jax_cache_dir="" if args.cache == "none" else args.cache,
+                     shared_acquisition=not args.no_shared_acquisition)
     ns = [int(x) for x in args.ns.split(",")]
     cache = client_kw["jax_cache_dir"]
     cache_state = "none" if not cache else (

@@ -327,3 +327,128 @@ def test_only_a_model_based_algorithm_gets_the_local_fill():
     assert local_designer(config(), ENCODING, 0) is not None  # DEFAULT: GP-UCB-PE, filled when it costs too much
     for algorithm in ("RANDOM_SEARCH", "QUASI_RANDOM_SEARCH"):
         assert local_designer(config(sweep={"algorithm": algorithm}), ENCODING, 0) is None
+
+
+# --------------------------------------------------------------------------------------------
+# a model-based ask that proposes a look-alike goes to the local designer
+# --------------------------------------------------------------------------------------------
+
+class LookAlikeGP(FakeStudy):
+    """A model-based designer (FakeStudy's picks, named DEFAULT once it has a history) whose every
+    suggestion from trial `honest` on is a look-alike: a proposed point with its batched tokens
+    (inert in `objective`) moved, as GP-UCB-PE proposes when it cannot know the knob changes nothing."""
+
+    def __init__(self, seed=0, honest=12):
+        super().__init__(seed)
+        self.honest = honest
+
+    def suggest(self, count, history=(), pending=(), algorithm=None):
+        seen = [p for p, _, _ in history] + [dict(p) for p in pending]
+        out = []
+        if len(seen) < self.honest or not history:  # a seeded pick of points on configs not yet used
+            used = {landed(p)[1] for p in seen}
+            rng = random.Random(self.seed * 7919 + len(seen))
+            for s, c in rng.sample(SPACE, len(SPACE)):
+                if c not in used and len(out) < count:
+                    out.append(ENCODING.encode(s, c))
+                    used.add(c)
+            self.last_designer = "QUASI_RANDOM_SEARCH" if (algorithm or not history) else "DEFAULT"
+            return out
+        for params in seen:
+            sel, cfg = landed(params)
+            other = 8192 if sel["agg_max_num_batched_tokens"] == 16384 else 16384
+            moved = ENCODING.encode({**sel, "agg_max_num_batched_tokens": other}, cfg)
+            if moved not in seen and moved not in out:
+                out.append(moved)
+            if len(out) == count:
+                break
+        self.last_designer = "DEFAULT"
+        return out
+
+
+def layout_outcome(sample):
+    """`outcome` with every knob inert: the layout alone decides."""
+    config = RoleShape(tp=sample["tp"], replicas=sample["replicas"])
+    value = objective({"agg_max_num_seqs": 0}, config)
+    return EvalOutcome("feasible", report={"objective": value}, replay_seconds=0.01)
+
+
+class LayoutBackend(SimBackend):
+    def __init__(self, duration=lambda sample: 1.0, kill_after=None):
+        super().__init__(2, duration=duration, outcome=layout_outcome, kill_after=kill_after)
+
+
+def gp_sweep(backend, seed=0, journal=None, study=None):
+    sampler = StudySampler(study or LookAlikeGP(seed), ENCODING, NeighbourhoodDesigner(ENCODING, SCALAR, seed=seed))
+    settings = StudySettings(per_round=4, max_rounds=6, workers=2, optimizer_share=None)  # every ask: the model
+    return run_branch_study("agg", sampler, build, None, score, settings, journal=journal, backend=backend), sampler
+
+
+def test_a_model_ask_with_a_look_alike_goes_to_the_local_designer_and_each_trial_names_it():
+    result, sampler = gp_sweep(LayoutBackend())
+    designers = [r.designer for r in result.records]
+    assert designers[:8] == ["QUASI_RANDOM_SEARCH"] * 8 and designers[8:12] == ["DEFAULT"] * 4  # honest asks kept
+    assert designers[12:20] == [NEIGHBOURHOOD] * 8 and sampler.look_alikes_seen >= 8  # look-alike asks routed
+    configs = [RoleShape(**r.parallel_config) for r in result.records]
+    assert set(POOL) - set(configs[:12]) <= set(configs[12:16])  # the layouts no trial had used come first
+    assert len({r.spec_hash for r in result.records}) == len(result.records) == 24
+    # where the neighbourhood has fewer points left than the ask wants, the model's batch is kept
+    assert set(designers[20:]) <= {NEIGHBOURHOOD, "DEFAULT"}
+
+
+def test_look_alike_routing_is_deterministic_whatever_the_timings_and_resumes_exactly():
+    fast_first = LayoutBackend(duration=lambda s: 1.0 + s["replicas"] % 3)
+    slow_first = LayoutBackend(duration=lambda s: 5.0 - s["replicas"] % 3)
+    a, b = gp_sweep(fast_first, seed=3)[0], gp_sweep(slow_first, seed=3)[0]
+    assert fast_first.completed != slow_first.completed and rows(a) == rows(b)
+    clean = gp_sweep(LayoutBackend(), seed=2)[0]
+    journal = MemoryJournal()
+    with pytest.raises(KeyboardInterrupt):
+        gp_sweep(LayoutBackend(kill_after=11), seed=2, journal=journal)
+    assert rows(gp_sweep(LayoutBackend(), seed=2, journal=journal)[0]) == rows(clean)
+
+
+def test_a_model_ask_without_look_alikes_is_kept_and_routing_off_keeps_every_ask(monkeypatch):
+    from spica_pipeline.search import neighbourhood
+
+    honest, _ = gp_sweep(LayoutBackend(), study=LookAlikeGP(0, honest=99))
+    assert {r.designer for r in honest.records[8:]} == {"DEFAULT"}
+    monkeypatch.setattr(neighbourhood, "GP_LOOKALIKE", "off")
+    off, sampler = gp_sweep(LayoutBackend())
+    assert {r.designer for r in off.records[8:]} == {"DEFAULT"} and sampler.look_alikes_seen == 0
+
+
+class FixedGP(FakeStudy):
+    """A model-based designer answering every ask with `batch`."""
+
+    def __init__(self, batch):
+        super().__init__(0)
+        self.batch = batch
+
+    def suggest(self, count, history=(), pending=(), algorithm=None):
+        self.last_designer = "DEFAULT"
+        return [dict(p) for p in self.batch[:count]]
+
+
+def test_a_mixed_model_batch_loses_only_its_look_alikes_and_a_batch_of_them_goes_local():
+    from spica_pipeline.search.study import HistoryItem
+
+    by_config = {}
+    for s, c in SPACE:
+        by_config.setdefault(c, []).append(s)
+    configs = list(by_config)
+    # four trials on four layouts: no pair on one layout, so every knob is believed inert
+    history = [HistoryItem(ENCODING.encode(by_config[c][0], c), {"objective": objective(by_config[c][0], c)}, None)
+               for c in configs[:4]]
+    fresh_a, fresh_b = (ENCODING.encode(by_config[c][0], c) for c in configs[4:6])
+    alike_known = ENCODING.encode(by_config[configs[0]][3], configs[0])  # a known layout, other knobs
+    alike_batch = ENCODING.encode(by_config[configs[4]][5], configs[4])  # fresh_a's layout, other knobs
+    mixed = [fresh_a, alike_known, fresh_b, alike_batch]
+    sampler = StudySampler(FixedGP(mixed), ENCODING, NeighbourhoodDesigner(ENCODING, SCALAR, seed=0))
+    out, designer = sampler.suggest_pending(4, history, [], cheap=False)
+    assert (out, designer) == ([fresh_a, fresh_b], "DEFAULT") and sampler.look_alikes_seen == 2
+    only_alike = StudySampler(FixedGP([alike_known]), ENCODING, NeighbourhoodDesigner(ENCODING, SCALAR, seed=0))
+    out, designer = only_alike.suggest_pending(1, history, [], cheap=False)
+    assert designer == NEIGHBOURHOOD and len(out) == 1 and landed(out[0])[1] not in configs[:4]
+    assert sampler.suggest_pending(4, history, [], cheap=True)[1] == "DEFAULT"  # a cheap ask is not checked
+    assert sampler.look_alikes_seen == 2

@@ -137,6 +137,7 @@ class StudySampler:
         self.study = study
         self.encoding = encoding
         self.local = local
+        self.look_alikes_seen = 0  # model-based suggestions found to be look-alikes (diagnostics)
 
     def suggest(self, count: int, history: list[HistoryItem]) -> list[dict[str, Any]]:
         if self.study is None:
@@ -151,8 +152,52 @@ class StudySampler:
         if self.study is None:
             raise RuntimeError("an exhaustive branch has no optimizer study to ask")
         items = [(h.parameters, h.metrics, h.infeasible_reason) for h in history]
-        out = self.study.suggest(count, items, pending, algorithm="QUASI_RANDOM_SEARCH" if cheap else None)
-        return [dict(p) for p in out], self.study.last_designer
+        out = [dict(p) for p in self.study.suggest(count, items, pending,
+                                                   algorithm="QUASI_RANDOM_SEARCH" if cheap else None)]
+        designer = self.study.last_designer
+        if cheap or self.local is None or designer in MODEL_FREE_ALGORITHMS or not out:
+            return out, designer
+        return self._route_look_alikes(count, history, pending, out, designer)
+
+    def _route_look_alikes(self, count: int, history: Sequence[HistoryItem], pending: Sequence[dict[str, Any]],
+                           out: list[dict[str, Any]], designer: str) -> tuple[list[dict[str, Any]], str]:
+        """A model-based batch with a look-alike (a point equal to a proposed one but for knobs the
+        local designer believes inert: likely a known outcome again, a wasted evaluation) loses its
+        look-alikes (neighbourhood.GP_LOOKALIKE "drop": the loop asks again sooner), and a batch of
+        look-alikes only goes to the local designer, whole ("ask": every batch with a look-alike;
+        "off": the batch as is), so every trial keeps the name of the designer that proposed it.
+        A function of the history, pending and suggestions only: the trials are re-projected in
+        trial order, as the study loop projected them, so it is deterministic and a resume repeats
+        it."""
+        from spica_pipeline.search import neighbourhood
+
+        assert self.local is not None
+        mode = neighbourhood.GP_LOOKALIKE
+        if mode == "off":
+            return out, designer
+        taken: set[tuple[str, ParallelConfig]] = set()
+
+        def project(parameters: dict[str, Any]) -> Proposal:
+            proposal = self.propose(parameters, taken)
+            taken.add((selection_key(proposal.selection), proposal.parallel_config))
+            return proposal
+
+        # as the study loop's cheap path tells the local designer: supported trials only
+        known = [(p.selection, p.parallel_config, h.metrics)
+                 for p, h in ((project(h.parameters), h) for h in history) if p.supported]
+        proposed = [(p.selection, p.parallel_config) for p in map(project, pending) if p.supported]
+        before = frozenset(taken)
+        flags = self.local.look_alikes([(p.selection, p.parallel_config) for p in map(project, out)],
+                                       known, proposed)
+        self.look_alikes_seen += sum(flags)
+        if not any(flags):
+            return out, designer
+        if mode == "drop" and not all(flags):
+            return [p for p, alike in zip(out, flags) if not alike], designer
+        near = self.local.suggest(count, known, proposed, before)
+        if len(near) < len(out):  # a used-up neighbourhood: keep the model's batch
+            return out, designer
+        return [dict(p) for p in near], self.local.name
 
     def suggest_local(self, count: int, known: Sequence[KnownPoint], pending: Sequence[tuple[dict[str, Any], ParallelConfig]],
                       taken: Collection[tuple[str, ParallelConfig]]) -> tuple[list[dict[str, Any]], str]:

@@ -19,16 +19,17 @@ Constants and where they come from (2 cores, 2026-12-04):
     2.66 s at R = 32 / 64 / 128, two objectives 0.93-0.99 / 1.68 / 3.37 s), the higher of the two
     trial counts where two share a bucket. Beyond 128 rows (not measured) each doubling of R is
     charged x ASK_GROWTH_PER_DOUBLING, the steeper 64 -> 128 step (two objectives, 1.68 -> 3.37 s).
-    A bucket's first suggest compiles its programs (~11 s at 64 rows, ~19-20 s at 128); like the
-    process's first call, that is not charged (paid once per process, not per study).
+    A bucket's first suggest compiles its programs (8.7-11.1 s CPU at 64 and 128 rows, 20:11-20:16 UTC,
+    the JSON's `max_suggest_cpu_s_after_first`); like the process's first call, that is not charged
+    (paid once per process, not per study).
   * A replay: the exhaustive truths of bench_time_to_quality (2026-12-04, load average 2-5) took a
     median 0.20 ms per request on goodput_agg (135 replays of 240 requests, median 47 ms) and 0.32 ms
     on pareto_disagg (142 closed-loop replays, median 1,424 requests, 0.52 s); the replay notes
     give 0.13 ms (10,000 requests in 1.3 s, shared/reference replay-notes §1.11). 0.25 ms per
     request plus ~3 ms per replay (a 200-request replay took 29 ms through ReplayEvaluator,
     bench/results/evaluator_quick.json).
-The first GP suggest of a process compiles its programs (18-24 s of CPU cold here, 13-16 s with the
-persistent JAX cache); it is not charged to any branch, because it is paid once per process, not per
+The first GP suggest of a process compiles its programs (15.0 / 15.3 s of CPU cold here, one / two
+objectives, bench/results/vizier_after_first.json 20:11-20:16 UTC); it is not charged to any branch, because it is paid once per process, not per
 study, and charging it would make the choice depend on what ran before in the process.
 """
 

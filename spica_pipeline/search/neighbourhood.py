@@ -65,6 +65,15 @@ MAX_ANCHORS = 64  # the best anchors stepped from (bounds an ask's work on long 
 INERT_TOL = 2e-3  # a knob's effect this small, relative to the best |value| of each metric, counts as none
 INCUMBENT_LOOKALIKE = 1.0  # the best anchor's look-alikes cost this many rings more (every other one waits)
 EXPLORE_TRIES = 8  # draws per exploration point before giving up (the caller fills the rest quasi-randomly)
+# A model-based ask (GP-UCB-PE) that proposes a look-alike of a proposed point (equal but for knobs
+# this designer believes inert: likely a known outcome again; 9-14 per pareto_disagg run): "drop"
+# keeps the model's other suggestions and leaves the look-alikes out (the next ask comes sooner; an
+# ask of look-alikes only goes to this designer), "ask" routes every such ask to this designer
+# (StudySampler.suggest_pending in search/branch_plan.py), "off" keeps the ask as is. Simulated
+# evaluations to 99 % on pareto_disagg seeds 0-4 (bench/sim_time_to_quality.py, 19:45-19:47 UTC):
+# off 29, 29, 33, 26, 24; ask 20, 20, 37, 20, 23 (the GP's good suggestions go with its look-alikes);
+# drop 26, 21, 34, 23, 22.
+GP_LOOKALIKE = "drop"
 
 # One trial the designer learns from: (selection, parallel config, told metrics or None).
 Known = tuple[dict[str, Any], ParallelConfig, Mapping[str, float] | None]
@@ -179,6 +188,21 @@ class NeighbourhoodDesigner:
         out = self._local(want, rows, anchors, inert, used, alike) if want > 0 and anchors else []
         visited = {cfg for _, cfg in used} | {cfg for _, cfg, _ in known} | {cfg for _, cfg in pending}
         return out + self._explore(count - len(out), position, inert, used, alike, visited)
+
+    def look_alikes(self, suggested: Sequence[tuple[dict[str, Any], ParallelConfig]], known: Sequence[Known],
+                    pending: Sequence[tuple[dict[str, Any], ParallelConfig]]) -> list[bool]:
+        """For each suggested point (another designer's batch, in order): whether it is a look-alike
+        of a known or pending trial or of an earlier point of the batch, equal to it but for knobs
+        this designer believes inert (`inert_knobs`), so likely a known outcome again."""
+        inert = self.inert_knobs(self._rows(known))
+        alike = {self._reduced(sel, cfg, inert) for sel, cfg, _ in known}
+        alike |= {self._reduced(sel, cfg, inert) for sel, cfg in pending}
+        out: list[bool] = []
+        for sel, cfg in suggested:
+            reduced = self._reduced(sel, cfg, inert)
+            out.append(reduced in alike)
+            alike.add(reduced)
+        return out
 
     def _local(self, want: int, rows: list[_Row], anchors: list[tuple[dict[str, Any], ParallelConfig]],
                inert: frozenset[str], used: set[PointKey], alike: set[PointKey]) -> list[dict[str, Any]]:
@@ -467,5 +491,5 @@ class NeighbourhoodDesigner:
         return moves
 
 
-__all__ = ["EXPLORE_SHARE", "NEIGHBOURHOOD", "Known", "NeighbourhoodDesigner", "config_steps", "crowding",
+__all__ = ["EXPLORE_SHARE", "GP_LOOKALIKE", "NEIGHBOURHOOD", "Known", "NeighbourhoodDesigner", "config_steps", "crowding",
            "role_steps"]
