@@ -896,8 +896,6 @@ def _threshold_pe_class():
     the padded trial count) inside each of the ~160 acquisition-optimiser steps; at 128 padded
     rows that was most of a suggest. Same formula, same value."""
     if "pe_score" not in _STABLE:
-        import equinox as eqx
-        import jax.numpy as jnp
         from vizier._src.algorithms.designers import gp_ucb_pe
 
         threshold_fn = _threshold_fn()
@@ -923,29 +921,38 @@ def _threshold_pe_class():
                 gprm = self.predictive.predict(xs)
                 mean = gprm.mean()
                 stddev = gprm.stddev()
-                explore_ucb = mean + stddev * self.explore_ucb_coefficient
                 stddev_from_all = self.predictive_all_features.predict(xs).stddev()
-                penalty = self.penalty_coefficient * jnp.minimum(explore_ucb - self.threshold, 0.0)
-                if stddev_from_all.ndim > 1:
-                    kind = self.multimetric_promising_region_penalty_type
-                    kinds = gp_ucb_pe.MultimetricPromisingRegionPenaltyType
-                    if kind == kinds.UNION:
-                        scalarized_penalty = jnp.max(penalty, axis=-1)
-                    elif kind == kinds.INTERSECTION:
-                        scalarized_penalty = jnp.min(penalty, axis=-1)
-                    elif kind == kinds.AVERAGE:
-                        scalarized_penalty = jnp.mean(penalty, axis=-1)
-                    else:
-                        raise ValueError(f"Unsupported multimetric promising region penalty type: {kind}")
-                    acq_values = jnp.mean(stddev_from_all, axis=-1) + scalarized_penalty
-                else:
-                    acq_values = stddev_from_all + penalty
+                acq_values = _pe_acquisition(self, mean, stddev, stddev_from_all)
                 if self.trust_region is not None:
                     acq_values = gp_ucb_pe._apply_trust_region(self.trust_region, xs, acq_values)
                 return acq_values, {"mean": mean, "stddev": stddev, "stddev_from_all": stddev_from_all}
 
         _STABLE["pe_score"] = ThresholdPEScore
     return _STABLE["pe_score"]
+
+
+def _pe_acquisition(score, mean, stddev, stddev_from_all):
+    """GP-UCB-PE's pure-exploration value (vizier 0.1.24 PEScoreFunction.score_with_aux's formula,
+    before the trust region) from a score's coefficients, its precomputed UCB threshold and the
+    three GP quantities: one body for the two-program and the shared score classes."""
+    import jax.numpy as jnp
+    from vizier._src.algorithms.designers import gp_ucb_pe
+
+    explore_ucb = mean + stddev * score.explore_ucb_coefficient
+    penalty = score.penalty_coefficient * jnp.minimum(explore_ucb - score.threshold, 0.0)
+    if stddev_from_all.ndim <= 1:
+        return stddev_from_all + penalty
+    kind = score.multimetric_promising_region_penalty_type
+    kinds = gp_ucb_pe.MultimetricPromisingRegionPenaltyType
+    if kind == kinds.UNION:
+        scalarized_penalty = jnp.max(penalty, axis=-1)
+    elif kind == kinds.INTERSECTION:
+        scalarized_penalty = jnp.min(penalty, axis=-1)
+    elif kind == kinds.AVERAGE:
+        scalarized_penalty = jnp.mean(penalty, axis=-1)
+    else:
+        raise ValueError(f"Unsupported multimetric promising region penalty type: {kind}")
+    return jnp.mean(stddev_from_all, axis=-1) + scalarized_penalty
 
 
 def _threshold_fn():
@@ -1048,22 +1055,7 @@ def _shared_score_class():
                     return acq_values
 
                 def pe():
-                    stddev = gprm.stddev()
-                    explore_ucb = mean + stddev * self.explore_ucb_coefficient
-                    penalty = self.penalty_coefficient * jnp.minimum(explore_ucb - self.threshold, 0.0)
-                    if stddev_from_all.ndim > 1:
-                        kind = self.multimetric_promising_region_penalty_type
-                        kinds = gp_ucb_pe.MultimetricPromisingRegionPenaltyType
-                        if kind == kinds.UNION:
-                            scalarized_penalty = jnp.max(penalty, axis=-1)
-                        elif kind == kinds.INTERSECTION:
-                            scalarized_penalty = jnp.min(penalty, axis=-1)
-                        elif kind == kinds.AVERAGE:
-                            scalarized_penalty = jnp.mean(penalty, axis=-1)
-                        else:
-                            raise ValueError(f"Unsupported multimetric promising region penalty type: {kind}")
-                        return jnp.mean(stddev_from_all, axis=-1) + scalarized_penalty
-                    return stddev_from_all + penalty
+                    return _pe_acquisition(self, mean, gprm.stddev(), stddev_from_all)
 
                 acq_values = jax.lax.cond(self.use_ucb, ucb, pe)
                 if self.trust_region is not None:
