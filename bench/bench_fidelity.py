@@ -482,6 +482,10 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         for item in args.client_osl_jitter.split(","):
             backend, _, value = item.partition("=")
             measurement.CLIENT_OSL_JITTER[backend.strip()] = float(value)
+    if args.fallback_scaling:  # before any timing table is built; replay workers inherit it
+        from spica_pipeline.search import perf_data
+
+        os.environ[perf_data.FALLBACK_SCALING_ENV] = "1"
     evaluator = ReplayEvaluator(cache_dir=args.cache_dir)
     records: list[dict[str, Any]] = []
     started = time.perf_counter()
@@ -499,6 +503,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             "client": args.client,
             "client_gap_cycles": args.client_gap_cycles,
             "client_osl_jitter": args.client_osl_jitter,
+            "fallback_scaling": bool(args.fallback_scaling),
             "replays_from": args.from_json,
             "calibration_profile": args.fit_calibration or args.calibration,
             "quick": bool(args.quick),
@@ -583,6 +588,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         final["diagnosis"] = diagnose(fit_records(records))
     if args.sglang_signature:
         final["sglang_signature"] = sglang_signature(fit_records(records))
+    if args.fallback_effect:
+        final["fallback_effect"] = fallback_effect(fit_records(records))
     if args.compare_v4_on:
         reference: dict[str, dict[str, Any]] = {}
         for path in args.compare_v4_on.split(","):
@@ -703,6 +710,24 @@ SGLANG_SIGNATURE_RULE = (
     "The mechanism round (SGLang server defaults in the replay, refit with v4's method, LOMO against v4) runs "
     "only if the pooled rows show the signature and so does at least half of the models with >= 5 rows; "
     "otherwise the finding is documented and nothing is changed. The sweep replay's bias is reported beside it.")
+FALLBACK_EFFECT_RULE = (
+    "round 5 step 1, calibration split only, before any change: every calibration record is 'fallback' when its "
+    "fidelity_note says its attention was timed with bf16 data (search/perf_data.py), else 'native'. Per "
+    "(model, backend, system, mode) and pooled per backend, the raw client replay's TTFT/TPOT MdAPE and bias, "
+    "and AIC's own estimate where it has one. The round proceeds to step 2 only if the fallback rows' pooled "
+    "raw client bias is > 0 in both phases and above the native rows' of the same backend.")
+FALLBACK_SCALING_RULE = (
+    "round 5 step 2, committed before any replay with the scaling: the bf16-attention fallback's prefill MLA "
+    "attention time is scaled by perf_data.attention_dtype_ratio(system) (SPICA_FALLBACK_ATTENTION_SCALING=1; "
+    "the ratio is the median fp8/bf16 time over kernel-matched shapes at fp8 KV: vLLM's MLA context module where "
+    "the system has that pair, else SGLang's GQA context attention on the same system; decode is not scaled: no "
+    "AIC database has fp8 generation attention). The calibration rows it can change (DeepSeek-R1/V3 on SGLang, "
+    "c <= 1024) get a new raw client replay; every other row keeps round 4's records. v4's method is fitted on "
+    "those records and scored by leave one model out against v4's method on round 4's records (same rows). "
+    "Adopt iff the pooled LOMO TTFT MdAPE is lower by >= 0.5 points and the pooled LOMO TPOT MdAPE is not higher "
+    "by more than 1 point. Held-out rows are never read for the choice.")
+ADOPT_TTFT_GAIN = 0.005
+ADOPT_TPOT_LOSS = 0.01
 SIGNATURE_MIN_ROWS = 5
 MIN_FOLD_SHARE = 2 / 3  # 4 of 6 folds (CHOICE_RULE), 3 of 4 (CHOICE_RULE_V5 step 1)
 
@@ -891,6 +916,52 @@ def sglang_signature(records: list[dict[str, Any]]) -> dict[str, Any]:
             "models_with_signature": with_sig, "models_counted": sorted(counted), "present": present}
 
 
+def _uses_fallback(record: dict[str, Any]) -> bool:
+    return "timed with the nearest available data" in str(record.get("fidelity_note") or "")
+
+
+def fallback_effect(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """FALLBACK_EFFECT_RULE: raw client (and AIC) error of the rows timed with the bf16 fallback against
+    the rows with native data, per (model, backend, system, mode) and pooled per backend."""
+    _calibration_rows_only(records, "--fallback-effect")
+    rows = [r for r in records if (r.get("ours") or {}).get("ttft") and (r.get("ours") or {}).get("tpot")]
+
+    def entry(part: list[dict[str, Any]]) -> dict[str, Any]:
+        summary = summarise(part)
+        return {"rows": len(part), "client_raw": summary["ours"], "aic": summary["aic"]}
+
+    slices: dict[str, Any] = {}
+    for key in sorted({(r["model"], r["backend"], r["system"], r.get("mode"), _uses_fallback(r)) for r in rows}):
+        part = [r for r in rows if (r["model"], r["backend"], r["system"], r.get("mode"), _uses_fallback(r)) == key]
+        slices["/".join([*map(str, key[:4]), "fallback" if key[4] else "native"])] = entry(part)
+    pooled = {f"{b}/{'fallback' if fb else 'native'}": entry(part)
+              for b in sorted({r["backend"] for r in rows}) for fb in (True, False)
+              if (part := [r for r in rows if r["backend"] == b and _uses_fallback(r) == fb])}
+    overshoot: dict[str, bool] = {}
+    for name, v in pooled.items():
+        backend, _, kind = name.partition("/")
+        native = pooled.get(f"{backend}/native")
+        if kind != "fallback":
+            continue
+        biases = [(v["client_raw"][p]["bias"], (native or {}).get("client_raw", {}).get(p, {}).get("bias"))
+                  for p in TARGETS]
+        overshoot[backend] = all(b is not None and b > 0 and (n is None or b > n) for b, n in biases)
+    for name, v in [*pooled.items(), *slices.items()]:
+        print(f"   {name} (n={v['rows']}): client TTFT {_fmt(v['client_raw']['ttft'])} TPOT "
+              f"{_fmt(v['client_raw']['tpot'])}; AIC TTFT {_fmt(v['aic']['ttft'])} TPOT {_fmt(v['aic']['tpot'])}")
+    print(f"   fallback rows overshoot (both phases, above native): {overshoot}")
+    return {"rule": FALLBACK_EFFECT_RULE, "pooled": pooled, "slices": slices, "overshoot": overshoot,
+            "proceed": any(overshoot.values())}
+
+
+def fallback_scaling_choice(candidate: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
+    """FALLBACK_SCALING_RULE on two `_scored` rows (v4's method on the scaled replays, v4 on round 4's)."""
+    gain = reference["ttft"]["mdape"] - candidate["ttft"]["mdape"]
+    loss = candidate["tpot"]["mdape"] - reference["tpot"]["mdape"]
+    adopt = gain >= ADOPT_TTFT_GAIN - 1e-12 and loss <= ADOPT_TPOT_LOSS + 1e-12
+    return {"rule": FALLBACK_SCALING_RULE, "ttft_mdape_gain": gain, "tpot_mdape_loss": loss, "adopt": adopt}
+
+
 def compare_v4_on(records: list[dict[str, Any]], reference_records: list[dict[str, Any]]) -> dict[str, Any]:
     """v4's method on this run's records (e.g. a different client replay) against v4 on its own records,
     per phase, by LOMO on calibration rows (CHOICE_RULE_V5_ROUND3)."""
@@ -907,8 +978,11 @@ def compare_v4_on(records: list[dict[str, Any]], reference_records: list[dict[st
         print(f"   {phase.upper()}: these replays {_fmt(row[phase])} score {row[phase]['score']:.2f} vs v4 "
               f"{_fmt(reference[phase])} score {reference[phase]['score']:.2f}; folds won {folds}", flush=True)
     qualifies = steps["ttft"]["lower_pooled_and_folds"] and row["tpot"]["score"] <= reference["tpot"]["score"]
+    choice = fallback_scaling_choice(row, reference)
+    print(f"   FALLBACK_SCALING_RULE: TTFT MdAPE gain {100 * choice['ttft_mdape_gain']:+.1f} pt, TPOT MdAPE loss "
+          f"{100 * choice['tpot_mdape_loss']:+.1f} pt -> adopt: {'yes' if choice['adopt'] else 'no'}", flush=True)
     return {"rule": CHOICE_RULE_V5_ROUND3, "rows": len({r["id"] for r in records}), "steps": steps,
-            "qualifies": qualifies}
+            "qualifies": qualifies, "fallback_scaling_choice": choice}
 
 
 def compare_within(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -1046,6 +1120,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sglang-signature", action="store_true",
                     help="SGLANG_SIGNATURE_RULE: TTFT/TPOT bias of the SGLang agg calibration rows' raw replays "
                          "per model (round 4 step 1, calibration rows only)")
+    ap.add_argument("--fallback-effect", action="store_true",
+                    help="FALLBACK_EFFECT_RULE: raw error of rows timed with the bf16 attention fallback against "
+                         "rows with native data (round 5 step 1, calibration rows only)")
+    ap.add_argument("--fallback-scaling", action="store_true",
+                    help="replay with the fallback's prefill attention scaled by the perf data's fp8/bf16 ratio "
+                         "(sets SPICA_FALLBACK_ATTENTION_SCALING=1; FALLBACK_SCALING_RULE); recorded in the JSON")
     ap.add_argument("--compare-within", action="store_true",
                     help="CHOICE_RULE_V5_ROUND2: v4 with within-model slopes against v4 by leave-one-model-out")
     ap.add_argument("--fit-calibration", metavar="PATH",

@@ -61,7 +61,7 @@ N_KV, N_CTX = 56, 48
 _lock = threading.Lock()
 _timing_memo: dict[str, "TimingTable"] = {}
 _kv_memo: dict[str, "KvCapacity"] = {}
-_models: dict[str, Any] = {}
+_models: dict[str, Any] = {}  # identity -> (AIC model, fidelity note, perf_data.FallbackScaling | None)
 
 
 def default_cache_dir() -> Path:
@@ -108,20 +108,32 @@ class TimingTable:
         return {"type": "external", "provider": "dynamo_profile", "config": {"path": self.path}}
 
 
+def _model_key(identity: EngineIdentity) -> str:
+    """In-process memo key of a built AIC model: the identity and the fallback scaling setting."""
+    return json.dumps({**asdict(identity), "fallback_scaling": perf_data.fallback_scaling_key(identity)},
+                      sort_keys=True)
+
+
 class _AicStep:
     """One identity's forward-pass model; raises on a missing estimate instead of tabulating NaN.
 
     Built through `perf_data.timed_model`, so missing attention data falls back to the nearest
-    available (bf16) data and `fidelity_note` says so.
+    available (bf16) data and `fidelity_note` says so; with SPICA_FALLBACK_ATTENTION_SCALING=1 such a
+    fallback's prefill attention is scaled by the perf data's fp8/bf16 ratio (perf_data.fallback_scaling).
     """
 
     def __init__(self, identity: EngineIdentity):
-        key = json.dumps(asdict(identity), sort_keys=True)
+        key = _model_key(identity)
         built = _models.get(key)
         if built is None:
-            built = perf_data.timed_model(identity, perf_data.aic_model, perf_data.probe_passes)
+            model, note, used = perf_data.timed_model_used(identity, perf_data.aic_model, perf_data.probe_passes)
+            scaling = perf_data.fallback_scaling(identity, used) if note else None
+            if scaling is not None:
+                note = f"{note}; {scaling.note()}"
+            built = (model, note, scaling)
             _models[key] = built
-        self._model, note = built
+        self._model, note, scaling = built
+        self._scaling: perf_data.FallbackScaling | None = scaling
         self.fidelity_note: str | None = note
         self._decode_memo: dict[tuple[int, int], float] = {}
 
@@ -129,7 +141,10 @@ class _AicStep:
         return perf_data.estimate_ms(self._model, **scheduled)
 
     def prefill(self, new_tokens: int) -> float:
-        return self._est(num_prefill_requests=1, sum_prefill_tokens=int(new_tokens), sum_prefill_kv_tokens=0)
+        value = self._est(num_prefill_requests=1, sum_prefill_tokens=int(new_tokens), sum_prefill_kv_tokens=0)
+        if self._scaling is not None:  # the fallback's bf16 attention at the perf data's fp8 speed
+            value = max(value - self._scaling.saving_ms(int(new_tokens)), 1e-3)
+        return value
 
     def decode(self, batch: int, context: int) -> float:
         key = (int(batch), int(context))
@@ -178,7 +193,7 @@ def build_timing_arrays(identity: EngineIdentity, max_num_batched_tokens: int) -
 
 def fidelity_note_of(identity: EngineIdentity) -> str | None:
     """The substitution `_AicStep` made for this identity in this process (None: exact data or not built)."""
-    built = _models.get(json.dumps(asdict(identity), sort_keys=True))
+    built = _models.get(_model_key(identity))
     return built[1] if built is not None else None
 
 
@@ -189,7 +204,8 @@ def timing_table(identity: EngineIdentity, *, max_num_batched_tokens: int = 8192
     Tables span at least `PREFILL_MIN_TOP` tokens so the searched chunk budgets share one table.
     """
     top = max(int(max_num_batched_tokens), PREFILL_MIN_TOP)
-    key = _digest("timing", {**asdict(identity), "prefill_top": top, "grid": timing_grid()})
+    key = _digest("timing", {**asdict(identity), "prefill_top": top, "grid": timing_grid(),
+                             "fallback_scaling": perf_data.fallback_scaling_key(identity)})
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     path = root / "timing" / f"{key}.npz"
     meta = path.with_suffix(".json")

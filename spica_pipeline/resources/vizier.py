@@ -659,7 +659,7 @@ def scipy_ard_optimizer(maxiter: int):
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from vizier._src.jax.optimizers import core, jaxopt_wrappers
+    from vizier._src.jax.optimizers import jaxopt_wrappers
 
     def flat_value_and_grad(loss_fn, params_treedef, shapes: list, dtype):
         """(x: flat parameter vector) -> [loss, gradient...] as ONE numpy vector. The loss's arrays
@@ -697,7 +697,11 @@ def scipy_ard_optimizer(maxiter: int):
 
             del rng  # L-BFGS-B is deterministic given the initial parameters
             loss_fn = _masked_loss(loss_fn)
-            starts = jaxopt_wrappers._unbatch_params(init_params)
+            # numpy from here on: jnp indexing / stacking of the concrete restarts compiled ~30 tiny
+            # eager-op programs in the first call of a process (same values, no program)
+            init_np = jax.tree_util.tree_map(np.asarray, init_params)
+            n_starts = int(np.shape(jax.tree_util.tree_leaves(init_np)[0])[0])
+            starts = [jax.tree_util.tree_map(lambda p, i=i: p[i], init_np) for i in range(n_starts)]
             leaves, treedef = jax.tree_util.tree_flatten(starts[0])
             shapes = [np.shape(x) for x in leaves]
             sizes = [int(np.prod(s)) for s in shapes]
@@ -729,9 +733,14 @@ def scipy_ard_optimizer(maxiter: int):
                                         options={"maxiter": self.maxiter, "gtol": self.tol, "maxls": self.maxls})
                 losses.append(float(res.fun) if math.isfinite(float(res.fun)) else np.inf)
                 params.append(unflat(np.asarray(res.x)))
-            all_params = jax.tree_util.tree_map(lambda *x: jnp.stack(x), *params)
-            losses_arr = jnp.asarray(losses)
-            return core.get_best_params(losses_arr, all_params, best_n=best_n), {"loss": losses_arr[jnp.newaxis, :]}
+            all_params = jax.tree_util.tree_map(lambda *x: np.stack(x), *params)
+            losses_arr = np.asarray(losses, dtype=np.float64)
+            # core.get_best_params in numpy (jnp.argsort is stable, so is this)
+            best_idx = np.argsort(losses_arr, kind="stable")[:best_n or 1]
+            best = jax.tree_util.tree_map(lambda p: p[best_idx], all_params)
+            if best_n is None:
+                best = jax.tree_util.tree_map(lambda p: np.squeeze(p, axis=0), best)
+            return best, {"loss": losses_arr[np.newaxis, :]}
 
     opt = ScipyLbfgsB(maxiter=int(maxiter))
     with _setup_lock:
