@@ -28,8 +28,8 @@ Constants and where they come from (2 cores, 2026-12-04):
     give 0.13 ms (10,000 requests in 1.3 s, shared/reference replay-notes §1.11). 0.25 ms per
     request plus ~3 ms per replay (a 200-request replay took 29 ms through ReplayEvaluator,
     bench/results/evaluator_quick.json).
-The first GP suggest of a process compiles its programs (15.0 / 15.3 s of CPU cold here, one / two
-objectives, bench/results/vizier_after_first.json 20:11-20:16 UTC); it is not charged to any branch, because it is paid once per process, not per
+The first GP suggest of a process compiles its programs (14.1-15.3 s of CPU cold here, one and two
+objectives, bench/results/vizier_first_call_2d9e860.json and vizier_after_first.json, 20:11-20:25 UTC); it is not charged to any branch, because it is paid once per process, not per
 study, and charging it would make the choice depend on what ran before in the process.
 """
 
