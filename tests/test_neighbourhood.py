@@ -384,7 +384,10 @@ def gp_sweep(backend, seed=0, journal=None, study=None):
     return run_branch_study("agg", sampler, build, None, score, settings, journal=journal, backend=backend), sampler
 
 
-def test_a_model_ask_with_a_look_alike_goes_to_the_local_designer_and_each_trial_names_it():
+def test_a_model_ask_with_a_look_alike_goes_to_the_local_designer_and_each_trial_names_it(monkeypatch):
+    from spica_pipeline.search import neighbourhood
+
+    monkeypatch.setattr(neighbourhood, "GP_LOOKALIKE", "drop")  # (replace: below)
     result, sampler = gp_sweep(LayoutBackend())
     designers = [r.designer for r in result.records]
     assert designers[:8] == ["QUASI_RANDOM_SEARCH"] * 8 and designers[8:12] == ["DEFAULT"] * 4  # honest asks kept
@@ -430,8 +433,11 @@ class FixedGP(FakeStudy):
         return [dict(p) for p in self.batch[:count]]
 
 
-def test_a_mixed_model_batch_loses_only_its_look_alikes_and_a_batch_of_them_goes_local():
+def test_a_mixed_model_batch_loses_only_its_look_alikes_and_a_batch_of_them_goes_local(monkeypatch):
+    from spica_pipeline.search import neighbourhood
     from spica_pipeline.search.study import HistoryItem
+
+    monkeypatch.setattr(neighbourhood, "GP_LOOKALIKE", "drop")
 
     by_config = {}
     for s, c in SPACE:
@@ -445,10 +451,87 @@ def test_a_mixed_model_batch_loses_only_its_look_alikes_and_a_batch_of_them_goes
     alike_batch = ENCODING.encode(by_config[configs[4]][5], configs[4])  # fresh_a's layout, other knobs
     mixed = [fresh_a, alike_known, fresh_b, alike_batch]
     sampler = StudySampler(FixedGP(mixed), ENCODING, NeighbourhoodDesigner(ENCODING, SCALAR, seed=0))
-    out, designer = sampler.suggest_pending(4, history, [], cheap=False)
-    assert (out, designer) == ([fresh_a, fresh_b], "DEFAULT") and sampler.look_alikes_seen == 2
+    out, designers = sampler.suggest_pending(4, history, [], cheap=False)
+    assert (out, designers) == ([fresh_a, fresh_b], ["DEFAULT"] * 2) and sampler.look_alikes_seen == 2
     only_alike = StudySampler(FixedGP([alike_known]), ENCODING, NeighbourhoodDesigner(ENCODING, SCALAR, seed=0))
-    out, designer = only_alike.suggest_pending(1, history, [], cheap=False)
-    assert designer == NEIGHBOURHOOD and len(out) == 1 and landed(out[0])[1] not in configs[:4]
-    assert sampler.suggest_pending(4, history, [], cheap=True)[1] == "DEFAULT"  # a cheap ask is not checked
+    out, designers = only_alike.suggest_pending(1, history, [], cheap=False)
+    assert designers == [NEIGHBOURHOOD] and len(out) == 1 and landed(out[0])[1] not in configs[:4]
+    assert sampler.suggest_pending(4, history, [], cheap=True)[1] == ["DEFAULT"] * 4  # a cheap ask is not checked
     assert sampler.look_alikes_seen == 2
+
+
+def test_replace_mode_swaps_each_look_alike_in_place_and_names_each_trials_designer(monkeypatch):
+    from spica_pipeline.search import neighbourhood
+    from spica_pipeline.search.study import HistoryItem
+
+    monkeypatch.setattr(neighbourhood, "GP_LOOKALIKE", "replace")
+    by_config = {}
+    for s, c in SPACE:
+        by_config.setdefault(c, []).append(s)
+    configs = list(by_config)
+    history = [HistoryItem(ENCODING.encode(by_config[c][0], c), {"objective": objective(by_config[c][0], c)}, None)
+               for c in configs[:4]]
+    fresh_a, fresh_b = (ENCODING.encode(by_config[c][0], c) for c in configs[4:6])
+    alike_known = ENCODING.encode(by_config[configs[0]][3], configs[0])
+    alike_batch = ENCODING.encode(by_config[configs[4]][5], configs[4])
+
+    def ask():
+        sampler = StudySampler(FixedGP([fresh_a, alike_known, fresh_b, alike_batch]), ENCODING,
+                               NeighbourhoodDesigner(ENCODING, SCALAR, seed=0))
+        return sampler.suggest_pending(4, history, [], cheap=False), sampler
+
+    (out, designers), sampler = ask()
+    assert designers == ["DEFAULT", NEIGHBOURHOOD, "DEFAULT", NEIGHBOURHOOD] and sampler.look_alikes_seen == 2
+    assert out[0] == fresh_a and out[2] == fresh_b  # the model's other suggestions, in place
+    keys = [point_key(*landed(p)) for p in out]
+    assert len(set(keys)) == 4 and not {landed(out[1])[1], landed(out[3])[1]} & set(configs[:5])
+    assert ask()[0] == (out, designers)  # deterministic
+
+
+class MixedGP(LookAlikeGP):
+    """LookAlikeGP whose look-alike asks lead with one honest point (a layout not yet used): mixed batches."""
+
+    def suggest(self, count, history=(), pending=(), algorithm=None):
+        seen = [p for p, _, _ in history] + [dict(p) for p in pending]
+        if len(seen) < self.honest or not history:
+            return super().suggest(count, history, pending, algorithm)
+        used = {landed(p)[1] for p in seen}
+        fresh = [ENCODING.encode(s, c) for s, c in SPACE if c not in used][:1]
+        return fresh + super().suggest(count - len(fresh), history, pending, algorithm)
+
+
+def test_replace_mode_in_the_loop_records_mixed_designers_per_trial_and_resumes_exactly(monkeypatch):
+    from spica_pipeline.search import neighbourhood
+
+    monkeypatch.setattr(neighbourhood, "GP_LOOKALIKE", "replace")
+    result, sampler = gp_sweep(LayoutBackend(), study=MixedGP(0))
+    asks: dict[int, set[str]] = {}
+    for r in result.records[8:]:
+        asks.setdefault(r.round, set()).add(r.designer)
+    assert any(names == {"DEFAULT", NEIGHBOURHOOD} for names in asks.values())  # one ask, two designers
+    assert sampler.look_alikes_seen > 0
+    assert len({r.spec_hash for r in result.records}) == len(result.records)
+    slow_first = LayoutBackend(duration=lambda s: 5.0 - s["replicas"] % 3)
+    assert rows(gp_sweep(slow_first, study=MixedGP(0))[0]) == rows(result)  # same seed, same ledger
+    journal = MemoryJournal()
+    with pytest.raises(KeyboardInterrupt):
+        gp_sweep(LayoutBackend(kill_after=13), journal=journal, study=MixedGP(0))
+    assert rows(gp_sweep(LayoutBackend(), journal=journal, study=MixedGP(0))[0]) == rows(result)
+
+
+def test_the_round_loop_records_each_trials_own_designer(monkeypatch):
+    """The barrier path (no backend) takes the designers per suggestion too."""
+    from spica_pipeline.search import neighbourhood
+
+    monkeypatch.setattr(neighbourhood, "GP_LOOKALIKE", "replace")
+    sampler = StudySampler(MixedGP(0), ENCODING, NeighbourhoodDesigner(ENCODING, SCALAR, seed=0))
+
+    def wave(requests):
+        return [outcome(r.sample) for r in requests]
+
+    settings = StudySettings(per_round=4, max_rounds=6, workers=2, optimizer_share=None)
+    result = run_branch_study("agg", sampler, build, wave, score, settings)
+    names = {}
+    for r in result.records:
+        names.setdefault(r.round, set()).add(r.designer)
+    assert any(n == {"DEFAULT", NEIGHBOURHOOD} for n in names.values())

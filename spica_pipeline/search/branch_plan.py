@@ -146,9 +146,10 @@ class StudySampler:
         return [dict(p) for p in self.study.suggest(count, items)]
 
     def suggest_pending(self, count: int, history: list[HistoryItem], pending: list[dict[str, Any]],
-                        cheap: bool) -> tuple[list[dict[str, Any]], str]:
+                        cheap: bool) -> tuple[list[dict[str, Any]], list[str]]:
         """The asynchronous loop's ask: in-flight trials as pending; `cheap` fills from the
-        quasi-random designer (the cost-aware policy). Returns the designer that answered."""
+        quasi-random designer (the cost-aware policy). Returns the suggestions and the designer
+        that proposed each (a batch may mix the model's and the neighbourhood designer's)."""
         if self.study is None:
             raise RuntimeError("an exhaustive branch has no optimizer study to ask")
         items = [(h.parameters, h.metrics, h.infeasible_reason) for h in history]
@@ -156,25 +157,26 @@ class StudySampler:
                                                    algorithm="QUASI_RANDOM_SEARCH" if cheap else None)]
         designer = self.study.last_designer
         if cheap or self.local is None or designer in MODEL_FREE_ALGORITHMS or not out:
-            return out, designer
+            return out, [designer] * len(out)
         return self._route_look_alikes(count, history, pending, out, designer)
 
     def _route_look_alikes(self, count: int, history: Sequence[HistoryItem], pending: Sequence[dict[str, Any]],
-                           out: list[dict[str, Any]], designer: str) -> tuple[list[dict[str, Any]], str]:
+                           out: list[dict[str, Any]], designer: str) -> tuple[list[dict[str, Any]], list[str]]:
         """A model-based batch with a look-alike (a point equal to a proposed one but for knobs the
         local designer believes inert: likely a known outcome again, a wasted evaluation) loses its
         look-alikes (neighbourhood.GP_LOOKALIKE "drop": the loop asks again sooner), and a batch of
         look-alikes only goes to the local designer, whole ("ask": every batch with a look-alike;
-        "off": the batch as is), so every trial keeps the name of the designer that proposed it.
-        A function of the history, pending and suggestions only: the trials are re-projected in
-        trial order, as the study loop projected them, so it is deterministic and a resume repeats
-        it."""
+        "replace": each look-alike in place by one local point, the model's other suggestions
+        kept; "off": the batch as is). Returns the designer of each trial. A function of the
+        history, pending and suggestions only: the trials are re-projected in trial order, as the
+        study loop projected them, so it is deterministic and a resume repeats it."""
         from spica_pipeline.search import neighbourhood
 
         assert self.local is not None
         mode = neighbourhood.GP_LOOKALIKE
+        names = [designer] * len(out)
         if mode == "off":
-            return out, designer
+            return out, names
         taken: set[tuple[str, ParallelConfig]] = set()
 
         def project(parameters: dict[str, Any]) -> Proposal:
@@ -187,17 +189,32 @@ class StudySampler:
                  for p, h in ((project(h.parameters), h) for h in history) if p.supported]
         proposed = [(p.selection, p.parallel_config) for p in map(project, pending) if p.supported]
         before = frozenset(taken)
-        flags = self.local.look_alikes([(p.selection, p.parallel_config) for p in map(project, out)],
-                                       known, proposed)
+        projected = [project(p) for p in out]
+        flags = self.local.look_alikes([(p.selection, p.parallel_config) for p in projected], known, proposed)
         self.look_alikes_seen += sum(flags)
         if not any(flags):
-            return out, designer
+            return out, names
+        if mode == "replace":
+            kept = [(p.selection, p.parallel_config) for p, alike in zip(projected, flags)
+                    if not alike and p.supported]
+            near = iter(self.local.suggest(sum(flags), known, proposed + kept, frozenset(taken)))
+            result: list[dict[str, Any]] = []
+            result_names: list[str] = []
+            for parameters, alike in zip(out, flags):
+                local = next(near, None) if alike else None
+                if local is None:  # not a look-alike, or a used-up neighbourhood: the model's point
+                    result.append(parameters)
+                    result_names.append(designer)
+                else:
+                    result.append(dict(local))
+                    result_names.append(self.local.name)
+            return result, result_names
         if mode == "drop" and not all(flags):
-            return [p for p, alike in zip(out, flags) if not alike], designer
-        near = self.local.suggest(count, known, proposed, before)
-        if len(near) < len(out):  # a used-up neighbourhood: keep the model's batch
-            return out, designer
-        return [dict(p) for p in near], self.local.name
+            return [p for p, alike in zip(out, flags) if not alike], [designer] * (len(flags) - sum(flags))
+        near_all = self.local.suggest(count, known, proposed, before)
+        if len(near_all) < len(out):  # a used-up neighbourhood: keep the model's batch
+            return out, names
+        return [dict(p) for p in near_all], [self.local.name] * len(near_all)
 
     def suggest_local(self, count: int, known: Sequence[KnownPoint], pending: Sequence[tuple[dict[str, Any], ParallelConfig]],
                       taken: Collection[tuple[str, ParallelConfig]]) -> tuple[list[dict[str, Any]], str]:

@@ -66,14 +66,16 @@ INERT_TOL = 2e-3  # a knob's effect this small, relative to the best |value| of 
 INCUMBENT_LOOKALIKE = 1.0  # the best anchor's look-alikes cost this many rings more (every other one waits)
 EXPLORE_TRIES = 8  # draws per exploration point before giving up (the caller fills the rest quasi-randomly)
 # A model-based ask (GP-UCB-PE) that proposes a look-alike of a proposed point (equal but for knobs
-# this designer believes inert: likely a known outcome again; 9-14 per pareto_disagg run): "drop"
-# keeps the model's other suggestions and leaves the look-alikes out (the next ask comes sooner; an
-# ask of look-alikes only goes to this designer), "ask" routes every such ask to this designer
-# (StudySampler.suggest_pending in search/branch_plan.py), "off" keeps the ask as is. Simulated
-# evaluations to 99 % on pareto_disagg seeds 0-4 (bench/sim_time_to_quality.py, 19:45-19:47 UTC):
-# off 29, 29, 33, 26, 24; ask 20, 20, 37, 20, 23 (the GP's good suggestions go with its look-alikes);
-# drop 26, 21, 34, 23, 22.
-GP_LOOKALIKE = "drop"
+# this designer believes inert: likely a known outcome again; 9-14 per pareto_disagg run):
+# "replace" swaps each look-alike in place for one of this designer's points and keeps the model's
+# other suggestions (every trial names its own designer); "drop" leaves the look-alikes out (the
+# next ask comes sooner); both send an ask of look-alikes only to this designer. "ask" routes every
+# such ask to this designer, "off" keeps the ask as is (StudySampler.suggest_pending in
+# search/branch_plan.py). Simulated evaluations to 99 % on pareto_disagg seeds 0-4
+# (bench/sim_time_to_quality.py): off 29, 29, 33, 26, 24; ask 20, 20, 37, 20, 23 (the GP's good
+# suggestions go with its look-alikes); drop 26, 21, 34, 23, 22 (19:45-19:47 UTC); replace 22, 21,
+# 29, 19, 24 (20:21-20:25 UTC; the other four spaces unchanged).
+GP_LOOKALIKE = "replace"
 
 # One trial the designer learns from: (selection, parallel config, told metrics or None).
 Known = tuple[dict[str, Any], ParallelConfig, Mapping[str, float] | None]

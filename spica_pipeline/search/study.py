@@ -259,7 +259,7 @@ class _BranchLoop:
         self.taken: set[tuple[str, ParallelConfig]] = set()  # point keys already proposed in this branch
         self._first_failures: list[str] = []
         self._breaker_done = False
-        self.designer = "exhaustive"  # who produced the proposals of the batch in progress
+        self.designers: list[str] = []  # who proposed each trial of the batch in progress (in order)
         self.replay_estimates: dict[int, float] = {}  # trial -> predicted replay seconds (cost-aware fill)
 
     # -- the two drivers ---------------------------------------------------------------------
@@ -323,7 +323,7 @@ class _BranchLoop:
             "history": [[h.parameters, h.metrics, h.infeasible_reason] for h in self.history],
         }))
         suggestions, seconds, designers = self._ask(key, count, list(self.history), [], False)
-        self.designer = designers[0] if designers else ""
+        self.designers = designers
         return suggestions, seconds
 
     def _ask(self, key: str, count: int, history: list[HistoryItem], pending: list[dict[str, Any]],
@@ -347,12 +347,17 @@ class _BranchLoop:
         rest = count - len(suggestions)
         if rest > 0:
             ask = getattr(self.sampler, "suggest_pending", None)
-            if ask is not None:
-                more, designer = ask(rest, history, pending + suggestions, cheap)
+            named: str | list[str]
+            if ask is not None:  # one designer for the batch, or one per suggestion
+                more, named = ask(rest, history, pending + suggestions, cheap)
             else:
-                more, designer = self.sampler.suggest(rest, history), getattr(self.sampler, "designer", "sampler")
+                more, named = self.sampler.suggest(rest, history), getattr(self.sampler, "designer", "sampler")
+            if isinstance(named, str):
+                named = [named] * len(more)
+            elif len(named) != len(more):
+                raise ValueError(f"the sampler named {len(named)} designers for {len(more)} suggestions")
             suggestions += [dict(p) for p in more]
-            designers += [designer] * len(more)
+            designers += list(named)
         seconds = time.perf_counter() - start
         self.journal.put_suggestions(key, [{"designer": d, "parameters": p} for d, p in zip(designers, suggestions)],
                                      seconds)
@@ -391,9 +396,10 @@ class _BranchLoop:
         primaries: dict[str | None, int] = {}  # spec_hash -> index of its first record in this batch
         todo: list[tuple[int, EvalRequest]] = []
         duplicates: list[tuple[int, int]] = []  # (record index, primary index)
-        for proposal in proposals:
-            rec, request = self._new_record(round_no, source, proposal, opt_share,
-                                            "exhaustive" if source == "exhaustive" else self.designer)
+        for index, proposal in enumerate(proposals):
+            designer = "exhaustive" if source == "exhaustive" else (
+                self.designers[index] if index < len(self.designers) else "")
+            rec, request = self._new_record(round_no, source, proposal, opt_share, designer)
             records.append(rec)
             if request is None:
                 continue
