@@ -46,9 +46,15 @@ class SimBackend(EvaluationBackend):
 # SIM_NB_<NAME>=<python literal>: override search/neighbourhood.py's module constant NAME (A/B trials)
 import ast
 import spica_pipeline.search.neighbourhood as NB
+# (the designer's keyword defaults were bound at import, so they are overridden too: before this,
+# SIM_NB_EXPLORE_SHARE / GAP_WEIGHT / EXPLORED_WEIGHT changed nothing)
+_KW_DEFAULTS = NB.NeighbourhoodDesigner.__init__.__kwdefaults__ or {}
 for _k, _v in os.environ.items():
     if _k.startswith("SIM_NB_"):
-        setattr(NB, _k[len("SIM_NB_"):], ast.literal_eval(_v))
+        _name = _k[len("SIM_NB_"):]
+        setattr(NB, _name, ast.literal_eval(_v))
+        if _name.lower() in _KW_DEFAULTS:
+            _KW_DEFAULTS[_name.lower()] = ast.literal_eval(_v)
 
 SPACES = {}
 def space(name):
