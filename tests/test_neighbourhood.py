@@ -433,22 +433,28 @@ class FixedGP(FakeStudy):
         return [dict(p) for p in self.batch[:count]]
 
 
-def test_a_mixed_model_batch_loses_only_its_look_alikes_and_a_batch_of_them_goes_local(monkeypatch):
-    from spica_pipeline.search import neighbourhood
+def look_alike_scenario():
+    """Four trials on four layouts (no pair on one layout, so every knob is believed inert), two
+    fresh points on two new layouts, and two look-alikes: one of a known layout, one of fresh_a's."""
     from spica_pipeline.search.study import HistoryItem
 
-    monkeypatch.setattr(neighbourhood, "GP_LOOKALIKE", "drop")
-
-    by_config = {}
+    by_config: dict = {}
     for s, c in SPACE:
         by_config.setdefault(c, []).append(s)
     configs = list(by_config)
-    # four trials on four layouts: no pair on one layout, so every knob is believed inert
     history = [HistoryItem(ENCODING.encode(by_config[c][0], c), {"objective": objective(by_config[c][0], c)}, None)
                for c in configs[:4]]
     fresh_a, fresh_b = (ENCODING.encode(by_config[c][0], c) for c in configs[4:6])
     alike_known = ENCODING.encode(by_config[configs[0]][3], configs[0])  # a known layout, other knobs
     alike_batch = ENCODING.encode(by_config[configs[4]][5], configs[4])  # fresh_a's layout, other knobs
+    return configs, history, fresh_a, fresh_b, alike_known, alike_batch
+
+
+def test_a_mixed_model_batch_loses_only_its_look_alikes_and_a_batch_of_them_goes_local(monkeypatch):
+    from spica_pipeline.search import neighbourhood
+
+    monkeypatch.setattr(neighbourhood, "GP_LOOKALIKE", "drop")
+    configs, history, fresh_a, fresh_b, alike_known, alike_batch = look_alike_scenario()
     mixed = [fresh_a, alike_known, fresh_b, alike_batch]
     sampler = StudySampler(FixedGP(mixed), ENCODING, NeighbourhoodDesigner(ENCODING, SCALAR, seed=0))
     out, designers = sampler.suggest_pending(4, history, [], cheap=False)
@@ -462,18 +468,9 @@ def test_a_mixed_model_batch_loses_only_its_look_alikes_and_a_batch_of_them_goes
 
 def test_replace_mode_swaps_each_look_alike_in_place_and_names_each_trials_designer(monkeypatch):
     from spica_pipeline.search import neighbourhood
-    from spica_pipeline.search.study import HistoryItem
 
     monkeypatch.setattr(neighbourhood, "GP_LOOKALIKE", "replace")
-    by_config = {}
-    for s, c in SPACE:
-        by_config.setdefault(c, []).append(s)
-    configs = list(by_config)
-    history = [HistoryItem(ENCODING.encode(by_config[c][0], c), {"objective": objective(by_config[c][0], c)}, None)
-               for c in configs[:4]]
-    fresh_a, fresh_b = (ENCODING.encode(by_config[c][0], c) for c in configs[4:6])
-    alike_known = ENCODING.encode(by_config[configs[0]][3], configs[0])
-    alike_batch = ENCODING.encode(by_config[configs[4]][5], configs[4])
+    configs, history, fresh_a, fresh_b, alike_known, alike_batch = look_alike_scenario()
 
     def ask():
         sampler = StudySampler(FixedGP([fresh_a, alike_known, fresh_b, alike_batch]), ENCODING,
