@@ -1123,7 +1123,7 @@ def _fast_posterior_ok(predictive) -> bool:
     import numpy as np
     from vizier._src.jax import stochastic_process_model as sp
 
-    p = getattr(predictive, "predictives", None)
+    p: Any = getattr(predictive, "predictives", None)
     if type(predictive) is not sp.UniformEnsemblePredictive or type(p) is not sp.PrecomputedPredictive:
         return False
     solve_shape = np.shape(p.precomputed_solve_on_observation)
@@ -1147,7 +1147,6 @@ def _shares_kernel(predictive, predictive_all_features) -> bool:
     h, a = predictive.predictives, predictive_all_features.predictives
     if h.prior.coroutine != a.prior.coroutine:
         return False
-    leaves = []
     for x in (h.prior.params, a.prior.params, h.observed_data, a.observed_data):
         if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(x)):
             return False
@@ -1221,7 +1220,7 @@ def _posterior_terms(predictive, predictive_all_features, xs, share_kernel: bool
     k(x, x) are evaluated once when `share_kernel` (`_shares_kernel`)."""
     import jax
     import jax.numpy as jnp
-    from tensorflow_probability.substrates.jax.experimental import psd_kernels as tfpke
+    from tensorflow_probability.substrates.jax.experimental import psd_kernels as tfpke  # type: ignore[import-untyped]
 
     x = tfpke.ContinuousAndCategoricalValues(continuous=xs.continuous.padded_array,
                                              categorical=xs.categorical.padded_array)
