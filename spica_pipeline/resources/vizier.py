@@ -40,6 +40,11 @@ instead of one per metric / one (n m) x (n m) factor: 4.2 -> 3.0 s CPU per sugge
 GP-UCB-PE's UCB score (first point) and PE score (the rest) are one score class with a traced
 flag (`shared_acquisition`, `_shared_score_class`): the Eagle acquisition optimiser is traced,
 lowered and compiled once per bucket instead of twice (cold first call ~17 -> ~14 s CPU).
+Acquisition step (22:00 UTC): the optimiser's GP mean and stddevs are computed directly
+(`_posterior_terms`) instead of through TFP's posterior distributions, which evaluated the
+candidate-to-trial kernel three times per step and, with two objectives, went through the
+flattened (25 m) x (n m) task kernel and m x 2 right-hand sides per candidate: one kernel
+evaluation per step now serves both predictives, same suggestions (`fast_posterior`).
 docs/performance.md ("compile once") has the profiles and the numbers.
 `Study.suggest_async` runs the next ask on a background thread while the current batch replays.
 
