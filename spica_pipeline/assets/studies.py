@@ -34,7 +34,7 @@ from spica_pipeline.search.evaluation import Evaluator, canonical_json, json_saf
 from spica_pipeline.search.ledger import STATUSES
 from spica_pipeline.search.study import BranchOutcome, HistoryItem
 from spica_pipeline.search.timings import Timings
-from spica_pipeline.sweep import RecordLog, ledger_frame, open_studies, warm_history_for, write_anytime
+from spica_pipeline.sweep import AnytimeResult, RecordLog, ledger_frame, open_studies, warm_history_for
 
 # the branch ledger's frame attribute carrying its study's Timings (Parquet keeps DataFrame.attrs),
 # so the deploy asset reports the studies' real wall time, not its own
@@ -116,9 +116,11 @@ def study_partition(
     budget = config.sweep.time_budget
     time_budget = None if budget is None else budget / max(1, len(spaces))
 
+    anytime = AnytimeResult(journal_dir, config, log)  # the anytime result, as `spica sweep` writes it
+
     def on_round(result: BranchOutcome) -> None:
         context.log.info(f"{mode}: {result.evaluated} evaluated: {dict(result.counts)}")
-        write_anytime(journal_dir, config, log)  # the anytime result, as `spica sweep` writes it
+        anytime.after_batch()
 
     try:
         with open_studies(journal_dir, store=storage) as session:
@@ -130,6 +132,8 @@ def study_partition(
     except SpicaError as err:  # OutputDirBusy included: another run holds this journal
         raise fail(err) from None
 
+    if anytime.pending:
+        anytime.write()  # the last batches, which the write limit may have deferred
     outcome = run.outcomes[0]
     if outcome.out_of_time:
         context.log.info(f"{mode}: time budget ({time_budget:.0f} s) spent after {outcome.evaluated} evaluations")
