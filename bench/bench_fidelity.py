@@ -565,6 +565,10 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             "results": args.json, "replays": args.from_json,
             "method_choice": "leave-one-model-out on the calibration split only (bench_fidelity.py --compare-methods)",
         }
+        if "band_method" in profile:
+            profile["provenance"]["band_choice"] = (
+                "nested leave-one-model-out band coverage on the calibration split only (bench_fidelity.py "
+                "--compare-bands, BAND_RULE, bench/results/fidelity_calibration_bands.json): " + BAND_RULE)
         write_json(args.fit_calibration, profile)
         print(f"wrote calibration profile {args.fit_calibration} ({len(profile['rows_used'])} calibration rows)")
         lomo = leave_one_model_out(cal_records, calibration.CHOSEN)

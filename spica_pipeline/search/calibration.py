@@ -217,7 +217,13 @@ V3 = Method("v3", PhaseMethod(0.25), PhaseMethod(math.log(2), slices=False))
 # the reference) on 465 calibration rows (docs/fidelity.md)
 V4 = Method("v4", PhaseMethod(0.5, centred=True, replay="client"),
             PhaseMethod(math.log(2), extra="log2_osl", replay="client"))
-CHOSEN = V4
+# replay-v5: v4's corrections, bands chosen by bench_fidelity.BAND_RULE (committed 2026-12-04T21:39Z, ecdee6e,
+# before any candidate was scored) by nested leave-one-model-out coverage on the calibration split only
+# (bench/results/fidelity_calibration_bands.json, 21:47Z): TTFT from its backend's pool, TPOT from the phase's
+# pool, both with model-balanced quantiles (docs/fidelity.md, round 6)
+V5 = replace(V4, name="v5", ttft_band=BandMethod("backend", balanced=True),
+             tpot_band=BandMethod("phase", balanced=True))
+CHOSEN = V5
 METHOD = CHOSEN.describe()
 
 # report key -> (phase, exponent): calibrated = raw x factor**exponent
