@@ -315,8 +315,8 @@ STABILITY_LIMIT = 0.05
 def band_coverage(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Share of rows whose silicon value lies inside the calibrated P10-P90 band (nominal 0.8)."""
     out: dict[str, Any] = {}
-    for metric in ("ttft", "tpot"):
-        hits = [r["band"][metric]["inside"] for r in records if r.get("band")]
+    for metric in ("ttft", "tpot", "goal_e2e"):
+        hits = [r["band"][metric]["inside"] for r in records if r.get("band") and metric in r["band"]]
         if hits:
             out[metric] = {"rows": len(hits), "inside": round(sum(hits) / len(hits), 4)}
     return out or None
@@ -342,6 +342,15 @@ def apply_profile(records: list[dict[str, Any]], profile: dict[str, Any]) -> Non
             value = rec["calibrated"][metric]
             lo, hi = value * cal[f"band_{metric}_lo"], value * cal[f"band_{metric}_hi"]
             rec["band"][metric] = {"lo": lo, "hi": hi, "inside": lo <= rec["silicon"][metric] <= hi}
+        # the goal band as a sweep shows it (calibration.goal_band: E2E latency, and throughput at fixed
+        # concurrency, read the TPOT band) against the row's mean E2E ~ TTFT + (OSL - 1) x TPOT
+        osl = rec.get("osl")
+        if osl and rec["calibrated"]["ttft"] and rec["calibrated"]["tpot"]:
+            e2e = rec["calibrated"]["ttft"] + (osl - 1) * rec["calibrated"]["tpot"]
+            band = calibration.goal_band(cal, "e2e_latency", e2e)
+            measured = rec["silicon"]["ttft"] + (osl - 1) * rec["silicon"]["tpot"]
+            if band is not None:
+                rec["band"]["goal_e2e"] = {"lo": band[0], "hi": band[1], "inside": band[0] <= measured <= band[1]}
 
 
 def stability_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
