@@ -493,9 +493,9 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             backend, _, value = item.partition("=")
             measurement.CLIENT_OSL_JITTER[backend.strip()] = float(value)
     if args.fallback_scaling:  # before any timing table is built; replay workers inherit it
-        from spica_pipeline.search import perf_data
+        from spica_pipeline.resources import attention_scaling
 
-        os.environ[perf_data.FALLBACK_SCALING_ENV] = "1"
+        os.environ[attention_scaling.FALLBACK_SCALING_ENV] = "1"
     evaluator = ReplayEvaluator(cache_dir=args.cache_dir)
     records: list[dict[str, Any]] = []
     started = time.perf_counter()
