@@ -598,6 +598,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         final["per_backend_comparison"] = compare_per_backend(fit_records(records))
     if args.compare_within:
         final["within_comparison"] = compare_within(fit_records(records))
+    if args.compare_balanced:
+        final["balanced_comparison"] = compare_balanced(fit_records(records))
     if args.compare_bands:
         final["band_comparison"] = compare_bands(fit_records(records))
     if args.diagnose:
@@ -763,6 +765,20 @@ BAND_RULE = (
     "reported beside it, not used. If either phase's choice is not v4's band, replay-v5.json (v4's method and "
     "factors, the chosen bands) becomes the packaged default; the held-out coverage (the 600 records of "
     "fidelity_heldout_600_v4.json) is computed once, after that choice is committed.")
+# round 6, item 2 (one accuracy round, calibration rows only): v4/v5's pooled Theil-Sen slopes follow
+# MiniMax-M2.5's 217 of 465 rows (dense models' TPOT: raw 8 % -> LOMO 13 %, docs/fidelity.md TPOT diagnosis)
+BALANCED_RULE = (
+    "round 6 item 2, fixed 2026-12-04T21:57Z before either candidate was scored; calibration split only. The "
+    "reference is the shipped method (calibration.V5: v4's corrections, round 6's bands). Two candidates per "
+    "phase, that phase's slopes (load and, for TPOT, log2 OSL) fitted so every calibration model weighs the "
+    "same, everything else as the reference: 'balanced' = the weighted median of all pairwise slopes with pair "
+    "weight 1 / (n_i n_j) (n = the model's rows); 'within balanced' = the weighted median of pairwise slopes "
+    "within each model only, each model's pairs weighing 1 in total. Scored as CHOICE_RULE (LOMO MdAPE/target + "
+    "P90/target, pooled and per left-out model). A candidate qualifies if its pooled score is lower than the "
+    "reference's and it wins >= 4 of the 6 folds; per phase the qualifier with the lowest pooled score replaces "
+    "the reference's phase; none qualifies: the phase stays. If a phase changed, replay-v6.json (that method, "
+    "round 6's band method, fitted on the same 465 rows) becomes the default and the 600 held-out records are "
+    "evaluated once after that commit; otherwise v5 stays and no held-out row is read.")
 ADOPT_TTFT_GAIN = 0.005
 ADOPT_TPOT_LOSS = 0.01
 SIGNATURE_MIN_ROWS = 5
@@ -1044,6 +1060,39 @@ def compare_within(records: list[dict[str, Any]]) -> dict[str, Any]:
             "chosen": {p: ("within" if v["replaces_v4"] else "v4") for p, v in steps.items()}}
 
 
+def compare_balanced(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """BALANCED_RULE: the shipped method with model-balanced slopes (all pairs / within-model pairs) against
+    it, per phase, by leave-one-model-out error on calibration rows only."""
+    from dataclasses import replace
+
+    from spica_pipeline.search import calibration
+
+    _calibration_rows_only(records, "--compare-balanced")
+    base = calibration.CHOSEN
+    reference = _scored(records, base, base.name)
+    steps: dict[str, Any] = {}
+    chosen: dict[str, str] = {}
+    for phase in TARGETS:
+        steps[phase] = {"reference": reference[phase], "candidates": {}}
+        qualifying = []
+        for label, change in (("balanced", {"balanced": True}), ("within balanced", {"balanced": True, "within": True})):
+            pm = replace(base.phase(phase), **change)
+            method = replace(base, name=f"{base.name}-{label}", **{phase: pm})
+            row = _scored(records, method, method.name)
+            beats, folds = _beats(row, reference, phase)
+            steps[phase]["candidates"][label] = {**row[phase], "fold_wins": folds, "qualifies": beats,
+                                                 "option": vars(pm).copy()}
+            if beats:
+                qualifying.append((row[phase]["score"], label))
+            print(f"   {phase.upper()} {label}: {_fmt(row[phase])} score {row[phase]['score']:.2f} vs {base.name} "
+                  f"{_fmt(reference[phase])} score {reference[phase]['score']:.2f}; folds won {folds} of "
+                  f"{len(reference[phase]['folds'])}{' -> qualifies' if beats else ''}", flush=True)
+        chosen[phase] = min(qualifying)[1] if qualifying else base.name
+    print(f"   chosen (BALANCED_RULE): TTFT {chosen['ttft']}, TPOT {chosen['tpot']}")
+    return {"rule": BALANCED_RULE, "rows": len({r["id"] for r in records}), "reference": base.name,
+            "steps": steps, "chosen": chosen}
+
+
 def _band_fold(test: list[dict[str, Any]], phase: str) -> tuple[float, float]:
     """(coverage, median ln(hi/lo)) of one left-out model's rows."""
     rows = [r["band"][phase] for r in test if r.get("band") and r["band"][phase]["lo"] > 0]
@@ -1223,6 +1272,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "(sets SPICA_FALLBACK_ATTENTION_SCALING=1; FALLBACK_SCALING_RULE); recorded in the JSON")
     ap.add_argument("--compare-within", action="store_true",
                     help="CHOICE_RULE_V5_ROUND2: v4 with within-model slopes against v4 by leave-one-model-out")
+    ap.add_argument("--compare-balanced", action="store_true",
+                    help="BALANCED_RULE: the shipped method with model-balanced slopes against it, by leave-one-model-out "
+                         "error on the calibration split only")
     ap.add_argument("--compare-bands", action="store_true",
                     help="BAND_RULE: every band variant (calibration.band_options) with v4's corrections, by nested "
                          "leave-one-model-out coverage on the calibration split only")

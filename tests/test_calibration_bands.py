@@ -109,3 +109,18 @@ def test_choose_band_takes_the_closest_coverage_then_the_narrowest_within_the_ti
     assert bf.choose_band(rows, "ttft")["variant"] == "c"  # 0.03 is within 0.02 of the closest 0.01
     assert bf.choose_band(rows[:2], "ttft")["variant"] == "b"
     assert bf.choose_band([r("x", 0.8, 1.0), r("y", 0.8, 1.0)], "ttft")["variant"] == "x"
+
+
+def test_balanced_slopes_let_every_model_weigh_the_same():
+    """A big model flat in load and a small one with a steep within-model trend: pooled pairs follow the
+    big model; balanced pairs give the small one an equal say; within-balanced pairs ignore the offset."""
+    rows = [{**row(i, "big"), "concurrency": c} for i, c in enumerate([1, 2, 4, 8, 16, 32, 64, 128] * 5)]
+    rows += [{**row(100 + i, "small", ratio=1.0 * 1.5 ** k), "concurrency": 2 ** k} for i, k in enumerate(range(8))]
+    fitted = {}
+    for name, pm in (("pooled", cal.PhaseMethod(1.0)), ("balanced", cal.PhaseMethod(1.0, balanced=True)),
+                     ("within", cal.PhaseMethod(1.0, balanced=True, within=True))):
+        p = cal.fit(rows, fitted="d", source="t", method=cal.Method(name, pm, pm))
+        fitted[name] = p["terms"]["ttft"][0]["fitted"]
+    assert abs(fitted["pooled"]) < 0.05
+    assert fitted["balanced"] > fitted["pooled"] + 0.05 and fitted["within"] > 0.05
+    assert "balanced" in cal.PhaseMethod(1.0, balanced=True).label()

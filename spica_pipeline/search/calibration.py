@@ -72,12 +72,16 @@ class PhaseMethod:
     # slopes from within-model variation only: the median over models of each model's Theil-Sen slope
     # (pooled pairs let the model with most rows, and between-model offsets, set the slope)
     within: bool = False
+    # model-balanced Theil-Sen: the weighted median of pairwise slopes, pair weight 1 / (n_i n_j) (n = the
+    # model's rows), so every model, not every row, weighs the same; with `within`: only pairs of one
+    # model's rows, each model's pairs weighing 1 in total (not the median of six per-model slopes)
+    balanced: bool = False
 
     def label(self) -> str:
         return (("client " if self.replay == "client" else "") + f"s={self.slope_shrink:.3g}"
                 + (" centred" if self.centred else "")
                 + (f" +{self.extra}" if self.extra else "") + ("" if self.slices else " backend-only")
-                + (" within-model" if self.within else ""))
+                + (" within-model" if self.within else "") + (" balanced" if self.balanced else ""))
 
     @property
     def is_reference(self) -> bool:
@@ -364,6 +368,30 @@ def within_model_slope(rows: list[dict[str, Any]], feature: str) -> float:
     return statistics.median(slopes) if slopes else 0.0
 
 
+def balanced_theil_sen(rows: list[dict[str, Any]], feature: str, within: bool = False) -> float:
+    """PhaseMethod.balanced's slope of the residual on `feature` (0 when no pair varies in it)."""
+    counts: dict[Any, int] = defaultdict(int)
+    for r in rows:
+        counts[r.get("model")] += 1
+    xs = [r["x"][feature] for r in rows]
+    ys = [r["residual"] for r in rows]
+    ms = [r.get("model") for r in rows]
+    slopes: list[float] = []
+    weights: list[float] = []
+    per_model_pairs: dict[Any, int] = defaultdict(int)
+    pairs = []
+    for i in range(len(rows)):
+        for j in range(i + 1, len(rows)):
+            if xs[j] == xs[i] or (within and ms[i] != ms[j]):
+                continue
+            pairs.append((i, j))
+            per_model_pairs[ms[i]] += 1
+    for i, j in pairs:
+        slopes.append((ys[j] - ys[i]) / (xs[j] - xs[i]))
+        weights.append(1.0 / per_model_pairs[ms[i]] if within else 1.0 / (counts[ms[i]] * counts[ms[j]]))
+    return weighted_quantile(slopes, weights, 0.5) if slopes else 0.0
+
+
 def _terms(rows: list[dict[str, Any]], method: Method) -> dict[str, list[dict[str, Any]]]:
     """Per phase the fitted slopes (load, then the optional extra feature); detrends rows in place."""
     terms: dict[str, list[dict[str, Any]]] = {}
@@ -377,6 +405,8 @@ def _terms(rows: list[dict[str, Any]], method: Method) -> dict[str, list[dict[st
             have = [r for r in members if name in r["x"]]
             if not shrink:
                 b = 0.0
+            elif pm.balanced:
+                b = balanced_theil_sen(have, name, within=pm.within)
             elif pm.within:
                 b = within_model_slope(have, name)
             else:
