@@ -249,9 +249,11 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
         sweep_ctx, sweep_ratio, sweep = context, request_ratio, out
         if client != "ramp" and with_sweep:  # the sweeps' measurement of the same row: what calibration maps
             sweep_ctx, sweep_ratio = {"closed_loop_client": "ramp"}, RAMP_REQUEST_RATIO
+            sweep_started = time.perf_counter()
             sweep = evaluator.evaluate(EvalRequest(case.sample(version, max_num_batched_tokens=MNBT,
                                                                memory_fraction=fraction),
                                                    case.workload(sweep_ratio), GOAL, sweep_ctx))
+            rec["sweep_seconds"] = round(time.perf_counter() - sweep_started, 3)
         if sweep.status == "feasible" and sweep.report:
             rec["sweep"] = {"ttft": sweep.report.get("mean_ttft_ms"), "tpot": sweep.report.get("mean_tpot_ms"),
                             "window_rule": sweep.derived.get("window_rule"),
@@ -271,11 +273,16 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
     else:
         rec["reason"] = out.reason
     if with_aic:
+        aic_started = time.perf_counter()
         try:
             ttft, tpot = aic_estimate(case, version)
             rec["aic"] = {"ttft": ttft, "tpot": tpot}
         except Exception as exc:  # AIC's own failure is data, not a bench crash
             rec["aic_reason"] = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        rec["aic_seconds"] = round(time.perf_counter() - aic_started, 3)
+    # the whole row (client replay incl. table builds and nearest-deployment retries, sweep replay, stability
+    # replay, AIC estimate): what a full bench run costs per row
+    rec["row_seconds"] = round(time.perf_counter() - started, 3)
     return rec
 
 
