@@ -64,6 +64,14 @@ EXPLORED_WEIGHT = 0.125  # each neighbour already taken around an anchor costs 1
 MAX_ANCHORS = 64  # the best anchors stepped from (bounds an ask's work on long studies)
 INERT_TOL = 2e-3  # a knob's effect this small, relative to the best |value| of each metric, counts as none
 INCUMBENT_LOOKALIKE = 1.0  # the best anchor's look-alikes cost this many rings more (every other one waits)
+# Own-config probe: the best anchor's untried values of its inert knobs on its own parallel config
+# (rings 1 and 2) form one queue of their own, at ring 1 + PROBE_EXTRA, ahead of its look-alikes on
+# other configs (which are likely known outcomes again: the knob was inert there). "off": no such
+# queue (the own-config variants mix, in the seeded order, with the other look-alikes of the best
+# anchor's rings 1 and 2); "own": ring 1 then ring 2, each in the seeded order; "single": every
+# one-knob move (rings 1 and 2) before the two-knob moves.
+OWN_CONFIG_PROBE = "off"
+PROBE_EXTRA = 1.0  # the probe queue's extra cost in rings (1.0: as the best anchor's look-alikes)
 EXPLORE_TRIES = 8  # draws per exploration point before giving up (the caller fills the rest quasi-randomly)
 # A model-based ask (GP-UCB-PE) that proposes a look-alike of a proposed point (equal but for knobs
 # this designer believes inert: likely a known outcome again; 9-14 per pareto_disagg run):
@@ -220,8 +228,12 @@ class NeighbourhoodDesigner:
         # tried where they could still matter; every other look-alike waits for every new point
         top = min(range(len(ordered)), key=lambda j: (gap[j], j))
         for i, anchor in enumerate(ordered):
-            for tier in (1, 2, 3, 4):  # rings 1, 2 of new points; then rings 1, 2 of look-alikes
-                queues[(i, tier)] = self._tier(anchor, tier, inert, alike, used)
+            tiers = (1, 2, 3, 4)  # rings 1, 2 of new points; then rings 1, 2 of look-alikes
+            if i == top and OWN_CONFIG_PROBE != "off":
+                tiers = (0,) + tiers  # tier 0: the own-config probe (OWN_CONFIG_PROBE)
+            for tier in tiers:
+                queues[(i, tier)] = (self._probe(anchor, inert, alike, used) if tier == 0
+                                     else self._tier(anchor, tier, inert, alike, used))
                 heap.append((tier > 2 and i != top, self._priority(tier, gap[i], explored[i], i == top), i, tier))
         heapq.heapify(heap)
         out: list[dict[str, Any]] = []
@@ -246,7 +258,10 @@ class NeighbourhoodDesigner:
     def _priority(self, tier: int, gap: float, explored: int, top: bool = False) -> float:
         """A queue's cost: its ring, plus the anchor's score gap to the best (0 best, 1 worst,
         x gap_weight), plus explored_weight per neighbour already taken around the anchor; the
-        incumbent's look-alike tiers also INCUMBENT_LOOKALIKE."""
+        incumbent's look-alike tiers also INCUMBENT_LOOKALIKE, its own-config probe (tier 0) ring 1
+        plus PROBE_EXTRA."""
+        if tier == 0:
+            return 1.0 + PROBE_EXTRA + self.gap_weight * gap + self.explored_weight * max(0, explored)
         ring = tier if tier <= 2 else tier - 2
         extra = INCUMBENT_LOOKALIKE if (top and tier > 2) else 0.0
         return ring + extra + self.gap_weight * gap + self.explored_weight * max(0, explored)
@@ -411,6 +426,26 @@ class NeighbourhoodDesigner:
             if cand.key in used:
                 continue
             if (self._reduced(cand.selection, cand.key[1], inert) in alike) == look_alike:
+                yield cand
+
+    def _probe(self, anchor: tuple[dict[str, Any], ParallelConfig], inert: frozenset[str],
+               alike: set[PointKey], used: set[PointKey]) -> Iterator[_Candidate]:
+        """The own-config probe (OWN_CONFIG_PROBE): the anchor's look-alikes on its own parallel
+        config (untried values of knobs believed inert), rings 1 and 2. A knob counts as inert until
+        a pair on one config shows it matters, and the only pair that could show it may be the one
+        that holds the optimum (trace_agg: batched tokens 8192 on the best config, +3 %, while 16384
+        and 32768 tie); the same values on other configs are likely known outcomes again. Checked
+        lazily, as `_tier`."""
+        selection, config = anchor
+        own = [c for ring in (1, 2) for c in self._candidates(anchor, ring) if c.key[1] == config]
+        if OWN_CONFIG_PROBE in ("single", "knob"):  # one-knob moves first (stable: rings, then the seeded order)
+            own.sort(key=lambda c: sum(1 for k, v in c.selection.items() if selection.get(k) != v) > 1)
+        if OWN_CONFIG_PROBE == "knob":  # one-knob moves only (two-knob ones stay look-alikes of tiers 3-4)
+            own = [c for c in own if sum(1 for k, v in c.selection.items() if selection.get(k) != v) <= 1]
+        for cand in own:
+            if cand.key in used:
+                continue
+            if self._reduced(cand.selection, config, inert) in alike:
                 yield cand
 
     def _candidates(self, anchor: tuple[dict[str, Any], ParallelConfig], ring: int) -> list[_Candidate]:
