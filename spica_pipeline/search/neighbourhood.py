@@ -228,7 +228,7 @@ class NeighbourhoodDesigner:
         # tried where they could still matter; every other look-alike waits for every new point
         top = min(range(len(ordered)), key=lambda j: (gap[j], j))
         for i, anchor in enumerate(ordered):
-            tiers = (1, 2, 3, 4)  # rings 1, 2 of new points; then rings 1, 2 of look-alikes
+            tiers: tuple[int, ...] = (1, 2, 3, 4)  # rings 1, 2 of new points; then rings 1, 2 of look-alikes
             if i == top and OWN_CONFIG_PROBE != "off":
                 tiers = (0,) + tiers  # tier 0: the own-config probe (OWN_CONFIG_PROBE)
             for tier in tiers:
