@@ -64,14 +64,27 @@ EXPLORED_WEIGHT = 0.125  # each neighbour already taken around an anchor costs 1
 MAX_ANCHORS = 64  # the best anchors stepped from (bounds an ask's work on long studies)
 INERT_TOL = 2e-3  # a knob's effect this small, relative to the best |value| of each metric, counts as none
 INCUMBENT_LOOKALIKE = 1.0  # the best anchor's look-alikes cost this many rings more (every other one waits)
-# Own-config probe: the best anchor's untried values of its inert knobs on its own parallel config
-# (rings 1 and 2) form one queue of their own, at ring 1 + PROBE_EXTRA, ahead of its look-alikes on
-# other configs (which are likely known outcomes again: the knob was inert there). "off": no such
-# queue (the own-config variants mix, in the seeded order, with the other look-alikes of the best
-# anchor's rings 1 and 2); "own": ring 1 then ring 2, each in the seeded order; "single": every
-# one-knob move (rings 1 and 2) before the two-knob moves.
-OWN_CONFIG_PROBE = "off"
+# Own-config probe (round F, docs/performance.md): the best anchor's untried values of its inert
+# knobs on its own parallel config form one queue of their own, at ring 1 + PROBE_EXTRA, ahead of its
+# look-alikes on other configs (likely known outcomes again: the knob was inert there). Modes: "off"
+# (no such queue: the own-config values mix, in the seeded order, with the best anchor's other
+# look-alikes); "own": its rings 1 and 2 on its own config, ring 1 first; "single": the same, every
+# one-knob move first; "knob": one-knob moves only; "far": per knob only its farthest value within
+# two steps (an end of its range: from 32768 batched tokens 8192, from 16384 both ends), one-knob
+# moves only. Chosen on development seeds 60-79 and 100-139 (simulated, 21:36-21:52 UTC, rule fixed
+# before in da069d8): far, lead 0.05, scalar goals only. Evaluations to 99 %, median / mean over the
+# 60 seeds, off -> far: trace_agg 17.5 / 16.6 -> 14 / 12.4 (32 seeds better, 1 worse), goodput_agg
+# 6 / 6.08 -> 6 / 6.25 (6.43 without the lead), disagg_goodput 14 / 16.3 -> 14 / 16.6,
+# disagg_trace unchanged; on pareto_disagg the probe moved 16 seeds both ways (26.5 -> 26, one more
+# seed above 35), so a Pareto goal does not probe.
+OWN_CONFIG_PROBE = "far"
 PROBE_EXTRA = 1.0  # the probe queue's extra cost in rings (1.0: as the best anchor's look-alikes)
+# scalar goal: probe only while the best config leads the best trial on any other config by more than
+# this share of its score (goodput_agg: configs within 0.2 % of each other, the optimum on another
+# one; trace_agg: the best config 0.97 of the optimum, every other <= 0.72). 0.02, 0.05 and 0.10
+# gave the same 60 dev-seed counts.
+PROBE_LEAD = 0.05
+PROBE_PARETO = False  # a Pareto goal probes too (False: the probe is for a scalar goal only)
 EXPLORE_TRIES = 8  # draws per exploration point before giving up (the caller fills the rest quasi-randomly)
 # A model-based ask (GP-UCB-PE) that proposes a look-alike of a proposed point (equal but for knobs
 # this designer believes inert: likely a known outcome again; 9-14 per pareto_disagg run):
@@ -229,7 +242,7 @@ class NeighbourhoodDesigner:
         top = min(range(len(ordered)), key=lambda j: (gap[j], j))
         for i, anchor in enumerate(ordered):
             tiers: tuple[int, ...] = (1, 2, 3, 4)  # rings 1, 2 of new points; then rings 1, 2 of look-alikes
-            if i == top and OWN_CONFIG_PROBE != "off":
+            if i == top and OWN_CONFIG_PROBE != "off" and self._leads(rows, anchor[1]):
                 tiers = (0,) + tiers  # tier 0: the own-config probe (OWN_CONFIG_PROBE)
             for tier in tiers:
                 queues[(i, tier)] = (self._probe(anchor, inert, alike, used) if tier == 0
@@ -428,6 +441,18 @@ class NeighbourhoodDesigner:
             if (self._reduced(cand.selection, cand.key[1], inert) in alike) == look_alike:
                 yield cand
 
+    def _leads(self, rows: list[_Row], config: ParallelConfig) -> bool:
+        """Whether the best anchor's config leads the best trial on any other config by more than
+        PROBE_LEAD of its |score| (scalar goal; a Pareto goal: PROBE_PARETO)."""
+        if len(self.metrics) != 1:
+            return PROBE_PARETO
+        if PROBE_LEAD <= 0 or not rows:
+            return True
+        sign = 1.0 if self.metrics[0][1] == "max" else -1.0
+        best = max(sign * r[2][0] for r in rows if r[1] == config)
+        other = max((sign * r[2][0] for r in rows if r[1] != config), default=-math.inf)
+        return best - other > PROBE_LEAD * abs(best)
+
     def _probe(self, anchor: tuple[dict[str, Any], ParallelConfig], inert: frozenset[str],
                alike: set[PointKey], used: set[PointKey]) -> Iterator[_Candidate]:
         """The own-config probe (OWN_CONFIG_PROBE): the anchor's look-alikes on its own parallel
@@ -437,11 +462,20 @@ class NeighbourhoodDesigner:
         and 32768 tie); the same values on other configs are likely known outcomes again. Checked
         lazily, as `_tier`."""
         selection, config = anchor
-        own = [c for ring in (1, 2) for c in self._candidates(anchor, ring) if c.key[1] == config]
+        rings = [(ring, c) for ring in (1, 2) for c in self._candidates(anchor, ring) if c.key[1] == config]
+
+        def moved(c: _Candidate) -> list[str]:
+            return [k for k, v in c.selection.items() if selection.get(k) != v]
+
         if OWN_CONFIG_PROBE in ("single", "knob"):  # one-knob moves first (stable: rings, then the seeded order)
-            own.sort(key=lambda c: sum(1 for k, v in c.selection.items() if selection.get(k) != v) > 1)
+            rings.sort(key=lambda rc: len(moved(rc[1])) > 1)
         if OWN_CONFIG_PROBE == "knob":  # one-knob moves only (two-knob ones stay look-alikes of tiers 3-4)
-            own = [c for c in own if sum(1 for k, v in c.selection.items() if selection.get(k) != v) <= 1]
+            rings = [rc for rc in rings if len(moved(rc[1])) <= 1]
+        if OWN_CONFIG_PROBE == "far":  # per knob, only its farthest values within two steps (an end of its range)
+            ones = [(ring, c, moved(c)[0]) for ring, c in rings if len(moved(c)) == 1]
+            far = {k: max(r for r, _, kk in ones if kk == k) for _, _, k in ones}
+            rings = [(r, c) for r, c, k in ones if r == far[k]]
+        own = [c for _, c in rings]
         for cand in own:
             if cand.key in used:
                 continue
