@@ -33,6 +33,9 @@ back to quasi-random).
   good. Points equal to a proposed one but for inert knobs (look-alikes) come after every new
   point, except the best anchor's, which cost INCUMBENT_LOOKALIKE rings more: near the optimum a
   small knob effect can decide it (trace_agg: batched tokens 8192 on the best config, +3 %).
+  Own-config probe (scalar goal, while the best config leads every other by > PROBE_LEAD): the
+  best anchor's farthest untried value of each inert knob, on its own config, comes at
+  INCUMBENT_LOOKALIKE rings more, before any of its look-alikes on other configs (OWN_CONFIG_PROBE).
 * Exploration: points drawn uniformly over the encoding (features and knobs, as the quasi-random
   designer spreads them), projected onto the pool, kept only on a config no trial has used (while
   one remains) and never a look-alike. Quasi-random exploration repeated used configs (three of
