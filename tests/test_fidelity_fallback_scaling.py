@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from spica_pipeline.resources import timing
-from spica_pipeline.search import perf_data
+from spica_pipeline.resources import attention_scaling
 from spica_pipeline.search.engine_args import EngineIdentity
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -27,13 +27,13 @@ def test_matched_ratio_pairs_same_kernel_and_shape_at_fp8_kv():
                   "kv_cache_dtype": "bfloat16", "latency": 100.0}]
     rows.append({"kernel_source": "other", "isl": 1024, "batch_size": 1, "attn_dtype": "fp8",  # no bf16 partner
                  "kv_cache_dtype": "fp8", "latency": 0.01})
-    ratio, n = perf_data.matched_dtype_ratio(pd.DataFrame(rows), "attn_dtype")
+    ratio, n = attention_scaling.matched_dtype_ratio(pd.DataFrame(rows), "attn_dtype")
     assert n == 3 and ratio == pytest.approx(0.75)
-    assert perf_data.matched_dtype_ratio(pd.DataFrame(rows[:1]), "attn_dtype") is None
+    assert attention_scaling.matched_dtype_ratio(pd.DataFrame(rows[:1]), "attn_dtype") is None
 
 
 def test_scaling_subtracts_the_attention_share_only():
-    s = perf_data.FallbackScaling(0.7, "src", 61, np.array([1.0, 1000.0]), np.array([0.0, 1.0]))
+    s = attention_scaling.FallbackScaling(0.7, "src", 61, np.array([1.0, 1000.0]), np.array([0.0, 1.0]))
     assert s.saving_ms(1000) == pytest.approx(0.3 * 61 * 1.0)
     assert s.saving_ms(500) == pytest.approx(0.3 * 61 * 499 / 999)
     assert s.saving_ms(10_000) == pytest.approx(0.3 * 61)  # clamped at the data's last shape
@@ -41,31 +41,31 @@ def test_scaling_subtracts_the_attention_share_only():
 
 
 def test_scaling_is_off_by_default_and_needs_a_kept_kv_dtype(monkeypatch):
-    monkeypatch.delenv(perf_data.FALLBACK_SCALING_ENV, raising=False)
+    monkeypatch.delenv(attention_scaling.FALLBACK_SCALING_ENV, raising=False)
     used = EngineIdentity(**{**DS.__dict__, "attention_dtype": "bfloat16"})
-    assert not perf_data.fallback_scaling_enabled() and perf_data.fallback_scaling(DS, used) is None
-    assert perf_data.fallback_scaling_key(DS) == "off"
-    monkeypatch.setenv(perf_data.FALLBACK_SCALING_ENV, "1")
+    assert not attention_scaling.fallback_scaling_enabled() and attention_scaling.fallback_scaling(DS, used) is None
+    assert attention_scaling.fallback_scaling_key(DS) == "off"
+    monkeypatch.setenv(attention_scaling.FALLBACK_SCALING_ENV, "1")
     both = EngineIdentity(**{**DS.__dict__, "attention_dtype": "bfloat16", "kv_cache_dtype": "bfloat16"})
-    assert perf_data.fallback_scaling(DS, both) is None  # bf16 KV too: not the substitution the ratio measures
+    assert attention_scaling.fallback_scaling(DS, both) is None  # bf16 KV too: not the substitution the ratio measures
 
 
 def test_timing_key_changes_with_the_scaling(monkeypatch, tmp_path):
     monkeypatch.setattr(timing, "build_timing_arrays", lambda identity, top: {"prefill_isl": np.array([1.0])})
     monkeypatch.setattr(timing, "fidelity_note_of", lambda identity: None)
     monkeypatch.setattr(timing, "_timing_memo", {})
-    monkeypatch.setattr(perf_data, "attention_dtype_ratio", lambda system: (0.7, "src"))
+    monkeypatch.setattr(attention_scaling, "attention_dtype_ratio", lambda system: (0.7, "src"))
     monkeypatch.setattr("spica_pipeline.search.model_hw.model_facts",
                         lambda model: type("F", (), {"is_mla": model.startswith("deepseek")})())
-    monkeypatch.delenv(perf_data.FALLBACK_SCALING_ENV, raising=False)
+    monkeypatch.delenv(attention_scaling.FALLBACK_SCALING_ENV, raising=False)
     qwen = EngineIdentity("Qwen/Qwen3-32B", "h200_sxm", "sglang", "0.5.14", tp=2)
     off = timing.timing_table(DS, cache_dir=tmp_path).key
     qwen_off = timing.timing_table(qwen, cache_dir=tmp_path).key
-    monkeypatch.setenv(perf_data.FALLBACK_SCALING_ENV, "1")
+    monkeypatch.setenv(attention_scaling.FALLBACK_SCALING_ENV, "1")
     on = timing.timing_table(DS, cache_dir=tmp_path).key
     assert on != off
     assert timing.timing_table(qwen, cache_dir=tmp_path).key == qwen_off  # not an MLA fallback: unchanged
-    monkeypatch.setattr(perf_data, "attention_dtype_ratio", lambda system: (0.8, "src"))
+    monkeypatch.setattr(attention_scaling, "attention_dtype_ratio", lambda system: (0.8, "src"))
     assert timing.timing_table(DS, cache_dir=tmp_path).key not in (on, off)  # another ratio: another table
 
 

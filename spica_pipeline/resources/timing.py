@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from spica_pipeline.errors import InfeasibleKVCapacity, ModelHardwareError
+from spica_pipeline.resources import attention_scaling
 from spica_pipeline.search import perf_data
 from spica_pipeline.search.engine_args import EngineIdentity, KvCapacity
 from spica_pipeline.search.kv import estimate_kv
@@ -61,7 +62,7 @@ N_KV, N_CTX = 56, 48
 _lock = threading.Lock()
 _timing_memo: dict[str, "TimingTable"] = {}
 _kv_memo: dict[str, "KvCapacity"] = {}
-_models: dict[str, Any] = {}  # identity -> (AIC model, fidelity note, perf_data.FallbackScaling | None)
+_models: dict[str, Any] = {}  # identity -> (AIC model, fidelity note, attention_scaling.FallbackScaling | None)
 
 
 def default_cache_dir() -> Path:
@@ -110,7 +111,7 @@ class TimingTable:
 
 def _model_key(identity: EngineIdentity) -> str:
     """In-process memo key of a built AIC model: the identity and the fallback scaling setting."""
-    return json.dumps({**asdict(identity), "fallback_scaling": perf_data.fallback_scaling_key(identity)},
+    return json.dumps({**asdict(identity), "fallback_scaling": attention_scaling.fallback_scaling_key(identity)},
                       sort_keys=True)
 
 
@@ -119,7 +120,7 @@ class _AicStep:
 
     Built through `perf_data.timed_model`, so missing attention data falls back to the nearest
     available (bf16) data and `fidelity_note` says so; with SPICA_FALLBACK_ATTENTION_SCALING=1 such a
-    fallback's prefill attention is scaled by the perf data's fp8/bf16 ratio (perf_data.fallback_scaling).
+    fallback's prefill attention is scaled by the perf data's fp8/bf16 ratio (resources/attention_scaling.py).
     """
 
     def __init__(self, identity: EngineIdentity):
@@ -127,13 +128,13 @@ class _AicStep:
         built = _models.get(key)
         if built is None:
             model, note, used = perf_data.timed_model_used(identity, perf_data.aic_model, perf_data.probe_passes)
-            scaling = perf_data.fallback_scaling(identity, used) if note else None
+            scaling = attention_scaling.fallback_scaling(identity, used) if note else None
             if scaling is not None:
                 note = f"{note}; {scaling.note()}"
             built = (model, note, scaling)
             _models[key] = built
         self._model, note, scaling = built
-        self._scaling: perf_data.FallbackScaling | None = scaling
+        self._scaling: attention_scaling.FallbackScaling | None = scaling
         self.fidelity_note: str | None = note
         self._decode_memo: dict[tuple[int, int], float] = {}
 
@@ -205,7 +206,7 @@ def timing_table(identity: EngineIdentity, *, max_num_batched_tokens: int = 8192
     """
     top = max(int(max_num_batched_tokens), PREFILL_MIN_TOP)
     key = _digest("timing", {**asdict(identity), "prefill_top": top, "grid": timing_grid(),
-                             "fallback_scaling": perf_data.fallback_scaling_key(identity)})
+                             "fallback_scaling": attention_scaling.fallback_scaling_key(identity)})
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     path = root / "timing" / f"{key}.npz"
     meta = path.with_suffix(".json")

@@ -72,17 +72,87 @@ class PhaseMethod:
     # slopes from within-model variation only: the median over models of each model's Theil-Sen slope
     # (pooled pairs let the model with most rows, and between-model offsets, set the slope)
     within: bool = False
+    # model-balanced Theil-Sen: the weighted median of pairwise slopes, pair weight 1 / (n_i n_j) (n = the
+    # model's rows), so every model, not every row, weighs the same; with `within`: only pairs of one
+    # model's rows, each model's pairs weighing 1 in total (not the median of six per-model slopes)
+    balanced: bool = False
 
     def label(self) -> str:
         return (("client " if self.replay == "client" else "") + f"s={self.slope_shrink:.3g}"
                 + (" centred" if self.centred else "")
                 + (f" +{self.extra}" if self.extra else "") + ("" if self.slices else " backend-only")
-                + (" within-model" if self.within else ""))
+                + (" within-model" if self.within else "") + (" balanced" if self.balanced else ""))
 
     @property
     def is_reference(self) -> bool:
         """The simplest variant: (system, backend) offsets only, no load or extra term."""
         return self.slope_shrink == 0.0 and self.extra is None and self.slices
+
+
+BAND_LEVELS = ("slice", "backend", "phase")
+
+
+@dataclass(frozen=True)
+class BandMethod:
+    """How one phase's P10-P90 band is built from leave-one-model-out calibrated residuals.
+
+    level: the pool a slice's band is read from: "slice" (v1-v4: the (system, backend, phase) slice's
+    own residuals, its backend's when it has fewer than MIN_BAND_ROWS, widened sqrt(1 + K/n)),
+    "backend" (every slice of a backend shares its (backend, phase) pool) or "phase" (one pool per
+    phase). balanced: every model weighs the same in the pool's quantiles (weight 1 / its rows there),
+    so the model with most rows does not set the band. spread: the band's distance from the pool's
+    median x this (1 = the pool's own P10 and P90)."""
+
+    level: str = "slice"
+    balanced: bool = False
+    spread: float = 1.0
+
+    def label(self) -> str:
+        return f"{self.level}{' balanced' if self.balanced else ''} x{self.spread:g}"
+
+    @property
+    def is_reference(self) -> bool:
+        return self == BandMethod()
+
+
+def band_options() -> tuple[BandMethod, ...]:
+    """The band variants compared (bench_fidelity.py --compare-bands, BAND_RULE); the first is v4's."""
+    return tuple(BandMethod(level, balanced, spread) for spread in (1.0, 1.25, 1.5, 2.0)
+                 for level in BAND_LEVELS for balanced in (False, True))
+
+
+def weighted_quantile(values: list[float], weights: list[float], q: float) -> float:
+    """Quantile of weighted values: each value sits at the midpoint of its cumulative weight,
+    linear between them (equal weights give `quantile`'s rule on n >= 2 values up to the ends)."""
+    pairs = sorted(zip(values, weights))
+    total = sum(w for _, w in pairs)
+    pos, acc = [], 0.0
+    for _, w in pairs:
+        pos.append((acc + w / 2) / total)
+        acc += w
+    if q <= pos[0]:
+        return pairs[0][0]
+    for i in range(1, len(pairs)):
+        if q <= pos[i]:
+            t = (q - pos[i - 1]) / (pos[i] - pos[i - 1]) if pos[i] > pos[i - 1] else 0.0
+            return pairs[i - 1][0] + t * (pairs[i][0] - pairs[i - 1][0])
+    return pairs[-1][0]
+
+
+def pool_band(pool: list[tuple[float, str]], bm: BandMethod) -> tuple[float, float]:
+    """(P10, P90) of a pool of (residual, model) under a band method, before any widening."""
+    values = [v for v, _ in pool]
+    if bm.balanced:
+        counts: dict[str, int] = defaultdict(int)
+        for _, m in pool:
+            counts[m] += 1
+        weights = [1.0 / counts[m] for _, m in pool]
+        lo, mid, hi = (weighted_quantile(values, weights, q) for q in (0.1, 0.5, 0.9))
+    else:
+        lo, mid, hi = (quantile(values, q) for q in (0.1, 0.5, 0.9))
+    if bm.spread != 1.0:
+        lo, hi = mid + bm.spread * (lo - mid), mid + bm.spread * (hi - mid)
+    return lo, hi
 
 
 @dataclass(frozen=True)
@@ -96,9 +166,15 @@ class Method:
     # terms and replay basis (profile keys "<backend>/<phase>", format 3); the pooled fit above stays
     # the phase level for backends without an override
     per_backend: tuple[tuple[str, str, PhaseMethod], ...] = ()
+    # how each phase's band is built (BandMethod(): v1-v4's per-slice bands)
+    ttft_band: BandMethod = BandMethod()
+    tpot_band: BandMethod = BandMethod()
 
     def phase(self, phase: str) -> PhaseMethod:
         return self.ttft if phase == "ttft" else self.tpot
+
+    def band(self, phase: str) -> BandMethod:
+        return self.ttft_band if phase == "ttft" else self.tpot_band
 
     def phase_for(self, phase: str, backend: str | None) -> PhaseMethod:
         """The phase method a row of `backend` is fitted with (its override, else the pooled one)."""
@@ -116,7 +192,11 @@ class Method:
                 "on the extra feature]; per (system, backend, phase) [backend-only: per (backend, phase)] m = median over "
                 "models of per-model medians of the detrended r, shrunk to (backend, phase) then (phase) with K=3 "
                 "pseudo-models; correction exp(m + s b x [+ extra term]); band = P10-P90 of leave-one-model-out "
-                "calibrated residuals, widened sqrt(1+K/n), x1.5 for a slice without rows")
+                "calibrated residuals, widened sqrt(1+K/n), x1.5 for a slice without rows"
+                + ("" if self.ttft_band.is_reference and self.tpot_band.is_reference else
+                   f" (band pools: TTFT {self.ttft_band.label()}, TPOT {self.tpot_band.label()}; 'backend'/'phase': every "
+                   "slice reads its (backend, phase) / phase pool; 'balanced': each model weighs the same in the "
+                   "quantiles; xk: the P10/P90's distance from the pool median x k)"))
 
 
 def phase_options(replays: tuple[str, ...] = ("sweep",)) -> tuple[PhaseMethod, ...]:
@@ -141,7 +221,13 @@ V3 = Method("v3", PhaseMethod(0.25), PhaseMethod(math.log(2), slices=False))
 # the reference) on 465 calibration rows (docs/fidelity.md)
 V4 = Method("v4", PhaseMethod(0.5, centred=True, replay="client"),
             PhaseMethod(math.log(2), extra="log2_osl", replay="client"))
-CHOSEN = V4
+# replay-v5: v4's corrections, bands chosen by bench_fidelity.BAND_RULE (committed 2026-12-04T21:39Z, ecdee6e,
+# before any candidate was scored) by nested leave-one-model-out coverage on the calibration split only
+# (bench/results/fidelity_calibration_bands.json, 21:47Z): TTFT from its backend's pool, TPOT from the phase's
+# pool, both with model-balanced quantiles (docs/fidelity.md, round 6)
+V5 = replace(V4, name="v5", ttft_band=BandMethod("backend", balanced=True),
+             tpot_band=BandMethod("phase", balanced=True))
+CHOSEN = V5
 METHOD = CHOSEN.describe()
 
 # report key -> (phase, exponent): calibrated = raw x factor**exponent
@@ -282,6 +368,30 @@ def within_model_slope(rows: list[dict[str, Any]], feature: str) -> float:
     return statistics.median(slopes) if slopes else 0.0
 
 
+def balanced_theil_sen(rows: list[dict[str, Any]], feature: str, within: bool = False) -> float:
+    """PhaseMethod.balanced's slope of the residual on `feature` (0 when no pair varies in it)."""
+    counts: dict[Any, int] = defaultdict(int)
+    for r in rows:
+        counts[r.get("model")] += 1
+    xs = [r["x"][feature] for r in rows]
+    ys = [r["residual"] for r in rows]
+    ms = [r.get("model") for r in rows]
+    slopes: list[float] = []
+    weights: list[float] = []
+    per_model_pairs: dict[Any, int] = defaultdict(int)
+    pairs = []
+    for i in range(len(rows)):
+        for j in range(i + 1, len(rows)):
+            if xs[j] == xs[i] or (within and ms[i] != ms[j]):
+                continue
+            pairs.append((i, j))
+            per_model_pairs[ms[i]] += 1
+    for i, j in pairs:
+        slopes.append((ys[j] - ys[i]) / (xs[j] - xs[i]))
+        weights.append(1.0 / per_model_pairs[ms[i]] if within else 1.0 / (counts[ms[i]] * counts[ms[j]]))
+    return weighted_quantile(slopes, weights, 0.5) if slopes else 0.0
+
+
 def _terms(rows: list[dict[str, Any]], method: Method) -> dict[str, list[dict[str, Any]]]:
     """Per phase the fitted slopes (load, then the optional extra feature); detrends rows in place."""
     terms: dict[str, list[dict[str, Any]]] = {}
@@ -295,6 +405,8 @@ def _terms(rows: list[dict[str, Any]], method: Method) -> dict[str, list[dict[st
             have = [r for r in members if name in r["x"]]
             if not shrink:
                 b = 0.0
+            elif pm.balanced:
+                b = balanced_theil_sen(have, name, within=pm.within)
             elif pm.within:
                 b = within_model_slope(have, name)
             else:
@@ -352,16 +464,17 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
     }
     # bands from calibrated residuals (each row corrected by a profile fitted without the row's
     # model, or in sample by its own profile)
-    calibrated: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    calibrated: dict[tuple[str, str, str], list[tuple[float, str]]] = defaultdict(list)
     models = sorted({str(r.get("model")) for r in rows})
     for model in (models if lomo_bands and len(models) > 1 else [None]):
         sub = profile if model is None else fit([r for r in records if str(r.get("model")) != model], fitted=fitted,
                                                 source=source, method=method, lomo_bands=False)
         for x in residual_rows((r for r in records if model is None or str(r.get("model")) == model), method):
             f = _factor(sub, x["system"], x["backend"], x["phase"], x["x"])[0]
-            calibrated[(x["system"], x["backend"], x["phase"])].append(x["residual"] - math.log(f))
-    backend_res: dict[tuple[str, str], list[float]] = defaultdict(list)
-    phase_res: dict[str, list[float]] = defaultdict(list)
+            calibrated[(x["system"], x["backend"], x["phase"])].append((x["residual"] - math.log(f),
+                                                                       str(x.get("model"))))
+    backend_res: dict[tuple[str, str], list[tuple[float, str]]] = defaultdict(list)
+    phase_res: dict[str, list[tuple[float, str]]] = defaultdict(list)
     for (system, backend, phase), res in calibrated.items():
         backend_res[(backend, phase)] += res
         phase_res[phase] += res
@@ -369,23 +482,32 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
         entry = slices.get(f"{system}/{backend}/{phase}")
         if entry is None:
             continue
-        pool, source_rows = res, "slice"
-        if len(pool) < MIN_BAND_ROWS:
-            pool, source_rows = backend_res[(backend, phase)], "backend"
-        if len(pool) < MIN_BAND_ROWS:
-            pool, source_rows = phase_res[phase], "phase"
-        widen = math.sqrt(1 + SHRINK_K / len(res))
-        entry["band"] = [round(quantile(pool, 0.1) * widen, 6), round(quantile(pool, 0.9) * widen, 6)]
+        bm = method.band(phase)
+        if bm.level == "slice":
+            pool, source_rows = res, "slice"
+            if len(pool) < MIN_BAND_ROWS:
+                pool, source_rows = backend_res[(backend, phase)], "backend"
+            if len(pool) < MIN_BAND_ROWS:
+                pool, source_rows = phase_res[phase], "phase"
+            widen = math.sqrt(1 + SHRINK_K / len(res))
+        else:
+            pool = backend_res[(backend, phase)] if bm.level == "backend" else phase_res[phase]
+            source_rows = bm.level
+            widen = math.sqrt(1 + SHRINK_K / len(pool))
+        lo, hi = pool_band(pool, bm)
+        entry["band"] = [round(lo * widen, 6), round(hi * widen, 6)]
         entry["band_from"] = source_rows
     for (b, p), entry in ((k.split("/"), v) for k, v in profile["backend"].items()):
-        entry["band"] = _band(backend_res[(b, p)], FALLBACK_WIDEN if method.phase(p).slices else 1.0)
+        entry["band"] = _band(backend_res[(b, p)], FALLBACK_WIDEN if method.phase(p).slices else 1.0, method.band(p))
         entry["offset"] = not method.phase(p).slices
     for p, entry in profile["phase"].items():
-        entry["band"] = _band(phase_res[p], FALLBACK_WIDEN)
+        entry["band"] = _band(phase_res[p], FALLBACK_WIDEN, method.band(p))
+    if not (method.ttft_band.is_reference and method.tpot_band.is_reference):
+        profile["band_method"] = {p: vars(method.band(p)).copy() for p in PHASES}
     if any(method.phase(p).replay == "client" for p in PHASES):
         # for a sweep without a client replay (open loop, trace, planner): the same method on the sweep basis
-        sweep_method = Method(f"{method.name}-sweep", replace(method.ttft, replay="sweep"),
-                              replace(method.tpot, replay="sweep"))
+        sweep_method = replace(method, name=f"{method.name}-sweep", ttft=replace(method.ttft, replay="sweep"),
+                               tpot=replace(method.tpot, replay="sweep"))
         profile["sweep_fallback"] = fit(records, fitted=fitted, source=source, method=sweep_method,
                                         lomo_bands=lomo_bands)
     return profile
@@ -407,8 +529,9 @@ def _fit_per_backend(records: list[Mapping[str, Any]], *, fitted: str, source: s
         part = [r for r in records if r.get("backend") == backend]
         if not any(replayed(r, phase, pm.replay) for r in part):
             continue
-        sub_method = Method(f"{method.name}-{backend}-{phase}", pm if phase == "ttft" else base_method.ttft,
-                            pm if phase == "tpot" else base_method.tpot)
+        sub_method = replace(base_method, name=f"{method.name}-{backend}-{phase}",
+                             ttft=pm if phase == "ttft" else base_method.ttft,
+                             tpot=pm if phase == "tpot" else base_method.tpot)
         sub = fit(part, fitted=fitted, source=source, method=sub_method, lomo_bands=lomo_bands)
         for target, own in ((profile, sub), (fallback, sub.get("sweep_fallback") or sub)):
             for key in [k for k in target["slices"] if k.split("/")[1:] == [backend, phase]]:
@@ -446,10 +569,11 @@ def needs_client(profile: Mapping[str, Any], backend: str | None = None) -> bool
     return any(replay_basis(profile, p, backend) == "client" for p in PHASES)
 
 
-def _band(res: list[float], widen: float) -> list[float]:
+def _band(res: list[tuple[float, str]], widen: float, bm: BandMethod | None = None) -> list[float]:
     if not res:
         return [-1.0, 1.0]
-    return [round(quantile(res, 0.1) * widen, 6), round(quantile(res, 0.9) * widen, 6)]
+    lo, hi = pool_band(res, bm or BandMethod())
+    return [round(lo * widen, 6), round(hi * widen, 6)]
 
 
 def _number(v: Any) -> TypeGuard[float]:
@@ -488,6 +612,15 @@ def validate(profile: Any) -> dict[str, Any]:
                                f"{PER_BACKEND_FORMAT}")
         if replay.get(key, "sweep") not in REPLAYS:
             raise ProfileError(f"replay.{key} must be one of {list(REPLAYS)}, got {replay[key]!r}")
+    band_method = profile.get("band_method")
+    if band_method is not None:  # how the bands were built (provenance; lookups read only the bands)
+        if not isinstance(band_method, dict) or set(band_method) != set(PHASES):
+            raise ProfileError(f"band_method must map {list(PHASES)} to band methods, got {band_method!r}")
+        for phase, bm in band_method.items():
+            if not isinstance(bm, dict) or bm.get("level") not in BAND_LEVELS \
+                    or not isinstance(bm.get("balanced"), bool) or not _number(bm.get("spread")) or bm["spread"] <= 0:
+                raise ProfileError(f"band_method.{phase} must be {{level: one of {list(BAND_LEVELS)}, balanced: "
+                                   f"true|false, spread > 0}}, got {bm!r}")
     if needs_client(profile):
         fallback = profile.get("sweep_fallback")
         if not isinstance(fallback, dict):
