@@ -28,9 +28,14 @@ Constants and where they come from (2 cores, 2026-12-04):
     give 0.13 ms (10,000 requests in 1.3 s, shared/reference replay-notes §1.11). 0.25 ms per
     request plus ~3 ms per replay (a 200-request replay took 29 ms through ReplayEvaluator,
     bench/results/evaluator_quick.json).
-The first GP suggest of a process compiles its programs (14.1-15.3 s of CPU cold here, one and two
-objectives, bench/results/vizier_first_call_2d9e860.json and vizier_after_first.json, 20:11-20:25 UTC); it is not charged to any branch, because it is paid once per process, not per
+The first GP suggest of a process compiles its programs (11.0-11.2 s of CPU cold here, one and two
+objectives, bench/results/vizier_after_first.json, 22:41-22:43 UTC); it is not charged to any branch, because it is paid once per process, not per
 study, and charging it would make the choice depend on what ran before in the process.
+
+Not refitted after resources/vizier.py's direct acquisition-step posterior (820cf87, 22:47 UTC):
+suggest(8) then measured 0.57-0.77 / 1.27-1.37 s (one objective) and 0.54-0.73 / 1.29-1.30 s (two)
+at R = 32-64 / 128, so the table below overestimates R = 64 and 128. A refit changes which designer
+answers, so it comes with a time-to-quality rerun.
 """
 
 # objectives -> {bucket rows R: (a, b)}: suggest(k) CPU seconds ~ a + k x b (docstring)
