@@ -186,6 +186,9 @@ class NeighbourhoodDesigner:
         self.explored_weight = explored_weight
         self._adjacent: dict[ParallelConfig, list[tuple[float, ParallelConfig]]] = {}
         self._rings: dict[tuple[PointKey, int], list[_Candidate]] = {}
+        # point keys of the trials the study hands in, by dict identity (see `_key`)
+        self._keys: dict[int, tuple[dict[str, Any], ParallelConfig, PointKey]] = {}
+        self._reduced_keys: dict[int, tuple[dict[str, Any], ParallelConfig, frozenset[str], PointKey]] = {}
 
     # ----- the ask ---------------------------------------------------------------------------
     def local_count(self, count: int, position: int = 0) -> int:
@@ -209,8 +212,8 @@ class NeighbourhoodDesigner:
         inert = self.inert_knobs(rows)
         used = set(taken)
         # points equal to a proposed one but for inert knobs: likely a known outcome again
-        alike = {self._reduced(sel, cfg, inert) for sel, cfg, _ in known}
-        alike |= {self._reduced(sel, cfg, inert) for sel, cfg in pending}
+        alike = {self._reduced_trial(sel, cfg, inert) for sel, cfg, _ in known}
+        alike |= {self._reduced_trial(sel, cfg, inert) for sel, cfg in pending}
         out = self._local(want, rows, anchors, inert, used, alike) if want > 0 and anchors else []
         visited = {cfg for _, cfg in used} | {cfg for _, cfg, _ in known} | {cfg for _, cfg in pending}
         return out + self._explore(count - len(out), position, inert, used, alike, visited)
@@ -221,8 +224,8 @@ class NeighbourhoodDesigner:
         of a known or pending trial or of an earlier point of the batch, equal to it but for knobs
         this designer believes inert (`inert_knobs`), so likely a known outcome again."""
         inert = self.inert_knobs(self._rows(known))
-        alike = {self._reduced(sel, cfg, inert) for sel, cfg, _ in known}
-        alike |= {self._reduced(sel, cfg, inert) for sel, cfg in pending}
+        alike = {self._reduced_trial(sel, cfg, inert) for sel, cfg, _ in known}
+        alike |= {self._reduced_trial(sel, cfg, inert) for sel, cfg in pending}
         out: list[bool] = []
         for sel, cfg in suggested:
             reduced = self._reduced(sel, cfg, inert)
@@ -236,7 +239,7 @@ class NeighbourhoodDesigner:
         gaps = self._gaps(rows, anchors)
         ordered = self._order(anchors, used)[:MAX_ANCHORS]
         explored = [-1] * len(ordered)  # counted when the anchor's turn first comes (-1: not yet)
-        gap = [gaps[point_key(*a)] for a in ordered]
+        gap = [gaps[self._key(*a)] for a in ordered]
         # one queue per (anchor, tier); the cheapest queue gives the next candidate (module docstring)
         heap: list[tuple[int, float, int, int]] = []
         queues: dict[tuple[int, int], Iterator[_Candidate]] = {}
@@ -339,16 +342,16 @@ class NeighbourhoodDesigner:
         minus its exclusive hypervolume contribution over the front's largest (a front point that
         adds almost no area, like the end of a flat tail, is almost the worst anchor); other Pareto
         goals: 0 (every front point alike)."""
-        keys = [point_key(a[0], a[1]) for a in anchors]
+        keys = [self._key(a[0], a[1]) for a in anchors]
         if len(self.metrics) == 2 and all(d == "max" for _, d in self.metrics) and rows:
-            vectors = {point_key(r[0], r[1]): r[2] for r in rows}
+            vectors = {self._key(r[0], r[1]): r[2] for r in rows}
             contrib = hv_contributions([vectors[k] for k in keys])
             top = max(contrib, default=0.0)
             return {k: (1.0 - c / top if top > 0 else 0.0) for k, c in zip(keys, contrib)}
         if len(self.metrics) > 1 or not rows:
             return dict.fromkeys(keys, 0.0)
         sign = 1.0 if self.metrics[0][1] == "max" else -1.0
-        value = {point_key(r[0], r[1]): sign * r[2][0] for r in rows}
+        value = {self._key(r[0], r[1]): sign * r[2][0] for r in rows}
         hi, lo = max(value.values()), min(value.values())
         span = hi - lo
         return {k: ((hi - value[k]) / span if span > 0 else 0.0) for k in keys}
@@ -356,6 +359,27 @@ class NeighbourhoodDesigner:
     def _explored(self, anchor: tuple[dict[str, Any], ParallelConfig], used: set[PointKey]) -> int:
         """How many of the anchor's ring-1 and ring-2 points are taken already."""
         return sum(1 for ring in (1, 2) for c in self._candidates(anchor, ring) if c.key in used)
+
+    def _key(self, selection: dict[str, Any], config: ParallelConfig) -> PointKey:
+        """`point_key` of a trial the study handed in, memoised by the selection dict's identity
+        (the study passes the same trial dicts on every ask, and a trial's selection never changes
+        once proposed). Serialising every known trial again on each ask made a long sweep's asks
+        quadratic: 0.58 of 1.0 s per ask at 8,000 trials (cProfile, 22:45 UTC 2026-12-04)."""
+        hit = self._keys.get(id(selection))
+        if hit is not None and hit[0] is selection and hit[1] == config:
+            return hit[2]
+        key = point_key(selection, config)
+        self._keys[id(selection)] = (selection, config, key)  # holding the dict keeps its id unique
+        return key
+
+    def _reduced_trial(self, selection: dict[str, Any], config: ParallelConfig, inert: frozenset[str]) -> PointKey:
+        """`_reduced` of a trial the study handed in, memoised like `_key` (per inert set)."""
+        hit = self._reduced_keys.get(id(selection))
+        if hit is not None and hit[0] is selection and hit[1] == config and hit[2] == inert:
+            return hit[3]
+        key = self._reduced(selection, config, inert)
+        self._reduced_keys[id(selection)] = (selection, config, inert, key)
+        return key
 
     @staticmethod
     def _reduced(selection: Mapping[str, Any], config: ParallelConfig, inert: Collection[str]) -> PointKey:
@@ -378,7 +402,7 @@ class NeighbourhoodDesigner:
             values = [metrics.get(n) for n in names]
             if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
                 continue
-            key = point_key(selection, config)
+            key = self._key(selection, config)
             if key in seen:
                 continue
             seen.add(key)
@@ -427,8 +451,11 @@ class NeighbourhoodDesigner:
         for members in by_config.values():
             for i, (sa, _, va) in enumerate(members):
                 for sb, _, vb in members[i + 1:]:
-                    if any(abs(x - y) > t for x, y, t in zip(va, vb, tol)):
-                        changed.update(k for k in knobs if sa.get(k) != sb.get(k))
+                    new = [k for k in knobs if k not in changed and sa.get(k) != sb.get(k)]
+                    if new and any(abs(x - y) > t for x, y, t in zip(va, vb, tol)):
+                        changed.update(new)
+                        if len(changed) == len(knobs):  # every knob matters: nothing left to learn
+                            return frozenset()
         return frozenset(k for k in knobs if k not in changed)
 
     # ----- neighbours ------------------------------------------------------------------------
