@@ -185,3 +185,52 @@ def test_output_files_honour_the_umask(tmp_path):
     assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o644
     assert (tmp_path / "b.txt").stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "journal.jsonl").stat().st_mode & 0o777 == 0o600
+
+
+def test_record_log_rows_equal_the_ledger_built_at_the_end():
+    """The anytime writes read rows built once per record; they must equal a ledger built at the end."""
+    from spica_pipeline.search.ledger import TrialRecord
+    from spica_pipeline.sweep import RecordLog, ledger_frame
+
+    records = [TrialRecord("agg", i, i // 2, "vizier", "feasible" if i % 3 else "failed", None if i % 3 else "boom",
+                           f"h{i}", parameters={"x": i, "nested": {"y": [1.0, float("inf")]}},
+                           report={"tok": i * 1.5}, score=float("nan") if i == 4 else float(i), objectives={"a": 1.0})
+               for i in range(7)]
+    log = RecordLog()
+    for rec in records:
+        log.append(rec)
+    assert log.frame().equals(ledger_frame(records))
+    assert RecordLog().frame().columns.tolist() == ledger_frame([]).columns.tolist()
+
+
+def test_shapes_hash_like_their_field_tuples():
+    """Shapes cache their hash; the value must stay the dataclass one (set and dict orders)."""
+    from spica_pipeline.search.shapes import DisaggShape, RoleShape
+
+    a, b = RoleShape(tp=2, replicas=3), RoleShape(tp=4, moe_ep=4)
+    assert hash(a) == hash((2, 1, 1, 1, 1, 3)) and hash(a) == hash(a)
+    assert hash(DisaggShape(a, b)) == hash((a, b)) and {DisaggShape(a, b): 1}[DisaggShape(a, b)] == 1
+
+
+def test_anytime_result_defers_writes_that_would_cost_more_than_their_share(monkeypatch):
+    """After a write that took 1 s, the next one waits until 10 s (share 0.1) have passed; a
+    deferred write stays pending, so the caller can flush it when the sweep stops."""
+    from spica_pipeline import sweep
+
+    now = [0.0]
+    writes = []
+
+    def fake_write(output_dir, config, log):
+        writes.append(now[0])
+        now[0] += 1.0  # every write costs 1 s
+
+    monkeypatch.setattr(sweep, "write_anytime", fake_write)
+    anytime = sweep.AnytimeResult(None, None, sweep.RecordLog(), share=0.1, clock=lambda: now[0])
+    anytime.after_batch()  # t=0: written, ends at 1, next not before 11
+    for t in (2.0, 5.0, 10.9):
+        now[0] = t
+        anytime.after_batch()
+    assert writes == [0.0] and anytime.pending
+    now[0] = 11.0
+    anytime.after_batch()
+    assert writes == [0.0, 11.0] and not anytime.pending

@@ -173,6 +173,88 @@ def test_the_best_anchors_inert_knobs_are_tried_early_another_anchors_last():
     assert on[poor] and all(i > max(rings) for i in on[poor])
 
 
+TRACE_LIKE = build_encoding(Branch("agg", POOL, (("vllm",),) * len(POOL),
+                                  {"backend": ["vllm"], "agg_max_num_seqs": [256, 512, 1024],
+                                   "agg_max_num_batched_tokens": [8192, 16384, 32768]}, 8))
+
+
+def probe_scenario():
+    """trace_agg's slow runs: the incumbent is on the best config but at batched tokens 32768 (8192
+    would be better, which no pair has shown yet, so both knobs count as inert); a poorer config one
+    step away was tried at other knob values, so its untried values there are look-alikes too."""
+    base = {"deployment_mode": "agg", "backend": "vllm", "agg_max_num_seqs": 512}
+    best, near = RoleShape(tp=2, replicas=2), RoleShape(tp=1, replicas=4)  # one step apart
+    told = [({**base, "agg_max_num_batched_tokens": 32768}, best, {"objective": 1.0}),
+            ({**base, "agg_max_num_batched_tokens": 16384}, near, {"objective": 0.9})]
+    return base, best, near, told
+
+
+def knobs_moved(a, b):
+    return sum(a[k] != b[k] for k in ("agg_max_num_seqs", "agg_max_num_batched_tokens"))
+
+
+def probe_order(told, mode, metrics=SCALAR):
+    from spica_pipeline.search import neighbourhood
+
+    seen = [(s, c) for s, c, _ in told]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(neighbourhood, "OWN_CONFIG_PROBE", mode)
+        designer = NeighbourhoodDesigner(TRACE_LIKE, metrics, seed=0, explore_share=0)
+        return [propose(TRACE_LIKE, p) for p in designer.suggest(60, told, [], keys(seen))]
+
+
+@pytest.mark.parametrize("mode", ["own", "single", "knob", "far"])
+def test_the_own_config_probe_tries_the_best_configs_knob_values_before_look_alikes_elsewhere(mode):
+    base, best, near, told = probe_scenario()
+    designer = NeighbourhoodDesigner(TRACE_LIKE, SCALAR, seed=0)
+    assert designer.inert_knobs(designer._rows(told)) == {"agg_max_num_seqs", "agg_max_num_batched_tokens"}
+    out = probe_order(told, mode)
+    own = [i for i, p in enumerate(out) if p.parallel_config == best]
+    elsewhere = [i for i, p in enumerate(out) if p.parallel_config == near]
+    one_knob = [i for i in own if knobs_moved(out[i].selection, told[0][0]) == 1]
+    if mode == "far":  # per knob its farthest values only: batched tokens 8192 (not 16384), seqs 256 and 1024
+        # the first three points on the best config, all before any look-alike elsewhere
+        assert sorted((out[i].selection["agg_max_num_batched_tokens"], out[i].selection["agg_max_num_seqs"])
+                      for i in own[:3]) == [(8192, 512), (32768, 256), (32768, 1024)]
+        assert max(own[:3]) < min(elsewhere)
+        return
+    # the incumbent's one-knob moves on its own config (rings 1 and 2: batched tokens 16384 and 8192,
+    # max_num_seqs 256 and 1024) all come before any look-alike on the other tried config
+    assert len(one_knob) == 4 and elsewhere and max(one_knob) < min(elsewhere)
+    assert any(out[i].selection["agg_max_num_batched_tokens"] == 8192 for i in one_knob)
+    two_knob = [i for i in own if i not in one_knob]
+    # ring 2 holds two two-knob moves (max_num_seqs +-1 with batched tokens 16384; with 8192: ring 3)
+    if mode == "own":  # ring 1, then ring 2 (the two-knob moves among it), then the look-alikes elsewhere
+        assert len(two_knob) == 2 and max(own) < min(elsewhere)
+    elif mode == "single":  # every one-knob move first, then the two-knob ones, then elsewhere
+        assert len(two_knob) == 2 and max(one_knob) < min(two_knob) and max(own) < min(elsewhere)
+    else:  # "knob": the two-knob moves are not probed, they wait with the other look-alikes
+        assert all(i > min(elsewhere) for i in two_knob)
+
+
+def test_without_the_probe_the_own_config_values_mix_with_look_alikes_elsewhere():
+    _, best, near, told = probe_scenario()
+    out = probe_order(told, "off")
+    own = [i for i, p in enumerate(out) if p.parallel_config == best]
+    elsewhere = [i for i, p in enumerate(out) if p.parallel_config == near]
+    assert own and elsewhere and min(elsewhere) < max(own)  # the seeded order of rings 1-2, look-alikes mixed
+    assert probe_order(told, "far") != out
+
+
+def test_the_probe_waits_while_another_config_is_level_and_a_front_never_probes():
+    from spica_pipeline.search import neighbourhood
+
+    base, best, near, told = probe_scenario()
+    # the best config leads by 10 % (> PROBE_LEAD): probed; by 1 %: as without the probe
+    assert neighbourhood.PROBE_LEAD == 0.05 and probe_order(told, "far") != probe_order(told, "off")
+    level = [told[0], (told[1][0], near, {"objective": 0.99})]
+    assert probe_order(level, "far") == probe_order(level, "off")
+    # a Pareto goal (PROBE_PARETO False): as without the probe
+    front = [(s, c, {"throughput": v, "speed": 2.0 - v}) for s, c, v in
+             [(told[0][0], best, 1.0), (told[1][0], near, 0.9)]]
+    assert probe_order(front, "far", PARETO) == probe_order(front, "off", PARETO)
+
+
 def test_pareto_anchors_are_the_front_with_its_ends_first():
     seen = [({"deployment_mode": "agg", "backend": "vllm", "agg_max_num_seqs": 512,
               "agg_max_num_batched_tokens": 8192}, c) for c in POOL]
@@ -281,6 +363,22 @@ def test_kill_then_resume_gives_an_equal_ledger(kill_after):
     with pytest.raises(KeyboardInterrupt):
         sweep(Backend(kill_after=kill_after), seed=2, journal=journal)
     assert rows(sweep(Backend(), seed=2, journal=journal)) == rows(clean)
+
+
+@pytest.mark.parametrize("mode", ["off", "own", "single", "knob", "far"])
+def test_with_each_probe_mode_the_ledger_ignores_timings_and_a_kill_resumes_exactly(monkeypatch, mode):
+    from spica_pipeline.search import neighbourhood
+
+    monkeypatch.setattr(neighbourhood, "OWN_CONFIG_PROBE", mode)
+    fast_first = Backend(duration=lambda s: 1.0 + s["replicas"] % 3)
+    slow_first = Backend(duration=lambda s: 5.0 - s["replicas"] % 3)
+    clean = sweep(fast_first, seed=4)
+    assert rows(clean) == rows(sweep(slow_first, seed=4))
+    journal = MemoryJournal()
+    with pytest.raises(KeyboardInterrupt):
+        sweep(Backend(kill_after=11), seed=4, journal=journal)
+    assert rows(sweep(Backend(), seed=4, journal=journal)) == rows(clean)
+    assert len({r.spec_hash for r in clean.records}) == len(clean.records)
 
 
 def test_an_exhausted_neighbourhood_falls_back_to_the_quasi_random_fill():

@@ -144,3 +144,42 @@ def test_projection_is_deterministic_and_history_independent():
     first = enc.project({"backend": "vllm"}, req)
     for _ in range(3):
         assert enc.project({"backend": "vllm"}, req) == first
+
+
+def _reference_project(requested, backend, pool, supported, budget, exclude=()):
+    """Spec §6.3 written as a plain loop over the pool: the oracle for the indexed projection."""
+    from spica_pipeline.search.projection import _transform, is_categorical_feature, pool_budget, pool_is_moe
+
+    b, moe = pool_budget(pool, budget), pool_is_moe(pool)
+    cands = [c for c, sup in zip(pool, supported) if backend in sup]
+    feats = {c: config_features(c, b, moe) for c in cands}
+    numeric = [k for k in requested if not is_categorical_feature(k) and k in feats[cands[0]]]
+    span = {k: max(_transform(k, float(feats[c][k])) for c in cands) - min(_transform(k, float(feats[c][k])) for c in cands)
+            for k in numeric}
+    cands = [c for c in cands if c not in set(exclude)] or cands
+    miss = {c: sum(feats[c].get(k) != str(v) for k, v in requested.items() if is_categorical_feature(k)) for c in cands}
+    cands = [c for c in cands if miss[c] == min(miss.values())]
+
+    def dist(c):
+        return sum(((_transform(k, float(feats[c][k])) - _transform(k, float(requested[k]))) / span[k]) ** 2
+                   for k in numeric if span[k] > 0)
+    return min(cands, key=lambda c: (round(dist(c), 12), c.sort_key()))
+
+
+def test_indexed_projection_matches_a_plain_loop_on_random_requests():
+    import random
+
+    rng = random.Random(7)
+    pool = [D(R(tp=p, moe_ep=e, replicas=r), R(tp=d, moe_tp=d, replicas=q))
+            for p in (1, 2, 4) for e in (1, 2) for r in (1, 2, 3) for d in (2, 4, 8) for q in (1, 2)
+            if (p == 1 or e in (1, p)) and p * r + d * q <= 32]
+    supported = [("vllm", "sglang") if i % 3 else ("sglang",) for i in range(len(pool))]
+    enc = build_encoding(Branch("disagg", tuple(pool), tuple(supported), {}, 32))
+    for _ in range(300):
+        base = enc.features_of(rng.choice(pool))
+        requested = {k: (v if rng.random() < 0.7 else rng.choice(["tp", "ep", "dp"])) if isinstance(v, str)
+                     else v * rng.choice([1.0, 0.5, 2.0, 1.3]) for k, v in base.items()}
+        exclude = rng.sample(pool, rng.choice([0, 1, 8]))
+        backend = rng.choice(["vllm", "sglang"])
+        got = enc.project({"backend": backend}, requested, exclude).config
+        assert got == _reference_project(requested, backend, pool, supported, 32, exclude)

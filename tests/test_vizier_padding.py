@@ -171,3 +171,76 @@ def test_independent_precompute_predicts_like_vizier():
     a, b = stock.predict(xs), ours.predict(xs)
     np.testing.assert_allclose(np.asarray(b.mean()), np.asarray(a.mean()), rtol=1e-8, atol=1e-10)
     np.testing.assert_allclose(np.asarray(b.stddev()), np.asarray(a.stddev()), rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("noise_is_high", [False, True])
+@pytest.mark.parametrize("metrics", [PARETO, [("throughput", "max")]])
+def test_fast_posterior_score_matches_vizier(metrics, noise_is_high):
+    """The acquisition step's GP quantities computed directly (`_posterior_terms`: one kernel
+    evaluation shared by the history and history + pending posteriors) give the stock UCB and PE
+    scores and aux, as GP-UCB-PE builds them in a suggest: a one-member ensemble, padded rows,
+    pending trials, the trust region, and a high-noise study's noiseless pending posterior."""
+    import jax
+    import numpy as np
+    from vizier import pyvizier as vz
+    from vizier._src.algorithms.designers import gp_ucb_pe
+    from vizier._src.algorithms.designers.gp import acquisitions
+    from vizier._src.jax import stochastic_process_model as sp
+
+    from spica_pipeline.resources.vizier import _precompute_predictive, _shared_score_class
+
+    designer, data, model, params = _model(True, metrics)
+    gp = sp.StochasticProcessWithCoroutine(model.coroutine, jax.tree.map(lambda a: np.asarray(a)[None], params))
+    predictive = sp.UniformEnsemblePredictive(_precompute_predictive(gp, data))
+    pending = [vz.Trial(id=100 + i, parameters=s.parameters)
+               for i, s in enumerate(designer._quasi_random_sampler.suggest(3))]
+    predictive_all = designer._get_predictive_all_features(
+        designer._converter.to_features(pending), data, gp, noise_is_high)
+    assert predictive_all.predictives.observed_data.labels.padded_array.shape[0] == 32
+    tr = acquisitions.TrustRegion(trusted=predictive_all.predictives.observed_data.features)
+    cfg = designer._config
+    pe_kw = dict(ucb_coefficient=cfg.ucb_coefficient, explore_ucb_coefficient=cfg.explore_region_ucb_coefficient,
+                 penalty_coefficient=cfg.cb_violation_penalty_coefficient, trust_region=tr,
+                 multimetric_promising_region_penalty_type=cfg.multimetric_promising_region_penalty_type)
+    rng = jax.random.PRNGKey(5)
+    stock_ucb = gp_ucb_pe.UCBScoreFunction(predictive, predictive_all, ucb_coefficient=cfg.ucb_coefficient,
+                                           trust_region=tr, scalarization_weights_rng=rng, labels=data.labels)
+    stock_pe = gp_ucb_pe.PEScoreFunction(predictive, predictive_all, **pe_kw)
+    shared = _shared_score_class()
+    ucb = shared(predictive, predictive_all, use_ucb=True, labels=data.labels, scalarization_weights_rng=rng, **pe_kw)
+    pe = shared(predictive, predictive_all, use_ucb=False, labels=data.labels, **pe_kw)
+    assert ucb.fast and ucb.share_kernel and pe.fast and pe.share_kernel
+    slow = shared(predictive, predictive_all, use_ucb=False, labels=data.labels, fast_posterior=False, **pe_kw)
+    assert not slow.fast
+    xs = designer._converter.to_features(designer._quasi_random_sampler.suggest(9))
+    for ours, stock in ((ucb, stock_ucb), (pe, stock_pe)):
+        np.testing.assert_allclose(np.asarray(ours.score(xs)), np.asarray(stock.score(xs)), rtol=1e-10, atol=1e-12)
+        for k, v in stock.aux(xs).items():
+            assert np.shape(ours.aux(xs)[k]) == np.shape(v)
+            np.testing.assert_allclose(np.asarray(ours.aux(xs)[k]), np.asarray(v), rtol=1e-10, atol=1e-12)
+    assert jax.tree.structure(ucb) == jax.tree.structure(pe)
+    assert [np.shape(x) for x in jax.tree.leaves(ucb)] == [np.shape(x) for x in jax.tree.leaves(pe)]
+
+
+def test_shares_kernel_needs_equal_kernel_parameters():
+    """One kernel evaluation for both posteriors only when their kernels agree on every history row."""
+    import jax
+    import numpy as np
+    from vizier._src.jax import stochastic_process_model as sp
+
+    from spica_pipeline.resources.vizier import _precompute_predictive, _shares_kernel
+
+    _, data, model, params = _model(True, PARETO)
+    batched = jax.tree.map(lambda a: np.asarray(a)[None], params)
+    gp = sp.StochasticProcessWithCoroutine(model.coroutine, batched)
+    predictive = sp.UniformEnsemblePredictive(_precompute_predictive(gp, data))
+    assert _shares_kernel(predictive, predictive)
+    noisier = dict(batched, observation_noise_variance=np.asarray(batched["observation_noise_variance"]) * 2)
+    other = sp.UniformEnsemblePredictive(_precompute_predictive(
+        sp.StochasticProcessWithCoroutine(model.coroutine, noisier), data))
+    assert _shares_kernel(predictive, other)  # the noise is not part of the kernel
+    key = next(k for k in batched if k != "observation_noise_variance")
+    changed = dict(batched, **{key: np.asarray(batched[key]) * 1.5})
+    other = sp.UniformEnsemblePredictive(_precompute_predictive(
+        sp.StochasticProcessWithCoroutine(model.coroutine, changed), data))
+    assert not _shares_kernel(predictive, other)

@@ -31,10 +31,10 @@ from spica_pipeline.resources.pool import EvaluationBackend
 from spica_pipeline.resources.vizier import VizierClient
 from spica_pipeline.search.branch_plan import plan_branch
 from spica_pipeline.search.evaluation import Evaluator, canonical_json, json_safe
-from spica_pipeline.search.ledger import STATUSES, TrialRecord
+from spica_pipeline.search.ledger import STATUSES
 from spica_pipeline.search.study import BranchOutcome, HistoryItem
 from spica_pipeline.search.timings import Timings
-from spica_pipeline.sweep import ledger_frame, open_studies, warm_history_for, write_anytime
+from spica_pipeline.sweep import AnytimeResult, RecordLog, ledger_frame, open_studies, warm_history_for
 
 # the branch ledger's frame attribute carrying its study's Timings (Parquet keeps DataFrame.attrs),
 # so the deploy asset reports the studies' real wall time, not its own
@@ -110,15 +110,17 @@ def study_partition(
     load_predictor = load_predictor_from_frame(load_predictor_result)
     context.log.info(f"{mode}: {plan.why}; {len(warm)} warm-start trials; journal {journal_dir}")
 
-    records: list[TrialRecord] = []
+    log = RecordLog()
     # the sweep's time budget, shared equally by the searched modes (the CLI shares it between the
     # branches as they run; partitions may run in separate runs, so each gets its share up front)
     budget = config.sweep.time_budget
     time_budget = None if budget is None else budget / max(1, len(spaces))
 
+    anytime = AnytimeResult(journal_dir, config, log)  # the anytime result, as `spica sweep` writes it
+
     def on_round(result: BranchOutcome) -> None:
         context.log.info(f"{mode}: {result.evaluated} evaluated: {dict(result.counts)}")
-        write_anytime(journal_dir, config, records)  # the anytime result, as `spica sweep` writes it
+        anytime.after_batch()
 
     try:
         with open_studies(journal_dir, store=storage) as session:
@@ -126,10 +128,12 @@ def study_partition(
                 context.log.warning(warning)
             run = session.run([plan], config, load_predictor, backend=pool,
                               vizier=vizier, time_budget=time_budget, warm_history=lambda plan: warm,
-                              on_record=records.append, on_round=on_round)
+                              on_record=log.append, on_round=on_round)
     except SpicaError as err:  # OutputDirBusy included: another run holds this journal
         raise fail(err) from None
 
+    if anytime.pending:
+        anytime.write()  # the last batches, which the write limit may have deferred
     outcome = run.outcomes[0]
     if outcome.out_of_time:
         context.log.info(f"{mode}: time budget ({time_budget:.0f} s) spent after {outcome.evaluated} evaluations")

@@ -40,6 +40,11 @@ instead of one per metric / one (n m) x (n m) factor: 4.2 -> 3.0 s CPU per sugge
 GP-UCB-PE's UCB score (first point) and PE score (the rest) are one score class with a traced
 flag (`shared_acquisition`, `_shared_score_class`): the Eagle acquisition optimiser is traced,
 lowered and compiled once per bucket instead of twice (cold first call ~17 -> ~14 s CPU).
+Acquisition step (22:00 UTC): the optimiser's GP mean and stddevs are computed directly
+(`_posterior_terms`) instead of through TFP's posterior distributions, which evaluated the
+candidate-to-trial kernel three times per step and, with two objectives, went through the
+flattened (25 m) x (n m) task kernel and m x 2 right-hand sides per candidate: one kernel
+evaluation per step now serves both predictives, same suggestions (`fast_posterior`).
 docs/performance.md ("compile once") has the profiles and the numbers.
 `Study.suggest_async` runs the next ask on a background thread while the current batch replays.
 
@@ -236,6 +241,10 @@ class VizierClient(dg.ConfigurableResource):
     # as one score class, so the acquisition optimiser is traced and compiled once per bucket, not
     # twice (off: one program per score, as Vizier's two classes give).
     shared_acquisition: bool = True
+    # With shared_acquisition: the acquisition optimiser's GP mean and stddevs computed directly
+    # (one kernel evaluation per step for both predictives, one right-hand side per candidate and
+    # solve) instead of through TFP's posterior distributions; same values (`_posterior_terms`).
+    fast_posterior: bool = True
     # Compile once: stable acquisition-optimiser parts, numpy padding and pending joins (off: stock
     # Vizier classes, e.g. to benchmark against them).
     compile_once: bool = True
@@ -454,6 +463,7 @@ class Study:
                 return gp_ucb_pe.VizierGPUCBPEBandit(problem, clear_jax_cache=c.clear_jax_cache, **kw)
             designer = _ucb_pe_class()(problem, clear_jax_cache=c.clear_jax_cache, **kw)
             designer._spica_shared_acquisition = c.shared_acquisition
+            designer._spica_fast_posterior = c.fast_posterior
             return designer
         if c.clear_jax_cache:
             import jax
@@ -981,7 +991,20 @@ def _shared_score_class():
     formula differs, and the cond runs one branch per optimiser step (the UCB steps do not compute
     the history stddev, as in Vizier). The bodies are the stock ones (vizier 0.1.24
     UCBScoreFunction / PEScoreFunction.score_with_aux), the PE threshold precomputed once per
-    optimisation as in `_threshold_pe_class`; equal values to Vizier's (tests/test_vizier_padding.py)."""
+    optimisation as in `_threshold_pe_class`; equal values to Vizier's (tests/test_vizier_padding.py).
+
+    Per optimiser step (`fast_posterior`, on by default): the three GP quantities come from
+    `_posterior_terms` instead of TFP's posterior distributions, which evaluated the kernel
+    between the 25 candidates and the observed rows three times (mean, history stddev, all-rows
+    stddev; the two-objective mean through TFP's flattened (25 m) x (n m) task kernel), solved
+    against the Kronecker factor with m x 2 right-hand sides per candidate (m^2 x the work) and
+    re-masked the Cholesky factor every step. Here the kernel is evaluated ONCE per step and shared
+    by both predictives when they share the kernel (same parameters but the noise, the history's
+    rows are the first rows of history + pending: `_shares_kernel`, checked on concrete arrays),
+    and each stddev is one triangular solve with one right-hand side per candidate. And the UCB's
+    hypervolume bound over the observed labels (1000 scalarisations x n rows, independent of the
+    candidates) is computed once per optimisation (`label_max`), not in every step. Same formulas:
+    equal to TFP's values to ~1e-15 (tests/test_vizier_padding.py)."""
     if "shared_score" not in _STABLE:
         import equinox as eqx
         import jax
@@ -1002,11 +1025,14 @@ def _shared_score_class():
             threshold: Any
             labels: Any
             scalarizer: Any
+            label_max: Any  # UCB, several metrics: max over the observed labels per scalarisation
+            fast: bool = eqx.field(static=True)  # `_posterior_terms` instead of TFP's distributions
+            share_kernel: bool = eqx.field(static=True)  # one kernel evaluation for both predictives
 
             def __init__(self, predictive, predictive_all_features, *, use_ucb: bool, ucb_coefficient,
                          explore_ucb_coefficient, penalty_coefficient, trust_region,
                          multimetric_promising_region_penalty_type, labels, scalarization_weights_rng=None,
-                         num_scalarizations: int = 1000):
+                         num_scalarizations: int = 1000, fast_posterior: bool = True):
                 self.predictive = predictive
                 self.predictive_all_features = predictive_all_features
                 self.use_ucb = np.asarray(bool(use_ucb))
@@ -1017,15 +1043,22 @@ def _shared_score_class():
                 self.multimetric_promising_region_penalty_type = multimetric_promising_region_penalty_type
                 self.labels = labels
                 self.threshold = _threshold_fn()(predictive, predictive_all_features, ucb_coefficient)
+                dtype = np.asarray(labels.padded_array).dtype
+                m = labels.shape[1]
                 if scalarization_weights_rng is not None:  # UCB: Vizier's random hypervolume weights
                     self.scalarizer = acquisitions.create_hv_scalarization(
                         num_scalarizations, labels, scalarization_weights_rng)
                 else:  # PE never reads them: same shapes and dtypes, no random draw, no eager op
-                    dtype = np.asarray(labels.padded_array).dtype
-                    m = labels.shape[1]
                     self.scalarizer = scalarization.HyperVolumeScalarization(
                         np.ones((num_scalarizations, m), dtype),
                         np.zeros((m,), dtype) if labels.shape[0] > 0 else None)
+                if scalarization_weights_rng is not None and m > 1 and labels.shape[0] > 0:
+                    self.label_max = _label_max_fn()(self.scalarizer, labels)
+                else:  # unused (PE, one metric or no rows): same shape, so one program
+                    self.label_max = np.zeros((num_scalarizations,), dtype)
+                self.fast = bool(fast_posterior) and _fast_posterior_ok(predictive) and _fast_posterior_ok(
+                    predictive_all_features)
+                self.share_kernel = self.fast and _shares_kernel(predictive, predictive_all_features)
 
             def score(self, xs, seed=None):
                 return self._scores(xs, with_aux=False)[0]
@@ -1036,18 +1069,23 @@ def _shared_score_class():
             def score_with_aux(self, xs, seed=None):
                 return self._scores(xs, with_aux=True)
 
-            def _scores(self, xs, with_aux: bool):
+            def _gp(self, xs):
+                """(history mean, a function giving the history stddev, history + pending stddev)."""
+                if self.fast:
+                    return _posterior_terms(self.predictive, self.predictive_all_features, xs, self.share_kernel)
                 gprm = self.predictive.predict(xs)
-                mean = gprm.mean()
-                stddev_from_all = self.predictive_all_features.predict(xs).stddev()
+                return gprm.mean(), gprm.stddev, self.predictive_all_features.predict(xs).stddev()
+
+            def _scores(self, xs, with_aux: bool):
+                mean, stddev_fn, stddev_from_all = self._gp(xs)
 
                 def ucb():
                     acq_values = mean + self.ucb_coefficient * stddev_from_all
                     if self.labels.shape[1] > 1:
                         scalarized = self.scalarizer(acq_values)
-                        padded_labels = self.labels.replace_fill_value(-np.inf).padded_array
-                        if padded_labels.shape[0] > 0:
-                            max_scalarized = jnp.max(self.scalarizer(padded_labels), axis=-1)
+                        if self.labels.shape[0] > 0:
+                            # the stock max over the observed labels, precomputed (see __init__)
+                            max_scalarized = self.label_max
                             shape_mismatch = len(scalarized.shape) - len(max_scalarized.shape)
                             expand_max = jnp.expand_dims(max_scalarized, axis=range(-shape_mismatch, 0))
                             scalarized = jnp.maximum(scalarized, expand_max)
@@ -1055,17 +1093,173 @@ def _shared_score_class():
                     return acq_values
 
                 def pe():
-                    return _pe_acquisition(self, mean, gprm.stddev(), stddev_from_all)
+                    return _pe_acquisition(self, mean, stddev_fn(), stddev_from_all)
 
                 acq_values = jax.lax.cond(self.use_ucb, ucb, pe)
                 if self.trust_region is not None:
                     acq_values = gp_ucb_pe._apply_trust_region(self.trust_region, xs, acq_values)
                 if not with_aux:
                     return acq_values, None
-                return acq_values, {"mean": mean, "stddev": gprm.stddev(), "stddev_from_all": stddev_from_all}
+                return acq_values, {"mean": mean, "stddev": stddev_fn(), "stddev_from_all": stddev_from_all}
 
         _STABLE["shared_score"] = SharedUCBPEScore
     return _STABLE["shared_score"]
+
+
+def _label_max_fn():
+    """GP-UCB-PE's UCB bound over the observed labels (vizier 0.1.24 UCBScoreFunction: the max of
+    each hypervolume scalarisation over the labels, padded rows -inf), jitted once."""
+    if "label_max" not in _STABLE:
+        import equinox as eqx
+        import jax.numpy as jnp
+        import numpy as np
+
+        def label_max(scalarizer, labels):
+            return jnp.max(scalarizer(labels.replace_fill_value(-np.inf).padded_array), axis=-1)
+
+        _STABLE["label_max"] = eqx.filter_jit(label_max)
+    return _STABLE["label_max"]
+
+
+def _fast_posterior_ok(predictive) -> bool:
+    """Whether `_posterior_terms` covers this predictive (structure only, so also under tracing):
+    a uniform ensemble of ONE precomputed posterior (Vizier's GP-UCB-PE default), one metric with
+    TFP's dense factor, or several with `_independent_precompute`'s shared n x n factor."""
+    import numpy as np
+    from vizier._src.jax import stochastic_process_model as sp
+
+    p: Any = getattr(predictive, "predictives", None)
+    if type(predictive) is not sp.UniformEnsemblePredictive or type(p) is not sp.PrecomputedPredictive:
+        return False
+    solve_shape = np.shape(p.precomputed_solve_on_observation)
+    if len(solve_shape) > 2 or (len(solve_shape) == 2 and solve_shape[0] != 1):
+        return False  # an ensemble of several members: TFP's mixture
+    chol = p.precomputed_divisor_matrix_cholesky
+    if p.observed_data.labels.shape[-1] > 1:
+        return isinstance(chol, dict) and set(chol) == {"independent"}
+    return not isinstance(chol, dict)
+
+
+def _shares_kernel(predictive, predictive_all_features) -> bool:
+    """True when both posteriors evaluate the SAME kernel between candidates and observed rows on
+    every history row: one coroutine, equal parameters except the observation noise (GP-UCB-PE's
+    history + pending predictive differs from the history one only in its rows, and in a high-noise
+    study its noise), equal padded row count and feature masks, and each history row also a row of
+    history + pending at the same index. Checked on concrete arrays; False under tracing."""
+    import jax
+    import numpy as np
+
+    h, a = predictive.predictives, predictive_all_features.predictives
+    if h.prior.coroutine != a.prior.coroutine:
+        return False
+    for x in (h.prior.params, a.prior.params, h.observed_data, a.observed_data):
+        if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(x)):
+            return False
+    hp = {k: v for k, v in dict(h.prior.params).items() if k != "observation_noise_variance"}
+    ap = {k: v for k, v in dict(a.prior.params).items() if k != "observation_noise_variance"}
+    if jax.tree_util.tree_structure(hp) != jax.tree_util.tree_structure(ap):
+        return False
+    for x, y in zip(jax.tree_util.tree_leaves(hp), jax.tree_util.tree_leaves(ap)):
+        if np.shape(x) != np.shape(y) or not np.array_equal(np.asarray(x), np.asarray(y)):
+            return False
+    h_rows = ~_row_missing(h.observed_data.labels)
+    a_rows = ~_row_missing(a.observed_data.labels)
+    if h_rows.shape != a_rows.shape or not np.all(a_rows[h_rows]):
+        return False
+    for hf, af in ((h.observed_data.features.continuous, a.observed_data.features.continuous),
+                   (h.observed_data.features.categorical, a.observed_data.features.categorical)):
+        hx, ax = np.asarray(hf.padded_array), np.asarray(af.padded_array)
+        if hx.shape != ax.shape or not np.array_equal(np.asarray(hf._mask)[h_rows], np.asarray(af._mask)[h_rows]):
+            return False
+        if not np.array_equal(np.asarray(hf.is_missing[1]), np.asarray(af.is_missing[1])):
+            return False  # the kernel masks padded feature dimensions
+        if not np.array_equal(hx[h_rows], ax[h_rows], equal_nan=np.issubdtype(hx.dtype, np.floating)):
+            return False
+    return True
+
+
+def _row_missing(labels):
+    """Observed-row mask of a label PaddedArray as numpy: a row is missing when it has no metric."""
+    import numpy as np
+
+    mask = np.asarray(labels._mask)  # pylint: disable=protected-access
+    return ~mask.reshape(mask.shape[0], -1).any(axis=1)
+
+
+def _gp_terms(predictive):
+    """What a posterior prediction needs from one `_fast_posterior_ok` predictive: the kernel (the
+    base kernel of Vizier's INDEPENDENT multi-task kernel), the observed index points with missing
+    rows zeroed (as TFP's SchurComplement does), the missing-row mask, the Cholesky factor of the
+    masked K_nn + noise, the precomputed solve as [..., n] (one metric) or [..., n, m], the
+    observation noise and the prior mean function."""
+    import jax
+    import jax.numpy as jnp
+
+    p = predictive.predictives
+    prior = p.prior(p.observed_data.features)
+    labels = p.observed_data.labels
+    solve = p.precomputed_solve_on_observation
+    chol = p.precomputed_divisor_matrix_cholesky
+    if labels.shape[-1] > 1:
+        kernel = prior.kernel.base_kernel
+        chol = chol["independent"]["chol_tril"]
+        missing = ~jnp.asarray(labels._mask)[:, 0]  # pylint: disable=protected-access
+        n, m = labels.padded_array.shape
+        solve = jnp.reshape(solve, solve.shape[:-1] + (n, m))  # TFP's vec: row-major, task fastest
+    else:
+        kernel = prior.kernel
+        missing = labels.is_missing[0]
+    z = jax.tree_util.tree_map(
+        lambda v: jnp.where(jnp.reshape(missing, missing.shape + (1,) * (v.ndim - 1)), jnp.zeros((), v.dtype), v),
+        prior.index_points)
+    return kernel, z, missing, chol, solve, prior.observation_noise_variance, prior.mean_fn
+
+
+def _posterior_terms(predictive, predictive_all_features, xs, share_kernel: bool):
+    """GP-UCB-PE's three GP quantities at the candidates `xs`: the history predictive's mean, a
+    function giving its stddev, and the history + pending predictive's stddev, with the shapes
+    and values of TFP's posterior (vizier 0.1.24 PrecomputedPredictive.predict: mean() and stddev()
+    of a GaussianProcessRegressionModel, or of a MultiTaskGaussianProcessRegressionModel with the
+    Kronecker factor, for the one-member ensemble). Per predictive: mean = m(x) + K_xZ alpha,
+    variance = k(x, x) - |L^-1 K_Zx|^2 + noise, K_xZ with missing rows zeroed. The kernel and
+    k(x, x) are evaluated once when `share_kernel` (`_shares_kernel`)."""
+    import jax
+    import jax.numpy as jnp
+    from tensorflow_probability.substrates.jax.experimental import psd_kernels as tfpke  # type: ignore[import-untyped]
+
+    x = tfpke.ContinuousAndCategoricalValues(continuous=xs.continuous.padded_array,
+                                             categorical=xs.categorical.padded_array)
+    h_kernel, h_z, h_missing, h_chol, h_solve, h_noise, h_mean_fn = _gp_terms(predictive)
+    a_kernel, a_z, a_missing, a_chol, a_solve, a_noise, _ = _gp_terms(predictive_all_features)
+    multi = h_solve.ndim > h_chol.ndim - 1  # [..., n, m] against [..., n, n]
+
+    def cross(kernel, z, missing):
+        return jnp.where(missing, jnp.zeros((), z.continuous.dtype), kernel.matrix(x, z))  # [..., b, n]
+
+    k_all = cross(a_kernel, a_z, a_missing)
+    kxx_all = a_kernel.apply(x, x, example_ndims=1)  # [..., b]
+    if share_kernel:
+        k_hist, kxx_hist = jnp.where(h_missing, jnp.zeros((), k_all.dtype), k_all), kxx_all
+    else:
+        k_hist, kxx_hist = cross(h_kernel, h_z, h_missing), h_kernel.apply(x, x, example_ndims=1)
+
+    def stddev(chol, k, kxx, noise):
+        half = jax.scipy.linalg.solve_triangular(chol, jnp.swapaxes(k, -1, -2), lower=True)  # [..., n, b]
+        var = kxx - jnp.sum(half * half, axis=-2) + jnp.asarray(noise)[..., None]
+        return finish(jnp.sqrt(var), broadcast=True)
+
+    def finish(v, broadcast=False):
+        if v.ndim > (2 if multi and not broadcast else 1):
+            v = v[0]  # the one-member ensemble
+        if multi and broadcast:
+            v = jnp.broadcast_to(v[..., None], v.shape + (h_solve.shape[-1],))
+        return v
+
+    if multi:
+        mean = finish(h_mean_fn(x) + jnp.matmul(k_hist, h_solve))  # [..., b, m]
+    else:
+        mean = finish(h_mean_fn(x) + jnp.einsum("...bn,...n->...b", k_hist, h_solve))
+    return mean, lambda: stddev(h_chol, k_hist, kxx_hist, h_noise), stddev(a_chol, k_all, kxx_all, a_noise)
 
 
 def _ucb_pe_class():
@@ -1128,6 +1322,7 @@ def _ucb_pe_class():
                 stock = gp_ucb_pe.PEScoreFunction, gp_ucb_pe.UCBScoreFunction
                 if getattr(self, "_spica_shared_acquisition", True):
                     shared, cfg = _shared_score_class(), self._config
+                    fast = getattr(self, "_spica_fast_posterior", True)
 
                     def ucb_score(predictive, predictive_all_features, ucb_coefficient, trust_region,
                                   scalarization_weights_rng, labels, num_scalarizations=1000):
@@ -1137,7 +1332,7 @@ def _ucb_pe_class():
                             penalty_coefficient=cfg.cb_violation_penalty_coefficient, trust_region=trust_region,
                             multimetric_promising_region_penalty_type=cfg.multimetric_promising_region_penalty_type,
                             labels=labels, scalarization_weights_rng=scalarization_weights_rng,
-                            num_scalarizations=num_scalarizations)
+                            num_scalarizations=num_scalarizations, fast_posterior=fast)
 
                     def pe_score(predictive, predictive_all_features, ucb_coefficient, explore_ucb_coefficient,
                                  penalty_coefficient, trust_region, multimetric_promising_region_penalty_type):
@@ -1146,7 +1341,7 @@ def _ucb_pe_class():
                             explore_ucb_coefficient=explore_ucb_coefficient, penalty_coefficient=penalty_coefficient,
                             trust_region=trust_region,
                             multimetric_promising_region_penalty_type=multimetric_promising_region_penalty_type,
-                            labels=data.labels)
+                            labels=data.labels, fast_posterior=fast)
 
                     gp_ucb_pe.PEScoreFunction, gp_ucb_pe.UCBScoreFunction = pe_score, ucb_score
                 else:

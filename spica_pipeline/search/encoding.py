@@ -9,12 +9,14 @@ import itertools
 import math
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
 from spica_pipeline.search.projection import (
     ATTENTION_ORDER,
     FFN_ORDER,
     FeatureValue,
+    PoolIndex,
     Projection,
     config_features,
     is_categorical_feature,
@@ -118,7 +120,18 @@ class SearchEncoding:
         """Whether the selection's backend can run `config` (no backend knob: always). Projection
         only ever picks such a config, except a one-config pool, which is a strict pin."""
         backend = selection.get("backend")
-        return backend is None or backend in self.supported_backends[self.parallel_configs.index(config)]
+        if backend is None:
+            return True
+        position = self.pool_index.position.get(config)
+        if position is None:
+            raise ValueError(f"{config} is not in this branch's pool")
+        return backend in self.supported_backends[position]
+
+    @cached_property
+    def pool_index(self) -> PoolIndex:
+        """The pool's features and positions, computed once (projection and `supports` run for
+        every suggestion and every neighbour a local designer considers)."""
+        return PoolIndex(self.parallel_configs, self.gpu_budget)
 
     def features_of(self, config: ParallelConfig) -> dict[str, FeatureValue]:
         return config_features(config, self.gpu_budget, self.is_moe)
@@ -228,6 +241,7 @@ class SearchEncoding:
             self.supported_backends,
             gpu_budget=self.gpu_budget,
             exclude=exclude,
+            index=self.pool_index,
         )
 
 

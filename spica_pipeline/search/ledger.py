@@ -7,7 +7,7 @@ and stable.
 """
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from spica_pipeline.config.types import is_finite_number
@@ -48,7 +48,8 @@ class TrialRecord:
 
     def to_row(self) -> dict[str, Any]:
         """Flat row: nested fields as canonical JSON strings (Parquet- and journal-friendly)."""
-        row = asdict(self)
+        row = {name: getattr(self, name) for name in self.__dataclass_fields__}  # shallow: the nested
+        # fields become JSON strings below (asdict's deep copy was most of an anytime write's time)
         for key in (*JSON_COLUMNS, "told_metrics"):
             value = row[key]
             row[key] = None if value is None else canonical_json(json_safe(value))

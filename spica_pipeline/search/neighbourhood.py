@@ -33,6 +33,9 @@ back to quasi-random).
   good. Points equal to a proposed one but for inert knobs (look-alikes) come after every new
   point, except the best anchor's, which cost INCUMBENT_LOOKALIKE rings more: near the optimum a
   small knob effect can decide it (trace_agg: batched tokens 8192 on the best config, +3 %).
+  Own-config probe (scalar goal, while the best config leads every other by > PROBE_LEAD): the
+  best anchor's farthest untried value of each inert knob, on its own config, comes at
+  INCUMBENT_LOOKALIKE rings more, before any of its look-alikes on other configs (OWN_CONFIG_PROBE).
 * Exploration: points drawn uniformly over the encoding (features and knobs, as the quasi-random
   designer spreads them), projected onto the pool, kept only on a config no trial has used (while
   one remains) and never a look-alike. Quasi-random exploration repeated used configs (three of
@@ -64,6 +67,27 @@ EXPLORED_WEIGHT = 0.125  # each neighbour already taken around an anchor costs 1
 MAX_ANCHORS = 64  # the best anchors stepped from (bounds an ask's work on long studies)
 INERT_TOL = 2e-3  # a knob's effect this small, relative to the best |value| of each metric, counts as none
 INCUMBENT_LOOKALIKE = 1.0  # the best anchor's look-alikes cost this many rings more (every other one waits)
+# Own-config probe (round F, docs/performance.md): the best anchor's untried values of its inert
+# knobs on its own parallel config form one queue of their own, at ring 1 + PROBE_EXTRA, ahead of its
+# look-alikes on other configs (likely known outcomes again: the knob was inert there). Modes: "off"
+# (no such queue: the own-config values mix, in the seeded order, with the best anchor's other
+# look-alikes); "own": its rings 1 and 2 on its own config, ring 1 first; "single": the same, every
+# one-knob move first; "knob": one-knob moves only; "far": per knob only its farthest value within
+# two steps (an end of its range: from 32768 batched tokens 8192, from 16384 both ends), one-knob
+# moves only. Chosen on development seeds 60-79 and 100-139 (simulated, 21:36-21:52 UTC, rule fixed
+# before in da069d8): far, lead 0.05, scalar goals only. Evaluations to 99 %, median / mean over the
+# 60 seeds, off -> far: trace_agg 17.5 / 16.6 -> 14 / 12.4 (32 seeds better, 1 worse), goodput_agg
+# 6 / 6.08 -> 6 / 6.25 (6.43 without the lead), disagg_goodput 14 / 16.3 -> 14 / 16.6,
+# disagg_trace unchanged; on pareto_disagg the probe moved 16 seeds both ways (26.5 -> 26, one more
+# seed above 35), so a Pareto goal does not probe.
+OWN_CONFIG_PROBE = "far"
+PROBE_EXTRA = 1.0  # the probe queue's extra cost in rings (1.0: as the best anchor's look-alikes)
+# scalar goal: probe only while the best config leads the best trial on any other config by more than
+# this share of its score (goodput_agg: configs within 0.2 % of each other, the optimum on another
+# one; trace_agg: the best config 0.97 of the optimum, every other <= 0.72). 0.02, 0.05 and 0.10
+# gave the same 60 dev-seed counts.
+PROBE_LEAD = 0.05
+PROBE_PARETO = False  # a Pareto goal probes too (False: the probe is for a scalar goal only)
 EXPLORE_TRIES = 8  # draws per exploration point before giving up (the caller fills the rest quasi-randomly)
 # A model-based ask (GP-UCB-PE) that proposes a look-alike of a proposed point (equal but for knobs
 # this designer believes inert: likely a known outcome again; 9-14 per pareto_disagg run):
@@ -162,6 +186,9 @@ class NeighbourhoodDesigner:
         self.explored_weight = explored_weight
         self._adjacent: dict[ParallelConfig, list[tuple[float, ParallelConfig]]] = {}
         self._rings: dict[tuple[PointKey, int], list[_Candidate]] = {}
+        # point keys of the trials the study hands in, by dict identity (see `_key`)
+        self._keys: dict[int, tuple[dict[str, Any], ParallelConfig, PointKey]] = {}
+        self._reduced_keys: dict[int, tuple[dict[str, Any], ParallelConfig, frozenset[str], PointKey]] = {}
 
     # ----- the ask ---------------------------------------------------------------------------
     def local_count(self, count: int, position: int = 0) -> int:
@@ -185,8 +212,8 @@ class NeighbourhoodDesigner:
         inert = self.inert_knobs(rows)
         used = set(taken)
         # points equal to a proposed one but for inert knobs: likely a known outcome again
-        alike = {self._reduced(sel, cfg, inert) for sel, cfg, _ in known}
-        alike |= {self._reduced(sel, cfg, inert) for sel, cfg in pending}
+        alike = {self._reduced_trial(sel, cfg, inert) for sel, cfg, _ in known}
+        alike |= {self._reduced_trial(sel, cfg, inert) for sel, cfg in pending}
         out = self._local(want, rows, anchors, inert, used, alike) if want > 0 and anchors else []
         visited = {cfg for _, cfg in used} | {cfg for _, cfg, _ in known} | {cfg for _, cfg in pending}
         return out + self._explore(count - len(out), position, inert, used, alike, visited)
@@ -197,8 +224,8 @@ class NeighbourhoodDesigner:
         of a known or pending trial or of an earlier point of the batch, equal to it but for knobs
         this designer believes inert (`inert_knobs`), so likely a known outcome again."""
         inert = self.inert_knobs(self._rows(known))
-        alike = {self._reduced(sel, cfg, inert) for sel, cfg, _ in known}
-        alike |= {self._reduced(sel, cfg, inert) for sel, cfg in pending}
+        alike = {self._reduced_trial(sel, cfg, inert) for sel, cfg, _ in known}
+        alike |= {self._reduced_trial(sel, cfg, inert) for sel, cfg in pending}
         out: list[bool] = []
         for sel, cfg in suggested:
             reduced = self._reduced(sel, cfg, inert)
@@ -212,7 +239,7 @@ class NeighbourhoodDesigner:
         gaps = self._gaps(rows, anchors)
         ordered = self._order(anchors, used)[:MAX_ANCHORS]
         explored = [-1] * len(ordered)  # counted when the anchor's turn first comes (-1: not yet)
-        gap = [gaps[point_key(*a)] for a in ordered]
+        gap = [gaps[self._key(*a)] for a in ordered]
         # one queue per (anchor, tier); the cheapest queue gives the next candidate (module docstring)
         heap: list[tuple[int, float, int, int]] = []
         queues: dict[tuple[int, int], Iterator[_Candidate]] = {}
@@ -220,8 +247,12 @@ class NeighbourhoodDesigner:
         # tried where they could still matter; every other look-alike waits for every new point
         top = min(range(len(ordered)), key=lambda j: (gap[j], j))
         for i, anchor in enumerate(ordered):
-            for tier in (1, 2, 3, 4):  # rings 1, 2 of new points; then rings 1, 2 of look-alikes
-                queues[(i, tier)] = self._tier(anchor, tier, inert, alike, used)
+            tiers: tuple[int, ...] = (1, 2, 3, 4)  # rings 1, 2 of new points; then rings 1, 2 of look-alikes
+            if i == top and OWN_CONFIG_PROBE != "off" and self._leads(rows, anchor[1]):
+                tiers = (0,) + tiers  # tier 0: the own-config probe (OWN_CONFIG_PROBE)
+            for tier in tiers:
+                queues[(i, tier)] = (self._probe(anchor, inert, alike, used) if tier == 0
+                                     else self._tier(anchor, tier, inert, alike, used))
                 heap.append((tier > 2 and i != top, self._priority(tier, gap[i], explored[i], i == top), i, tier))
         heapq.heapify(heap)
         out: list[dict[str, Any]] = []
@@ -246,7 +277,10 @@ class NeighbourhoodDesigner:
     def _priority(self, tier: int, gap: float, explored: int, top: bool = False) -> float:
         """A queue's cost: its ring, plus the anchor's score gap to the best (0 best, 1 worst,
         x gap_weight), plus explored_weight per neighbour already taken around the anchor; the
-        incumbent's look-alike tiers also INCUMBENT_LOOKALIKE."""
+        incumbent's look-alike tiers also INCUMBENT_LOOKALIKE, its own-config probe (tier 0) ring 1
+        plus PROBE_EXTRA."""
+        if tier == 0:
+            return 1.0 + PROBE_EXTRA + self.gap_weight * gap + self.explored_weight * max(0, explored)
         ring = tier if tier <= 2 else tier - 2
         extra = INCUMBENT_LOOKALIKE if (top and tier > 2) else 0.0
         return ring + extra + self.gap_weight * gap + self.explored_weight * max(0, explored)
@@ -308,16 +342,16 @@ class NeighbourhoodDesigner:
         minus its exclusive hypervolume contribution over the front's largest (a front point that
         adds almost no area, like the end of a flat tail, is almost the worst anchor); other Pareto
         goals: 0 (every front point alike)."""
-        keys = [point_key(a[0], a[1]) for a in anchors]
+        keys = [self._key(a[0], a[1]) for a in anchors]
         if len(self.metrics) == 2 and all(d == "max" for _, d in self.metrics) and rows:
-            vectors = {point_key(r[0], r[1]): r[2] for r in rows}
+            vectors = {self._key(r[0], r[1]): r[2] for r in rows}
             contrib = hv_contributions([vectors[k] for k in keys])
             top = max(contrib, default=0.0)
             return {k: (1.0 - c / top if top > 0 else 0.0) for k, c in zip(keys, contrib)}
         if len(self.metrics) > 1 or not rows:
             return dict.fromkeys(keys, 0.0)
         sign = 1.0 if self.metrics[0][1] == "max" else -1.0
-        value = {point_key(r[0], r[1]): sign * r[2][0] for r in rows}
+        value = {self._key(r[0], r[1]): sign * r[2][0] for r in rows}
         hi, lo = max(value.values()), min(value.values())
         span = hi - lo
         return {k: ((hi - value[k]) / span if span > 0 else 0.0) for k in keys}
@@ -325,6 +359,27 @@ class NeighbourhoodDesigner:
     def _explored(self, anchor: tuple[dict[str, Any], ParallelConfig], used: set[PointKey]) -> int:
         """How many of the anchor's ring-1 and ring-2 points are taken already."""
         return sum(1 for ring in (1, 2) for c in self._candidates(anchor, ring) if c.key in used)
+
+    def _key(self, selection: dict[str, Any], config: ParallelConfig) -> PointKey:
+        """`point_key` of a trial the study handed in, memoised by the selection dict's identity
+        (the study passes the same trial dicts on every ask, and a trial's selection never changes
+        once proposed). Serialising every known trial again on each ask made a long sweep's asks
+        quadratic: 0.58 of 1.0 s per ask at 8,000 trials (cProfile, 22:45 UTC 2026-12-04)."""
+        hit = self._keys.get(id(selection))
+        if hit is not None and hit[0] is selection and hit[1] == config:
+            return hit[2]
+        key = point_key(selection, config)
+        self._keys[id(selection)] = (selection, config, key)  # holding the dict keeps its id unique
+        return key
+
+    def _reduced_trial(self, selection: dict[str, Any], config: ParallelConfig, inert: frozenset[str]) -> PointKey:
+        """`_reduced` of a trial the study handed in, memoised like `_key` (per inert set)."""
+        hit = self._reduced_keys.get(id(selection))
+        if hit is not None and hit[0] is selection and hit[1] == config and hit[2] == inert:
+            return hit[3]
+        key = self._reduced(selection, config, inert)
+        self._reduced_keys[id(selection)] = (selection, config, inert, key)
+        return key
 
     @staticmethod
     def _reduced(selection: Mapping[str, Any], config: ParallelConfig, inert: Collection[str]) -> PointKey:
@@ -347,7 +402,7 @@ class NeighbourhoodDesigner:
             values = [metrics.get(n) for n in names]
             if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
                 continue
-            key = point_key(selection, config)
+            key = self._key(selection, config)
             if key in seen:
                 continue
             seen.add(key)
@@ -396,8 +451,11 @@ class NeighbourhoodDesigner:
         for members in by_config.values():
             for i, (sa, _, va) in enumerate(members):
                 for sb, _, vb in members[i + 1:]:
-                    if any(abs(x - y) > t for x, y, t in zip(va, vb, tol)):
-                        changed.update(k for k in knobs if sa.get(k) != sb.get(k))
+                    new = [k for k in knobs if k not in changed and sa.get(k) != sb.get(k)]
+                    if new and any(abs(x - y) > t for x, y, t in zip(va, vb, tol)):
+                        changed.update(new)
+                        if len(changed) == len(knobs):  # every knob matters: nothing left to learn
+                            return frozenset()
         return frozenset(k for k in knobs if k not in changed)
 
     # ----- neighbours ------------------------------------------------------------------------
@@ -411,6 +469,47 @@ class NeighbourhoodDesigner:
             if cand.key in used:
                 continue
             if (self._reduced(cand.selection, cand.key[1], inert) in alike) == look_alike:
+                yield cand
+
+    def _leads(self, rows: list[_Row], config: ParallelConfig) -> bool:
+        """Whether the best anchor's config leads the best trial on any other config by more than
+        PROBE_LEAD of its |score| (scalar goal; a Pareto goal: PROBE_PARETO)."""
+        if len(self.metrics) != 1:
+            return PROBE_PARETO
+        if PROBE_LEAD <= 0 or not rows:
+            return True
+        sign = 1.0 if self.metrics[0][1] == "max" else -1.0
+        best = max(sign * r[2][0] for r in rows if r[1] == config)
+        other = max((sign * r[2][0] for r in rows if r[1] != config), default=-math.inf)
+        return best - other > PROBE_LEAD * abs(best)
+
+    def _probe(self, anchor: tuple[dict[str, Any], ParallelConfig], inert: frozenset[str],
+               alike: set[PointKey], used: set[PointKey]) -> Iterator[_Candidate]:
+        """The own-config probe (OWN_CONFIG_PROBE): the anchor's look-alikes on its own parallel
+        config (untried values of knobs believed inert), rings 1 and 2. A knob counts as inert until
+        a pair on one config shows it matters, and the only pair that could show it may be the one
+        that holds the optimum (trace_agg: batched tokens 8192 on the best config, +3 %, while 16384
+        and 32768 tie); the same values on other configs are likely known outcomes again. Checked
+        lazily, as `_tier`."""
+        selection, config = anchor
+        rings = [(ring, c) for ring in (1, 2) for c in self._candidates(anchor, ring) if c.key[1] == config]
+
+        def moved(c: _Candidate) -> list[str]:
+            return [k for k, v in c.selection.items() if selection.get(k) != v]
+
+        if OWN_CONFIG_PROBE in ("single", "knob"):  # one-knob moves first (stable: rings, then the seeded order)
+            rings.sort(key=lambda rc: len(moved(rc[1])) > 1)
+        if OWN_CONFIG_PROBE == "knob":  # one-knob moves only (two-knob ones stay look-alikes of tiers 3-4)
+            rings = [rc for rc in rings if len(moved(rc[1])) <= 1]
+        if OWN_CONFIG_PROBE == "far":  # per knob, only its farthest values within two steps (an end of its range)
+            ones = [(ring, c, moved(c)[0]) for ring, c in rings if len(moved(c)) == 1]
+            far = {k: max(r for r, _, kk in ones if kk == k) for _, _, k in ones}
+            rings = [(r, c) for r, c, k in ones if r == far[k]]
+        own = [c for _, c in rings]
+        for cand in own:
+            if cand.key in used:
+                continue
+            if self._reduced(cand.selection, config, inert) in alike:
                 yield cand
 
     def _candidates(self, anchor: tuple[dict[str, Any], ParallelConfig], ring: int) -> list[_Candidate]:

@@ -9,6 +9,17 @@ from typing import Any, Union
 SHAPE_KEYS = ("tp", "pp", "attention_dp", "moe_tp", "moe_ep")
 
 
+def _cached_hash(self: Any) -> int:
+    """The dataclass hash (of the field tuple), computed once per shape: shapes key the sets and
+    dicts of every projection and neighbourhood step, and a DisaggShape's hash hashes two nested
+    shapes each time. Same value as the generated hash, so set and dict orders do not change."""
+    h = self.__dict__.get("_hash")
+    if h is None:
+        h = hash(tuple(getattr(self, name) for name in self.__dataclass_fields__))
+        object.__setattr__(self, "_hash", h)
+    return h
+
+
 @dataclass(frozen=True, order=True)
 class RoleShape:
     """One engine layout and how many replicas of it run (a worker pool of one role)."""
@@ -19,6 +30,8 @@ class RoleShape:
     moe_tp: int = 1
     moe_ep: int = 1
     replicas: int = 1
+
+    __hash__ = _cached_hash
 
     @property
     def gpus_per_engine(self) -> int:
@@ -70,6 +83,8 @@ class DisaggShape:
 
     prefill: RoleShape
     decode: RoleShape
+
+    __hash__ = _cached_hash
 
     @property
     def used_gpus(self) -> int:
