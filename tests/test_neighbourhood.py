@@ -630,3 +630,21 @@ def test_the_round_loop_records_each_trials_own_designer(monkeypatch):
     for r in result.records:
         names.setdefault(r.round, set()).add(r.designer)
     assert any(n == {"DEFAULT", NEIGHBOURHOOD} for n in names.values())
+
+
+@pytest.mark.parametrize("metrics", [SCALAR, PARETO])
+def test_a_designer_kept_across_asks_answers_as_a_fresh_one(metrics):
+    """The designer extends its rows and inert-knob pairs from one ask to the next (the study hands
+    in the same trials, one batch more each time); any other history, e.g. a reordered one or a
+    shorter one after a resume, is read from scratch. Every answer equals a fresh designer's."""
+    fn = (lambda s, c: {"objective": objective(s, c)}) if metrics == SCALAR else pareto_metrics
+    order = random.Random(5).sample(SPACE, 60)
+    kept = NeighbourhoodDesigner(ENCODING, metrics, seed=3)
+    told = known(order, fn)
+    histories = [told[:n] for n in range(0, 57, 4)] + [told[:20], list(reversed(told[:30])), told[:40]]
+    for history in histories:
+        pending = order[len(history):len(history) + 4]
+        taken = keys(order[:len(history) + 4])
+        fresh = NeighbourhoodDesigner(ENCODING, metrics, seed=3)
+        assert kept.suggest(8, history, pending, taken) == fresh.suggest(8, history, pending, taken)
+        assert kept.inert_knobs(kept._rows(history)) == fresh.inert_knobs(fresh._rows(history))

@@ -189,6 +189,11 @@ class NeighbourhoodDesigner:
         # point keys of the trials the study hands in, by dict identity (see `_key`)
         self._keys: dict[int, tuple[dict[str, Any], ParallelConfig, PointKey]] = {}
         self._reduced_keys: dict[int, tuple[dict[str, Any], ParallelConfig, frozenset[str], PointKey]] = {}
+        # the last call's known trials and rows (`_rows`), and rows, tolerances, rows per config
+        # and knobs shown to matter (`inert_knobs`): both extended, never recomputed, on a longer ask
+        self._rows_cache: tuple[list[Known], list[_Row], set[PointKey]] = ([], [], set())
+        self._inert_cache: tuple[list[_Row], list[float], dict[ParallelConfig, list[_Row]], set[str]] = (
+            [], [], {}, set())
 
     # ----- the ask ---------------------------------------------------------------------------
     def local_count(self, count: int, position: int = 0) -> int:
@@ -392,11 +397,19 @@ class NeighbourhoodDesigner:
         return self._anchors(self._rows(known))
 
     def _rows(self, known: Sequence[Known]) -> list[_Row]:
-        """The feasible known trials with every metric finite, one per point, in trial order."""
+        """The feasible known trials with every metric finite, one per point, in trial order.
+
+        Incremental: the study hands in the same trials in the same order on every ask, one ask
+        more each time, so the rows of a prefix identical to the last call's (checked entry by
+        entry, by identity) are kept and only the new trials are read."""
+        done, rows, seen = self._rows_cache
+        if len(known) >= len(done) and all(a[0] is b[0] and a[1] is b[1] and a[2] is b[2]
+                                           for a, b in zip(known, done)):
+            start = len(done)
+        else:
+            start, rows, seen = 0, [], set()
         names = [n for n, _ in self.metrics]
-        rows: list[_Row] = []
-        seen: set[PointKey] = set()
-        for selection, config, metrics in known:
+        for selection, config, metrics in known[start:]:
             if not metrics:
                 continue
             values = [metrics.get(n) for n in names]
@@ -407,7 +420,8 @@ class NeighbourhoodDesigner:
                 continue
             seen.add(key)
             rows.append((selection, config, tuple(float(v) for v in values)))  # type: ignore[arg-type]
-        return rows
+        self._rows_cache = (list(known), rows, seen)
+        return list(rows)
 
     def _anchors(self, rows: list[_Row]) -> list[tuple[dict[str, Any], ParallelConfig]]:
         dirs = [d for _, d in self.metrics]
@@ -444,18 +458,23 @@ class NeighbourhoodDesigner:
         knobs = [p.name for p in self.encoding.params if p.role in ("knob", "float")]
         scale = [max((abs(r[2][m]) for r in rows), default=0.0) for m in range(len(self.metrics))]
         tol = [INERT_TOL * max(s, 1e-12) for s in scale]
-        by_config: dict[ParallelConfig, list[_Row]] = {}
-        for row in rows:
-            by_config.setdefault(row[1], []).append(row)
-        changed: set[str] = set()
-        for members in by_config.values():
-            for i, (sa, _, va) in enumerate(members):
-                for sb, _, vb in members[i + 1:]:
+        # incremental, like `_rows`: while the tolerances are unchanged, the pairs of an identical
+        # row prefix were judged already; only pairs with a new row are (a union: order-free)
+        done, done_tol, by_config, changed = self._inert_cache
+        if done_tol == tol and len(rows) >= len(done) and all(a is b for a, b in zip(rows, done)):
+            start = len(done)
+        else:
+            start, by_config, changed = 0, {}, set()
+        for row in rows[start:]:
+            sb, config, vb = row
+            members = by_config.setdefault(config, [])
+            if len(changed) < len(knobs):  # else every knob matters: nothing left to learn
+                for sa, _, va in members:
                     new = [k for k in knobs if k not in changed and sa.get(k) != sb.get(k)]
                     if new and any(abs(x - y) > t for x, y, t in zip(va, vb, tol)):
                         changed.update(new)
-                        if len(changed) == len(knobs):  # every knob matters: nothing left to learn
-                            return frozenset()
+            members.append(row)
+        self._inert_cache = (list(rows), tol, by_config, changed)
         return frozenset(k for k in knobs if k not in changed)
 
     # ----- neighbours ------------------------------------------------------------------------
@@ -479,8 +498,8 @@ class NeighbourhoodDesigner:
         if PROBE_LEAD <= 0 or not rows:
             return True
         sign = 1.0 if self.metrics[0][1] == "max" else -1.0
-        best = max(sign * r[2][0] for r in rows if r[1] == config)
-        other = max((sign * r[2][0] for r in rows if r[1] != config), default=-math.inf)
+        best = max(sign * r[2][0] for r in rows if r[1] is config or r[1] == config)
+        other = max((sign * r[2][0] for r in rows if not (r[1] is config or r[1] == config)), default=-math.inf)
         return best - other > PROBE_LEAD * abs(best)
 
     def _probe(self, anchor: tuple[dict[str, Any], ParallelConfig], inert: frozenset[str],
