@@ -328,11 +328,9 @@ class RecordLog:
     """
 
     def __init__(self) -> None:
-        self.records: list[TrialRecord] = []
         self.rows: list[dict[str, Any]] = []
 
     def append(self, record: TrialRecord) -> None:
-        self.records.append(record)
         self.rows.append(record.to_row())
 
     def frame(self) -> pd.DataFrame:
