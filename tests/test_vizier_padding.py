@@ -48,6 +48,29 @@ def _model(pad: bool, metrics, n=11):
     return designer, data, model, params
 
 
+def _stock_and_shared_scores(designer, data, predictive, predictive_all, trust_region):
+    """GP-UCB-PE's score keywords as its designer sets them, then (Vizier's UCB, PE) and ours (UCB,
+    PE: the one shared class with use_ucb on and off), all on the same posteriors and weights."""
+    import jax
+    from vizier._src.algorithms.designers import gp_ucb_pe
+
+    from spica_pipeline.resources.vizier import _shared_score_class
+
+    cfg = designer._config
+    pe_kw = dict(ucb_coefficient=cfg.ucb_coefficient, explore_ucb_coefficient=cfg.explore_region_ucb_coefficient,
+                 penalty_coefficient=cfg.cb_violation_penalty_coefficient, trust_region=trust_region,
+                 multimetric_promising_region_penalty_type=cfg.multimetric_promising_region_penalty_type)
+    rng = jax.random.PRNGKey(5)
+    stock = (gp_ucb_pe.UCBScoreFunction(predictive, predictive_all, ucb_coefficient=cfg.ucb_coefficient,
+                                        trust_region=trust_region, scalarization_weights_rng=rng, labels=data.labels),
+             gp_ucb_pe.PEScoreFunction(predictive, predictive_all, **pe_kw))
+    shared = _shared_score_class()
+    ours = (shared(predictive, predictive_all, use_ucb=True, labels=data.labels, scalarization_weights_rng=rng,
+                   **pe_kw),
+            shared(predictive, predictive_all, use_ucb=False, labels=data.labels, **pe_kw))
+    return pe_kw, stock, ours
+
+
 def test_multi_task_ard_loss_ignores_padded_rows():
     """Vizier's own multi-task loss does not mask padding; ours must equal the unpadded loss."""
     import jax
@@ -106,25 +129,12 @@ def test_shared_ucb_pe_score_matches_vizier(metrics):
     class's score, and both flag values have one pytree structure (one compiled program)."""
     import jax
     import numpy as np
-    from vizier._src.algorithms.designers import gp_ucb_pe
     from vizier._src.jax import stochastic_process_model as sp
-
-    from spica_pipeline.resources.vizier import _shared_score_class
 
     designer, data, model, params = _model(True, metrics)
     predictive = sp.UniformEnsemblePredictive(
         sp.StochasticProcessWithCoroutine(model.coroutine, params).precompute_predictive(data))
-    cfg = designer._config
-    pe_kw = dict(ucb_coefficient=cfg.ucb_coefficient, explore_ucb_coefficient=cfg.explore_region_ucb_coefficient,
-                 penalty_coefficient=cfg.cb_violation_penalty_coefficient, trust_region=None,
-                 multimetric_promising_region_penalty_type=cfg.multimetric_promising_region_penalty_type)
-    rng = jax.random.PRNGKey(5)
-    stock_ucb = gp_ucb_pe.UCBScoreFunction(predictive, predictive, ucb_coefficient=cfg.ucb_coefficient,
-                                           trust_region=None, scalarization_weights_rng=rng, labels=data.labels)
-    stock_pe = gp_ucb_pe.PEScoreFunction(predictive, predictive, **pe_kw)
-    shared = _shared_score_class()
-    ucb = shared(predictive, predictive, use_ucb=True, labels=data.labels, scalarization_weights_rng=rng, **pe_kw)
-    pe = shared(predictive, predictive, use_ucb=False, labels=data.labels, **pe_kw)
+    _, (stock_ucb, stock_pe), (ucb, pe) = _stock_and_shared_scores(designer, data, predictive, predictive, None)
     xs = designer._converter.to_features(designer._quasi_random_sampler.suggest(5))
     for ours, stock in ((ucb, stock_ucb), (pe, stock_pe)):
         np.testing.assert_allclose(np.asarray(ours.score(xs)), np.asarray(stock.score(xs)), rtol=1e-10, atol=1e-12)
@@ -183,7 +193,6 @@ def test_fast_posterior_score_matches_vizier(metrics, noise_is_high):
     import jax
     import numpy as np
     from vizier import pyvizier as vz
-    from vizier._src.algorithms.designers import gp_ucb_pe
     from vizier._src.algorithms.designers.gp import acquisitions
     from vizier._src.jax import stochastic_process_model as sp
 
@@ -198,17 +207,8 @@ def test_fast_posterior_score_matches_vizier(metrics, noise_is_high):
         designer._converter.to_features(pending), data, gp, noise_is_high)
     assert predictive_all.predictives.observed_data.labels.padded_array.shape[0] == 32
     tr = acquisitions.TrustRegion(trusted=predictive_all.predictives.observed_data.features)
-    cfg = designer._config
-    pe_kw = dict(ucb_coefficient=cfg.ucb_coefficient, explore_ucb_coefficient=cfg.explore_region_ucb_coefficient,
-                 penalty_coefficient=cfg.cb_violation_penalty_coefficient, trust_region=tr,
-                 multimetric_promising_region_penalty_type=cfg.multimetric_promising_region_penalty_type)
-    rng = jax.random.PRNGKey(5)
-    stock_ucb = gp_ucb_pe.UCBScoreFunction(predictive, predictive_all, ucb_coefficient=cfg.ucb_coefficient,
-                                           trust_region=tr, scalarization_weights_rng=rng, labels=data.labels)
-    stock_pe = gp_ucb_pe.PEScoreFunction(predictive, predictive_all, **pe_kw)
+    pe_kw, (stock_ucb, stock_pe), (ucb, pe) = _stock_and_shared_scores(designer, data, predictive, predictive_all, tr)
     shared = _shared_score_class()
-    ucb = shared(predictive, predictive_all, use_ucb=True, labels=data.labels, scalarization_weights_rng=rng, **pe_kw)
-    pe = shared(predictive, predictive_all, use_ucb=False, labels=data.labels, **pe_kw)
     assert ucb.fast and ucb.share_kernel and pe.fast and pe.share_kernel
     slow = shared(predictive, predictive_all, use_ucb=False, labels=data.labels, fast_posterior=False, **pe_kw)
     assert not slow.fast
