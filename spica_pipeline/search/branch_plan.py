@@ -241,7 +241,7 @@ def propose(encoding: SearchEncoding, parameters: dict[str, Any],
         config, meta = encoding.pinned_config, None
     else:
         key = selection_key(selection)
-        exclude = [c for k, c in taken if k == key and c in encoding.pool_index.position]
+        exclude = [c for c in encoding.parallel_configs if (key, c) in taken] if taken else []
         try:
             projection = encoding.project(selection, requested, exclude)
         except ValueError as exc:
