@@ -8,20 +8,27 @@ for trials still running). No clock is read, so two fresh runs of the same
 config and seed make the same choices; `cost_aware: measured` uses measured seconds instead (adapts
 to the machine, not reproducible across fresh runs).
 
-Constants and where they come from (2 cores, 2026-12-04):
-  * GP-UCB-PE suggest(k), CPU seconds after the first call of its padding bucket (docs/performance.md,
-    "Suggest cost for search/cost.py after this change"). Every suggest pads its trials to one
-    bucket, R = max(32, next power of two of history + pending + k) (`suggest_bucket`, which
-    resources/vizier.py pads to), and costs about a(R) + k x b(R): a = the ARD fit and fixed work, b = one acquisition
-    optimisation. b is the k = 1, 2, 4, 8 slope measured 16:27-16:32 UTC; a puts k = 8 on the
-    bench's median (`bench/bench_vizier.py --after-first --count 8 --ns 8,16,32,64,100 --objectives
-    1|2`, 16:12-16:21 UTC, bench/results/vizier_after_first.json: one objective 0.91-0.99 / 1.53 /
-    2.66 s at R = 32 / 64 / 128, two objectives 0.93-0.99 / 1.68 / 3.37 s), the higher of the two
-    trial counts where two share a bucket. Beyond 128 rows (not measured) each doubling of R is
-    charged x ASK_GROWTH_PER_DOUBLING, the steeper 64 -> 128 step (two objectives, 1.68 -> 3.37 s).
-    A bucket's first suggest compiles its programs (8.7-11.1 s CPU at 64 and 128 rows, 20:11-20:16 UTC,
-    the JSON's `max_suggest_cpu_s_after_first`); like the process's first call, that is not charged
-    (paid once per process, not per study).
+Constants and where they come from (2 cores):
+  * GP-UCB-PE suggest(k), CPU seconds after the first call of its padding bucket. Every suggest pads
+    its trials to one bucket, R = max(32, next power of two of history + pending + k)
+    (`suggest_bucket`, which resources/vizier.py pads to), and costs about a(R) + k x b(R): a = the
+    ARD fit and fixed work, b = one acquisition optimisation. Refitted 2026-12-05 to the GP step of
+    820cf87 (the direct acquisition-step posterior): the level is suggest(8)'s median CPU seconds in
+    bench/results/vizier_after_first.json (`bench/bench_vizier.py --after-first --algos DEFAULT
+    --count 8 --ns 8,16,32,64,100 --objectives 1|2 --reps 3`, measured 2026-12-04 22:41-22:43 UTC,
+    `median_suggest_cpu_s_after_first`), the higher of two trial counts that share a bucket: one
+    objective 0.587 / 0.772 / 1.365 s at R = 32 / 64 / 128, two objectives 0.575 / 0.734 / 1.295 s
+    (was 0.99 / 1.53 / 2.66 and 0.99 / 1.68 / 3.37). Only k = 8 was measured after 820cf87, so each
+    bucket keeps the a : b split of the k = 1, 2, 4, 8 slope fit of 2026-12-04 16:27-16:32 UTC
+    (docs/performance.md, "Suggest cost for search/cost.py after this change"): a and b are both
+    scaled by (new k = 8 median) / (old a + 8 b), 0.38-0.59. (A 22:20 UTC profile of a two-objective
+    128-row suggest(8) put the 8 acquisitions at ~0.43 s of ~1.3 s, so below k = 8 the true cost may
+    sit ~10 % above this fit at R = 128; inside this box's +-30 % run-to-run spread.) Beyond 128 rows
+    (not measured) each doubling of R is charged x ASK_GROWTH_PER_DOUBLING, the steeper measured
+    64 -> 128 step (one objective 0.772 -> 1.365 s, x 1.77; two 0.734 -> 1.295 s, x 1.76).
+    A bucket's first suggest compiles its programs (5.6-6.5 s CPU at 64 and 128 rows in that file's
+    `max_suggest_cpu_s_after_first`); like the process's first call, that is not charged (paid once
+    per process, not per study).
   * A replay: the exhaustive truths of bench_time_to_quality (2026-12-04, load average 2-5) took a
     median 0.20 ms per request on goodput_agg (135 replays of 240 requests, median 47 ms) and 0.32 ms
     on pareto_disagg (142 closed-loop replays, median 1,424 requests, 0.52 s); the replay notes
@@ -31,20 +38,15 @@ Constants and where they come from (2 cores, 2026-12-04):
 The first GP suggest of a process compiles its programs (11.0-11.2 s of CPU cold here, one and two
 objectives, bench/results/vizier_after_first.json, 22:41-22:43 UTC); it is not charged to any branch, because it is paid once per process, not per
 study, and charging it would make the choice depend on what ran before in the process.
-
-Not refitted after resources/vizier.py's direct acquisition-step posterior (820cf87, 22:47 UTC):
-suggest(8) then measured 0.57-0.77 / 1.27-1.37 s (one objective) and 0.54-0.73 / 1.29-1.30 s (two)
-at R = 32-64 / 128, so the table below overestimates R = 64 and 128. A refit changes which designer
-answers, so it comes with a time-to-quality rerun.
 """
 
 # objectives -> {bucket rows R: (a, b)}: suggest(k) CPU seconds ~ a + k x b (docstring)
 SUGGEST_COST: dict[int, dict[int, tuple[float, float]]] = {
-    1: {32: (0.36, 0.079), 64: (0.47, 0.133), 128: (0.51, 0.269)},
-    2: {32: (0.56, 0.054), 64: (0.43, 0.156), 128: (1.76, 0.201)},
+    1: {32: (0.213, 0.0467), 64: (0.237, 0.0669), 128: (0.262, 0.1379)},
+    2: {32: (0.325, 0.0313), 64: (0.188, 0.0682), 128: (0.677, 0.0773)},
 }
 BUCKET_FLOOR = 32
-ASK_GROWTH_PER_DOUBLING = 2.0  # beyond the largest measured bucket (not measured)
+ASK_GROWTH_PER_DOUBLING = 1.77  # beyond the largest measured bucket (not measured; docstring)
 REPLAY_FIXED_S = 0.003
 REPLAY_PER_REQUEST_S = 0.00025
 DEFAULT_REPLAY_S = 0.5  # when the caller has no request count: the middle of issue 15's 0.07-3.2 s
