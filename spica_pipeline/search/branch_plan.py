@@ -125,6 +125,9 @@ class SuggestingStudy(Protocol):
                 algorithm: str | None = ...) -> list[dict[str, Any]]: ...
 
 
+SEED_BATCH = "QUASI_RANDOM_SEARCH"  # the designer a model-based study names on its seed batches (resources/vizier.py)
+
+
 class StudySampler:
     """Study loop sampler over an optimizer study: suggest, then decode and project.
 
@@ -156,9 +159,41 @@ class StudySampler:
         out = [dict(p) for p in self.study.suggest(count, items, pending,
                                                    algorithm="QUASI_RANDOM_SEARCH" if cheap else None)]
         designer = self.study.last_designer
+        if not cheap and self.local is not None and out and designer == SEED_BATCH:
+            from spica_pipeline.search import neighbourhood
+
+            if neighbourhood.SEED_BATCH_TO_LOCAL:
+                return self._seed_batch_to_local(history, pending, out, designer)
         if cheap or self.local is None or designer in MODEL_FREE_ALGORITHMS or not out:
             return out, [designer] * len(out)
         return self._route_look_alikes(count, history, pending, out, designer)
+
+    def _projected(self, history: Sequence[HistoryItem], pending: Sequence[dict[str, Any]]):
+        """(known, proposed, taken): the history's and the pending trials' projections, in trial
+        order, as the study loop projected them (supported trials only, as its cheap path tells
+        the local designer)."""
+        taken: set[tuple[str, ParallelConfig]] = set()
+
+        def project(parameters: dict[str, Any]) -> Proposal:
+            proposal = self.propose(parameters, taken)
+            taken.add((selection_key(proposal.selection), proposal.parallel_config))
+            return proposal
+
+        known = [(p.selection, p.parallel_config, h.metrics)
+                 for p, h in ((project(h.parameters), h) for h in history) if p.supported]
+        proposed = [(p.selection, p.parallel_config) for p in map(project, pending) if p.supported]
+        return known, proposed, taken
+
+    def _seed_batch_to_local(self, history: Sequence[HistoryItem], pending: Sequence[dict[str, Any]],
+                             out: list[dict[str, Any]], designer: str) -> tuple[list[dict[str, Any]], list[str]]:
+        """The model's seed batch (quasi-random: too few feasible trials for a model) answered by
+        the local designer instead (neighbourhood.SEED_BATCH_TO_LOCAL): its exploration keeps to
+        unused parallel configs and never proposes a look-alike; the seed batch fills what it
+        cannot. Deterministic, as `_route_look_alikes`."""
+        assert self.local is not None
+        known, proposed, taken = self._projected(history, pending)
+        near = [dict(p) for p in self.local.suggest(len(out), known, proposed, frozenset(taken))]
+        return near + out[len(near):], [self.local.name] * len(near) + [designer] * (len(out) - len(near))
 
     def _route_look_alikes(self, count: int, history: Sequence[HistoryItem], pending: Sequence[dict[str, Any]],
                            out: list[dict[str, Any]], designer: str) -> tuple[list[dict[str, Any]], list[str]]:

@@ -100,6 +100,9 @@ EXPLORE_TRIES = 8  # draws per exploration point before giving up (the caller fi
 # suggestions go with its look-alikes); drop 26, 21, 34, 23, 22 (19:45-19:47 UTC); replace 22, 21,
 # 29, 19, 24 (20:21-20:25 UTC; the other four spaces unchanged).
 GP_LOOKALIKE = "replace"
+# Round G candidate (docs/performance.md): while the model has too few feasible trials it answers
+# with a quasi-random seed batch; True hands that batch to this designer (its exploration).
+SEED_BATCH_TO_LOCAL = False
 
 # One trial the designer learns from: (selection, parallel config, told metrics or None).
 Known = tuple[dict[str, Any], ParallelConfig, Mapping[str, float] | None]
