@@ -486,6 +486,7 @@ def test_a_model_ask_with_a_look_alike_goes_to_the_local_designer_and_each_trial
     from spica_pipeline.search import neighbourhood
 
     monkeypatch.setattr(neighbourhood, "GP_LOOKALIKE", "drop")  # (replace: below)
+    monkeypatch.setattr(neighbourhood, "SEED_BATCH_TO_LOCAL", False)  # the model's seed batches kept (below)
     result, sampler = gp_sweep(LayoutBackend())
     designers = [r.designer for r in result.records]
     assert designers[:8] == ["QUASI_RANDOM_SEARCH"] * 8 and designers[8:12] == ["DEFAULT"] * 4  # honest asks kept
@@ -495,6 +496,24 @@ def test_a_model_ask_with_a_look_alike_goes_to_the_local_designer_and_each_trial
     assert len({r.spec_hash for r in result.records}) == len(result.records) == 24
     # where the neighbourhood has fewer points left than the ask wants, the model's batch is kept
     assert set(designers[20:]) <= {NEIGHBOURHOOD, "DEFAULT"}
+
+
+def test_the_models_seed_batch_goes_to_the_local_designer_deterministically_and_resumes_exactly():
+    """SEED_BATCH_TO_LOCAL: while the model answers with its quasi-random seed batch, the
+    neighbourhood designer's exploration answers instead (new layouts first), and each trial names it."""
+    result, _ = gp_sweep(LayoutBackend())
+    designers = [r.designer for r in result.records]
+    assert designers[:8] == [NEIGHBOURHOOD] * 8 and "QUASI_RANDOM_SEARCH" not in designers
+    configs = [RoleShape(**r.parallel_config) for r in result.records[:8]]
+    assert len(set(configs)) == min(8, len(POOL))  # exploration: a layout no trial has used, each time
+    fast_first = LayoutBackend(duration=lambda s: 1.0 + s["replicas"] % 3)
+    slow_first = LayoutBackend(duration=lambda s: 5.0 - s["replicas"] % 3)
+    assert rows(gp_sweep(fast_first, seed=3)[0]) == rows(gp_sweep(slow_first, seed=3)[0])
+    clean = gp_sweep(LayoutBackend(), seed=2)[0]
+    journal = MemoryJournal()
+    with pytest.raises(KeyboardInterrupt):
+        gp_sweep(LayoutBackend(kill_after=5), seed=2, journal=journal)
+    assert rows(gp_sweep(LayoutBackend(), seed=2, journal=journal)[0]) == rows(clean)
 
 
 def test_look_alike_routing_is_deterministic_whatever_the_timings_and_resumes_exactly():
