@@ -786,6 +786,36 @@ BALANCED_RULE = (
     "the reference's phase; none qualifies: the phase stays. If a phase changed, replay-v6.json (that method, "
     "round 6's band method, fitted on the same 465 rows) becomes the default and the 600 held-out records are "
     "evaluated once after that commit; otherwise v5 stays and no held-out row is read.")
+# round 7 (calibration rows only, stored records, no new replay): (1) v5's method refitted on every replayed
+# calibration row instead of the 465-row prefix; (2) SGLang's TTFT replay basis between the stored benchmark-client
+# (lockstep) and sweep values, chosen per row by what the evaluator knows before replaying
+ROUND7_PASSES = (1.0, 2.0, 4.0, 8.0, 16.0)
+ROUND7_BLENDS = (0.25, 0.5, 0.75)
+ROUND7_RULE = (
+    "round 7, fixed 2026-12-05T02:02Z before any candidate was scored (the only numbers seen: the lead's brief's "
+    "per-slice v5 errors on rows 480-1,158 and two DeepSeek-R1 H200 rows); calibration split only. Rows: P = the "
+    "465 prefix records v5 was fitted on (fidelity_calibration_client_vllm.json, fidelity_calibration.json, "
+    "fidelity_calibration_240_480.json, first file wins); A = P plus every calibration record of "
+    "fidelity_calibration_480_720.json, _720_960.json, _960_1158.json with both a client ('ours') and a sweep "
+    "replay (same 6 models). Score: CHOICE_RULE's (per phase LOMO MdAPE/target + P90/target), leave one calibration "
+    "model out, every candidate's fold fitted on the other models' training rows and scored on ALL A rows of the "
+    "left-out model (same test rows for every candidate). Step 1 (rows): reference = calibration.V5 trained on P "
+    "(v5 as shipped), challenger = V5 trained on A; the challenger is adopted iff in each phase its pooled score is "
+    "not higher than the reference's and in at least one phase it is lower with >= 4 of 6 folds won. Step 2 (SGLang "
+    "TTFT basis), trained on step 1's rows, reference = step 1's choice; each candidate changes only the replayed "
+    "value an SGLang row's TTFT correction reads (vLLM rows, TPOT, slopes' form, offsets, bands as V5; everything "
+    "refitted): 'sweep' (the sweep replay); 'blend w' for w in ROUND7_BLENDS (client^w x sweep^(1-w)); 'blend "
+    "fitted' (w = the Theil-Sen slope of ln(silicon/sweep) on ln(client/sweep) over the training SGLang rows, clipped "
+    "to [0, 1]); 'gate P' for P in ROUND7_PASSES (the client value where the first wave's prefill passes = "
+    "concurrency per prefill rank (per engine / attention DP) x ISL / 8192 (the chunk budget of every bench row) is "
+    "<= P, else the sweep value). A candidate qualifies iff its pooled TTFT score over A is lower than the "
+    "reference's, its pooled TTFT score over A's SGLang rows is lower, and it wins >= 3 of the 4 folds of models "
+    "with SGLang rows (DeepSeek-R1, DeepSeek-V3, Qwen3-32B, Qwen3-235B; fold score on that model's SGLang rows); "
+    "the qualifier with the lowest pooled score wins, ties to the earlier in that list; none: the reference stays. "
+    "If step 1 or step 2 changes anything, replay-v6.json (the chosen rows and method) becomes the packaged default "
+    "and the 631 held-out records (fidelity_heldout_600_631.json, fidelity_heldout_client_vllm.json, "
+    "fidelity_heldout_600.json) are re-reported once with it after that commit; otherwise v5 stays and no held-out "
+    "row is read.")
 ADOPT_TTFT_GAIN = 0.005
 ADOPT_TPOT_LOSS = 0.01
 SIGNATURE_MIN_ROWS = 5
