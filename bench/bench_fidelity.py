@@ -342,7 +342,8 @@ def apply_profile(records: list[dict[str, Any]], profile: dict[str, Any]) -> Non
         cal = calibration.calibrate({"mean_ttft_ms": raw["ttft"], "mean_tpot_ms": raw["tpot"]},
                                     profile, system=rec["system"], backend=rec["backend"],
                                     concurrency={p: calibration.engine_concurrency(rec, p) for p in ("ttft", "tpot")},
-                                    isl=rec.get("isl"), osl=rec.get("osl"), client=client)
+                                    isl=rec.get("isl"), osl=rec.get("osl"), client=client,
+                                    prefill_passes=calibration.record_passes(rec))
         rec["calibrated"] = {"ttft": cal.get("calibrated_mean_ttft_ms"), "tpot": cal.get("calibrated_mean_tpot_ms")}
         rec["band"] = {}
         for metric in ("ttft", "tpot"):
@@ -611,6 +612,12 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         final["band_comparison"] = compare_bands(fit_records(records))
     if args.diagnose:
         final["diagnosis"] = diagnose(fit_records(records))
+    if args.compare_round7:
+        prefix_by_id: dict[str, dict[str, Any]] = {}
+        for path in args.compare_round7.split(","):
+            for r in json.loads(Path(path).read_text())["records"]:
+                prefix_by_id.setdefault(r["id"], r)
+        final["round7_comparison"] = compare_round7(fit_records(records), fit_records(list(prefix_by_id.values())))
     if args.sglang_signature:
         final["sglang_signature"] = sglang_signature(fit_records(records))
     if args.fallback_effect:
@@ -1130,6 +1137,112 @@ def compare_balanced(records: list[dict[str, Any]]) -> dict[str, Any]:
             "steps": steps, "chosen": chosen}
 
 
+def _both_replays(r: dict[str, Any]) -> bool:
+    return bool((r.get("ours") or {}).get("ttft") and (r.get("sweep") or {}).get("ttft"))
+
+
+def _lomo_scored(train: list[dict[str, Any]], test: list[dict[str, Any]], method) -> list[dict[str, Any]]:
+    """ROUND7_RULE's leave one model out: per model, `method` fitted on the other models' `train` rows and
+    applied to that model's `test` rows (copies)."""
+    import copy
+
+    from spica_pipeline.search import calibration
+
+    scored: list[dict[str, Any]] = []
+    for model in sorted({r["model"] for r in test}):
+        part = [copy.deepcopy(r) for r in test if r["model"] == model]
+        apply_profile(part, calibration.fit([r for r in train if r["model"] != model], fitted="lomo", source="lomo",
+                                            method=method, lomo_bands=False))
+        scored += part
+    return scored
+
+
+def _round7_row(scored: list[dict[str, Any]], label: str) -> dict[str, Any]:
+    """Pooled and per-fold stats/scores per phase over all rows, and TTFT over the SGLang rows."""
+    row: dict[str, Any] = {"variant": label}
+    models = sorted({r["model"] for r in scored})
+    for key, rows, phases in (("all", scored, tuple(TARGETS)),
+                              ("sglang", [r for r in scored if r["backend"] == "sglang"], ("ttft",))):
+        row[key] = {}
+        for phase in phases:
+            st = summarise(rows)["calibrated"][phase]
+            folds = {}
+            for m in models:
+                fst = summarise([r for r in rows if r["model"] == m])["calibrated"][phase]
+                if fst.get("mdape") is not None:
+                    folds[m] = _score(fst, phase)
+            row[key][phase] = {**st, "score": _score(st, phase), "folds": folds}
+    return row
+
+
+def _wins(challenger: dict[str, Any], reference: dict[str, Any]) -> int:
+    return sum(challenger["folds"][m] < reference["folds"][m] for m in reference["folds"] if m in challenger["folds"])
+
+
+def round7_candidates():
+    """ROUND7_RULE step 2's candidates, in the rule's order: (label, ClientMix for SGLang TTFT)."""
+    from spica_pipeline.search.calibration import ClientMix
+
+    return [("sweep", ClientMix(0.0)), *((f"blend {w:g}", ClientMix(w)) for w in ROUND7_BLENDS),
+            ("blend fitted", ClientMix(None)), *((f"gate {p:g}", ClientMix(1.0, p)) for p in ROUND7_PASSES)]
+
+
+def compare_round7(records: list[dict[str, Any]], prefix: list[dict[str, Any]]) -> dict[str, Any]:
+    """ROUND7_RULE: step 1 v5 trained on every replayed calibration row (A) vs the 465-row prefix (P);
+    step 2 SGLang TTFT's replayed value (sweep / blend / gate) on step 1's rows; LOMO scored on all A rows."""
+    from dataclasses import replace
+
+    from spica_pipeline.search import calibration
+
+    _calibration_rows_only(records + prefix, "--compare-round7")
+    test = [r for r in records if _both_replays(r)]
+    ids = {r["id"] for r in test}
+    train_p = [r for r in prefix if _both_replays(r)]
+    missing = sorted({r["id"] for r in train_p} - ids)
+    if missing:
+        raise SystemExit(f"--compare-round7: prefix rows not among the run's records: {missing[:3]}")
+    base = calibration.V5
+    t0 = time.perf_counter()
+    ref = _round7_row(_lomo_scored(train_p, test, base), "v5 as shipped (trained on P)")
+    chal = _round7_row(_lomo_scored(test, test, base), "v5 refitted on A")
+    step1: dict[str, Any] = {"reference": ref, "challenger": chal, "P_rows": len(train_p), "A_rows": len(test)}
+    no_worse = all(chal["all"][p]["score"] <= ref["all"][p]["score"] for p in TARGETS)
+    better = {p: chal["all"][p]["score"] < ref["all"][p]["score"] and _wins(chal["all"][p], ref["all"][p]) >= MIN_FOLD_WINS
+              for p in TARGETS}
+    step1.update({"fold_wins": {p: _wins(chal["all"][p], ref["all"][p]) for p in TARGETS}, "no_worse": no_worse,
+                  "better": better, "adopt_all_rows": no_worse and any(better.values())})
+    for row in (ref, chal):
+        print(f"   step 1 {row['variant']}: TTFT {_fmt(row['all']['ttft'])} score {row['all']['ttft']['score']:.3f} | "
+              f"TPOT {_fmt(row['all']['tpot'])} score {row['all']['tpot']['score']:.3f}", flush=True)
+    print(f"   step 1: fold wins {step1['fold_wins']} -> {'all rows (A)' if step1['adopt_all_rows'] else 'prefix (P)'}")
+    train = test if step1["adopt_all_rows"] else train_p
+    reference = chal if step1["adopt_all_rows"] else ref
+    candidates = []
+    qualifying = []
+    for label, mix in round7_candidates():
+        method = replace(base, name=f"v5-sglang-ttft-{label.replace(' ', '-')}", client_mix=(("sglang", "ttft", mix),))
+        resolved = calibration.resolve_mix([r for r in train], method)
+        row = _round7_row(_lomo_scored(train, test, method), label)
+        wins = _wins(row["sglang"]["ttft"], reference["sglang"]["ttft"])
+        ok = (row["all"]["ttft"]["score"] < reference["all"]["ttft"]["score"]
+              and row["sglang"]["ttft"]["score"] < reference["sglang"]["ttft"]["score"] and wins >= 3)
+        row.update({"sglang_fold_wins": wins, "qualifies": ok, "mix": vars(mix).copy(),
+                    "weight_on_training_rows": resolved.client_mix[0][2].weight})
+        candidates.append(row)
+        if ok:
+            qualifying.append(row)
+        print(f"   step 2 {label}: TTFT {_fmt(row['all']['ttft'])} score {row['all']['ttft']['score']:.3f}; SGLang "
+              f"{_fmt(row['sglang']['ttft'])} score {row['sglang']['ttft']['score']:.3f}, folds won {wins} "
+              f"{row['sglang']['ttft']['folds']}{' -> qualifies' if ok else ''}", flush=True)
+    print(f"   step 2 reference SGLang TTFT: {_fmt(reference['sglang']['ttft'])} score "
+          f"{reference['sglang']['ttft']['score']:.3f} folds {reference['sglang']['ttft']['folds']}")
+    winner = min(qualifying, key=lambda r: r["all"]["ttft"]["score"]) if qualifying else None
+    chosen = {"rows": "A" if step1["adopt_all_rows"] else "P", "sglang_ttft": winner["variant"] if winner else "client"}
+    print(f"   chosen (ROUND7_RULE): {chosen} ({time.perf_counter() - t0:.0f} s)")
+    return {"rule": ROUND7_RULE, "step1": step1, "step2": {"reference": reference["variant"], "candidates": candidates},
+            "chosen": chosen}
+
+
 def _band_fold(test: list[dict[str, Any]], phase: str) -> tuple[float, float]:
     """(coverage, median ln(hi/lo)) of one left-out model's rows."""
     rows = [r["band"][phase] for r in test if r.get("band") and r["band"][phase]["lo"] > 0]
@@ -1317,6 +1430,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "leave-one-model-out coverage on the calibration split only")
     ap.add_argument("--fit-calibration", metavar="PATH",
                     help="fit a profile on this run's calibration-split rows, write it to PATH and apply it")
+    ap.add_argument("--compare-round7", metavar="PREFIX[,PREFIX]",
+                    help="ROUND7_RULE: v5 trained on this run's calibration records against v5 trained on these "
+                         "files' (the 465-row prefix), then SGLang TTFT's replayed value (sweep/blend/gate), by "
+                         "leave-one-model-out on this run's calibration rows")
     args = ap.parse_args(argv)
     if args.recalibrate:
         args.from_json = args.recalibrate
