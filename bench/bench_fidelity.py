@@ -43,8 +43,9 @@ import sys
 import time
 import zlib
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 os.environ.setdefault("DYN_LOG", "warn")
 ROOT = Path(__file__).resolve().parent.parent
@@ -286,6 +287,85 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
     return rec
 
 
+@dataclass(frozen=True)
+class RowJob:
+    """Everything a row needs besides its case: sent once to each worker process."""
+
+    cache_dir: str | None
+    request_ratio: float
+    with_aic: bool
+    stability: bool
+    client: str
+    client_gap_cycles: float | None
+    with_sweep: bool
+    build_only: bool
+    client_osl_jitter: str | None  # BACKEND=J[,...]: a bench-only override of the client replay's OSL spread
+    fallback_scaling: bool  # the fallback's prefill attention scaled (FALLBACK_SCALING_RULE)
+
+
+_job: RowJob | None = None
+_evaluator: Any = None
+
+
+def start_rows(job: RowJob) -> None:
+    """Set up this process to replay rows: the bench's overrides (before any timing table is built) and
+    one evaluator. Runs in the bench's own process (--workers 1) and at the start of every worker."""
+    global _job, _evaluator
+    from spica_pipeline.resources.replay import ReplayEvaluator
+    from spica_pipeline.search import measurement
+
+    for item in (job.client_osl_jitter or "").split(","):
+        if item:
+            backend, _, value = item.partition("=")
+            measurement.CLIENT_OSL_JITTER[backend.strip()] = float(value)
+    if job.fallback_scaling:
+        from spica_pipeline.resources import attention_scaling
+
+        os.environ[attention_scaling.FALLBACK_SCALING_ENV] = "1"
+    _job, _evaluator = job, ReplayEvaluator(cache_dir=job.cache_dir)
+
+
+def replay_row(case: silicon.SiliconCase) -> dict[str, Any]:
+    """One row's record (the only row function: --workers 1 calls it here, --workers N in worker processes)."""
+    from spica_pipeline.search.model_hw import latest_backend_version
+
+    job = _job
+    assert job is not None, "start_rows() first"
+    version = latest_backend_version(case.row.system, case.row.backend)
+    if job.build_only:
+        return build_case(_evaluator, case, version, job.request_ratio)
+    return evaluate_case(_evaluator, case, version, job.request_ratio, job.with_aic, job.stability,
+                         client=job.client, client_gap_cycles=job.client_gap_cycles, with_sweep=job.with_sweep)
+
+
+def expected_cost(case: silicon.SiliconCase) -> tuple[bool, int]:
+    """Sort key, largest first: disagg rows, then concurrency x (ISL + OSL) (the replayed tokens). The few
+    disagg DeepSeek rows at c >= 2,048 take 15-182 s each; dispatched last they would finish last, alone."""
+    r = case.row
+    return r.mode == "disagg", (r.concurrency or 0) * ((r.isl or 0) + (r.osl or 0))
+
+
+def replay_rows(cases: list[silicon.SiliconCase], job: RowJob, workers: int = 1) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(index in `cases`, record) of every row as it finishes: in order in this process (workers 1), or
+    on `workers` spawned processes, largest expected cost first. Spawn, not fork: Dynamo's replay runs a
+    Tokio runtime that does not survive a fork (resources/pool.py). The workers share the on-disk timing
+    and KV cache (atomic writes, one build per table under a file lock: resources/timing.py)."""
+    if workers <= 1:
+        start_rows(job)
+        for i, case in enumerate(cases):
+            yield i, replay_row(case)
+        return
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    order = sorted(range(len(cases)), key=lambda i: expected_cost(cases[i]), reverse=True)
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=start_rows,
+                             initargs=(job,)) as pool:
+        futures = {pool.submit(replay_row, cases[i]): i for i in order}
+        for future in as_completed(futures):
+            yield futures[future], future.result()
+
+
 # ---- statistics ----------------------------------------------------------------------------------
 
 
@@ -478,9 +558,6 @@ def select(mapped: list, *, split: str, models: list[str] | None, systems: list[
 
 
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, Any]:
-    from spica_pipeline.resources.replay import ReplayEvaluator
-    from spica_pipeline.search.model_hw import latest_backend_version
-
     rows, mapped = load_cases()
     models = [m.strip() for m in args.models.split(",")] if args.models else None
     systems = [s.strip() for s in args.systems.split(",")] if args.systems else None
@@ -494,17 +571,9 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         if path:
             for r in json.loads(Path(path).read_text())["records"]:
                 earlier.setdefault(r["id"], r)
-    if args.client_osl_jitter:  # a bench-only override of the client replay's OSL spread
-        from spica_pipeline.search import measurement
-
-        for item in args.client_osl_jitter.split(","):
-            backend, _, value = item.partition("=")
-            measurement.CLIENT_OSL_JITTER[backend.strip()] = float(value)
-    if args.fallback_scaling:  # before any timing table is built; replay workers inherit it
-        from spica_pipeline.resources import attention_scaling
-
-        os.environ[attention_scaling.FALLBACK_SCALING_ENV] = "1"
-    evaluator = ReplayEvaluator(cache_dir=args.cache_dir)
+    job = RowJob(args.cache_dir, args.request_ratio, not args.no_aic, args.stability, args.client,
+                 args.client_gap_cycles, not args.no_sweep, args.build_only, args.client_osl_jitter,
+                 bool(args.fallback_scaling))
     records: list[dict[str, Any]] = []
     started = time.perf_counter()
 
@@ -525,6 +594,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             "replays_from": args.from_json,
             "calibration_profile": args.fit_calibration or args.calibration,
             "quick": bool(args.quick),
+            "workers": args.workers,
             "partial": partial,
             "wall_seconds": round(time.perf_counter() - started, 1),
             "splits": {s: split_report(s, rows, mapped, cases, records) for s in splits},
@@ -540,29 +610,23 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         records.extend({k: v for k, v in previous[c.row.id].items() if k not in ("calibrated", "band")}
                        for c in cases if c.row.id in previous)
         cases = []
-    for i, case in enumerate(cases, 1):
-        version = latest_backend_version(case.row.system, case.row.backend)
-        if args.build_only:
-            rec = build_case(evaluator, case, version, args.request_ratio)
-            records.append(rec)
-            print(f"[{i}/{len(cases)}] {case.row.id} {rec['status']} {rec.get('reason', '')[:120]}", flush=True)
-            continue
-        rec = evaluate_case(evaluator, case, version, args.request_ratio, not args.no_aic, args.stability,
-                            client=args.client, client_gap_cycles=args.client_gap_cycles,
-                            with_sweep=not args.no_sweep)
+    done: dict[int, dict[str, Any]] = {}  # selection index -> record, in whatever order rows finish
+    for i, rec in replay_rows(cases, job, args.workers):
+        case = cases[i]
         old = earlier.get(case.row.id) or {}
         if args.no_sweep and rec.get("ours") and old.get("sweep"):
             # the sweep replay (ramp + window) of the same row and shape from an earlier run
             rec["sweep"], rec["sweep_from"] = old["sweep"], args.sweep_from
-        if args.no_aic:
+        if args.no_aic and not args.build_only:
             rec.update({k: old[k] for k in ("aic", "aic_reason") if k in old})
-        records.append(rec)
+        done[i] = rec
+        records[:] = [done[k] for k in sorted(done)]  # the selection's order, finished rows only
         ours = rec.get("ours") or {}
-        print(f"[{i}/{len(cases)}] {case.row.id} c={case.row.concurrency} {rec['status']} "
-              f"ttft {ours.get('ttft') or float('nan'):.1f}/{case.row.ttft_ms:.1f} "
-              f"tpot {ours.get('tpot') or float('nan'):.2f}/{case.row.tpot_ms:.2f} ms "
-              f"({rec['replay_seconds']:.1f}s)", flush=True)
-        if args.json and i % 10 == 0 and i < len(cases):  # a killed long run keeps what it measured
+        detail = (rec.get("reason", "")[:120] if args.build_only else
+                  f"c={case.row.concurrency} ttft {ours.get('ttft') or float('nan'):.1f}/{case.row.ttft_ms:.1f} "
+                  f"tpot {ours.get('tpot') or float('nan'):.2f}/{case.row.tpot_ms:.2f} ms ({rec['row_seconds']:.1f}s)")
+        print(f"[{len(done)}/{len(cases)}] {case.row.id} {rec['status']} {detail}", flush=True)
+        if args.json and len(done) % 10 == 0 and len(done) < len(cases):  # a killed run keeps what it measured
             write_json(args.json, result(partial=True))
     profile = None
     if args.fit_calibration:
@@ -1388,6 +1452,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="also replay each row with twice the requests and report the change in mean TTFT/TPOT")
     ap.add_argument("--build-only", action="store_true",
                     help="coverage only: build every selected row's replay arguments, count failures, no replay")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="rows replayed in this many spawned processes (largest first; records keep the selection's "
+                         "order); default 1: in this process")
     ap.add_argument("--cache-dir", default=None, help="timing/KV cache (default $SPICA_CACHE_DIR)")
     ap.add_argument("--calibration", default="auto",
                     help="profile to report calibrated errors with: auto (the packaged one), none, or a path")
