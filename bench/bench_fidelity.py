@@ -887,6 +887,24 @@ ROUND7_RULE = (
     "and the 631 held-out records (fidelity_heldout_600_631.json, fidelity_heldout_client_vllm.json, "
     "fidelity_heldout_600.json) are re-reported once with it after that commit; otherwise v5 stays and no held-out "
     "row is read.")
+# round 7b: ROUND7_RULE's step 2 candidates moved the vLLM rows too (a descriptive check after its result, scratch,
+# 02:07Z: with 'blend 0.5' the vLLM rows' LOMO TTFT went 22 % / 64 % / -2 % -> 27 % / 83 % / +10 %), because an
+# SGLang basis change shifts the shared phase-level parent the vLLM offsets shrink to, and the pooled load slope
+ROUND7B_RULE = (
+    "round 7b, fixed 2026-12-05T02:11Z after ROUND7_RULE's result (bench/results/fidelity_calibration_round7.json, "
+    "02:08Z: 'sweep', 'blend 0.25' and 'blend 0.5' won 3 of 4 SGLang folds with a lower SGLang TTFT score but a "
+    "higher all-rows score) and the one descriptive check above; before any decoupled candidate was scored. "
+    "Calibration split only; rows (test A, training P, as ROUND7_RULE step 1 chose), folds, scores and "
+    "qualification exactly as ROUND7_RULE step 2, reference calibration.V5 trained on P. Candidates: "
+    "round7_candidates() in the same order, each 'decoupled' (calibration.Method.decoupled): the profile is V5's "
+    "own fit with only the SGLang TTFT entries (its slices, its backend offset and band, and its load term as a "
+    "'sglang/ttft' term) taken from the candidate's pooled fit, so vLLM rows and TPOT are corrected exactly as by "
+    "the reference. A candidate qualifies iff its pooled TTFT score over A is lower than the reference's, its "
+    "pooled TTFT score over A's SGLang rows is lower, and it wins >= 3 of the 4 SGLang folds; the qualifier with the "
+    "lowest pooled score wins, ties to the earlier; none: v5 stays and no held-out row is read. A winner becomes "
+    "replay-v6.json (V5 + the winner, fitted on the 465 rows of P), the packaged default for calibration: auto; the "
+    "631 held-out records (fidelity_heldout_600_631.json, fidelity_heldout_client_vllm.json, "
+    "fidelity_heldout_600.json) are then re-reported once with it, after that commit, and not used to choose.")
 ADOPT_TTFT_GAIN = 0.005
 ADOPT_TPOT_LOSS = 0.01
 SIGNATURE_MIN_ROWS = 5
