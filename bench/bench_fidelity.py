@@ -681,7 +681,9 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         for path in args.compare_round7.split(","):
             for r in json.loads(Path(path).read_text())["records"]:
                 prefix_by_id.setdefault(r["id"], r)
-        final["round7_comparison"] = compare_round7(fit_records(records), fit_records(list(prefix_by_id.values())))
+        compare = compare_round7b if args.round7b else compare_round7
+        final["round7b_comparison" if args.round7b else "round7_comparison"] = compare(
+            fit_records(records), fit_records(list(prefix_by_id.values())))
     if args.sglang_signature:
         final["sglang_signature"] = sglang_signature(fit_records(records))
     if args.fallback_effect:
@@ -1269,6 +1271,52 @@ def round7_candidates():
             ("blend fitted", ClientMix(None)), *((f"gate {p:g}", ClientMix(1.0, p)) for p in ROUND7_PASSES)]
 
 
+def compare_round7b(records: list[dict[str, Any]], prefix: list[dict[str, Any]]) -> dict[str, Any]:
+    """ROUND7B_RULE: round 7's SGLang TTFT candidates, decoupled (vLLM and TPOT entries as V5's), trained on P,
+    scored by LOMO on all A rows against V5 trained on P."""
+    from dataclasses import replace
+
+    from spica_pipeline.search import calibration
+
+    _calibration_rows_only(records + prefix, "--compare-round7b")
+    test = [r for r in records if _both_replays(r)]
+    train = [r for r in prefix if _both_replays(r)]
+    missing = sorted({r["id"] for r in train} - {r["id"] for r in test})
+    if missing:
+        raise SystemExit(f"--compare-round7b: prefix rows not among the run's records: {missing[:3]}")
+    base = calibration.V5
+    t0 = time.perf_counter()
+    ref_scored = _lomo_scored(train, test, base)
+    reference = _round7_row(ref_scored, "v5 as shipped (trained on P)")
+    reference["vllm_ttft"] = summarise([r for r in ref_scored if r["backend"] == "vllm"])["calibrated"]["ttft"]
+    candidates, qualifying = [], []
+    for label, mix in round7_candidates():
+        method = replace(base, name=f"v5-sglang-ttft-{label.replace(' ', '-')}-decoupled",
+                         client_mix=(("sglang", "ttft", mix),), decoupled=True)
+        scored = _lomo_scored(train, test, method)
+        row = _round7_row(scored, label + " decoupled")
+        wins = _wins(row["sglang"]["ttft"], reference["sglang"]["ttft"])
+        ok = (row["all"]["ttft"]["score"] < reference["all"]["ttft"]["score"]
+              and row["sglang"]["ttft"]["score"] < reference["sglang"]["ttft"]["score"] and wins >= 3)
+        row.update({"sglang_fold_wins": wins, "qualifies": ok, "mix": vars(mix).copy(),
+                    "weight_on_training_rows": calibration.resolve_mix(train, method).client_mix[0][2].weight,
+                    "vllm_ttft": summarise([r for r in scored if r["backend"] == "vllm"])["calibrated"]["ttft"]})
+        candidates.append(row)
+        if ok:
+            qualifying.append(row)
+        print(f"   {label} decoupled: TTFT {_fmt(row['all']['ttft'])} score {row['all']['ttft']['score']:.3f}; SGLang "
+              f"{_fmt(row['sglang']['ttft'])} score {row['sglang']['ttft']['score']:.3f}, folds won {wins} "
+              f"{row['sglang']['ttft']['folds']}{' -> qualifies' if ok else ''}", flush=True)
+    print(f"   reference: TTFT {_fmt(reference['all']['ttft'])} score {reference['all']['ttft']['score']:.3f}; SGLang "
+          f"{_fmt(reference['sglang']['ttft'])} score {reference['sglang']['ttft']['score']:.3f} folds "
+          f"{reference['sglang']['ttft']['folds']}")
+    winner = min(qualifying, key=lambda r: r["all"]["ttft"]["score"]) if qualifying else None
+    chosen = winner["variant"] if winner else "v5"
+    print(f"   chosen (ROUND7B_RULE): {chosen} ({time.perf_counter() - t0:.0f} s)")
+    return {"rule": ROUND7B_RULE, "reference": reference, "candidates": candidates, "chosen": chosen,
+            "A_rows": len(test), "P_rows": len(train)}
+
+
 def compare_round7(records: list[dict[str, Any]], prefix: list[dict[str, Any]]) -> dict[str, Any]:
     """ROUND7_RULE: step 1 v5 trained on every replayed calibration row (A) vs the 465-row prefix (P);
     step 2 SGLang TTFT's replayed value (sweep / blend / gate) on step 1's rows; LOMO scored on all A rows."""
@@ -1519,6 +1567,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="ROUND7_RULE: v5 trained on this run's calibration records against v5 trained on these "
                          "files' (the 465-row prefix), then SGLang TTFT's replayed value (sweep/blend/gate), by "
                          "leave-one-model-out on this run's calibration rows")
+    ap.add_argument("--round7b", action="store_true",
+                    help="with --compare-round7: ROUND7B_RULE's comparison (the SGLang TTFT candidates decoupled)")
     args = ap.parse_args(argv)
     if args.recalibrate:
         args.from_json = args.recalibrate

@@ -208,6 +208,10 @@ class Method:
     # (backend, phase, ClientMix): for a client-basis phase, the replayed value that backend's rows correct
     # (round 7; profile key "client_mix", format 4)
     client_mix: tuple[tuple[str, str, ClientMix], ...] = ()
+    # round 7b: only the client_mix (backend, phase)s take their offsets, bands and load term from the mixed
+    # fit; every other entry is the same method's fit without the mix (an SGLang basis change then cannot move
+    # the vLLM offsets through the shared phase-level parent or the pooled slope)
+    decoupled: bool = False
 
     def mix_for(self, phase: str, backend: str | None) -> ClientMix | None:
         for b, p, mix in self.client_mix:
@@ -231,7 +235,8 @@ class Method:
     def describe(self) -> str:
         over = "".join(f"; {b} {p.upper()} {pm.label()} (own fit)" for b, p, pm in self.per_backend)
         over += "".join(f"; {b} {p.upper()} replayed = sweep x (client/sweep)^w, w: {mix.label()}"
-                        for b, p, mix in self.client_mix)
+                        + (" (its entries and load term from that fit, the rest from the fit without it)"
+                           if self.decoupled else "") for b, p, mix in self.client_mix)
         return (f"{self.name} (TTFT {self.ttft.label()}; TPOT {self.tpot.label()}{over}): replayed = the sweep's own "
                 "replay, or for a 'client' phase the benchmark-client replay a sweep runs beside it; "
                 "r = ln(silicon/replayed); per "
@@ -527,6 +532,8 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
     method = method or CHOSEN
     records = list(records)
     method = resolve_mix(records, method)
+    if method.client_mix and method.decoupled:
+        return _fit_decoupled(records, fitted=fitted, source=source, method=method, lomo_bands=lomo_bands)
     if method.per_backend:
         return _fit_per_backend(records, fitted=fitted, source=source, method=method, lomo_bands=lomo_bands)
     rows = residual_rows(records, method)
@@ -610,6 +617,28 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
                                tpot=replace(method.tpot, replay="sweep"), client_mix=())
         profile["sweep_fallback"] = fit(records, fitted=fitted, source=source, method=sweep_method,
                                         lomo_bands=lomo_bands)
+    return profile
+
+
+def _fit_decoupled(records: list[Mapping[str, Any]], *, fitted: str, source: str, method: Method,
+                   lomo_bands: bool) -> dict[str, Any]:
+    """Method.decoupled: the fit without the mix, with each client_mix (backend, phase)'s slices, backend entry
+    and load term ("<backend>/<phase>") from the pooled fit with it (format 4)."""
+    profile = fit(records, fitted=fitted, source=source, method=replace(method, client_mix=(), decoupled=False),
+                  lomo_bands=lomo_bands)
+    mixed = fit(records, fitted=fitted, source=source, method=replace(method, decoupled=False), lomo_bands=lomo_bands)
+    for backend, phase, _ in method.client_mix:
+        key = f"{backend}/{phase}"
+        if key not in mixed["backend"]:
+            continue
+        profile["slices"] = {k: v for k, v in profile["slices"].items() if k.split("/")[1:] != [backend, phase]}
+        profile["slices"].update({k: v for k, v in mixed["slices"].items() if k.split("/")[1:] == [backend, phase]})
+        profile["backend"][key] = mixed["backend"][key]
+        profile["terms"][key] = mixed["terms"][phase]
+    profile["slices"] = dict(sorted(profile["slices"].items()))
+    if mixed.get("client_mix"):
+        profile["format"], profile["client_mix"] = MIX_FORMAT, mixed["client_mix"]
+    profile["method"], profile["method_name"] = method.describe(), method.name
     return profile
 
 
@@ -707,9 +736,9 @@ def validate(profile: Any) -> dict[str, Any]:
     overrides = sorted(k for k in (*replay, *(profile["terms"] if fmt != 1 and isinstance(profile["terms"], dict)
                                              else ())) if k not in PHASES)
     for key in overrides:  # "<backend>/<phase>" (format 3 only)
-        if fmt != PER_BACKEND_FORMAT or key.count("/") != 1 or key.split("/")[1] not in PHASES:
+        if fmt not in (PER_BACKEND_FORMAT, MIX_FORMAT) or key.count("/") != 1 or key.split("/")[1] not in PHASES:
             raise ProfileError(f"{key!r}: per-backend keys are '<backend>/<phase>' and need format "
-                               f"{PER_BACKEND_FORMAT}")
+                               f"{PER_BACKEND_FORMAT} or {MIX_FORMAT}")
         if replay.get(key, "sweep") not in REPLAYS:
             raise ProfileError(f"replay.{key} must be one of {list(REPLAYS)}, got {replay[key]!r}")
     mixes = profile.get("client_mix")
