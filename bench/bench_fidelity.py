@@ -650,6 +650,10 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             profile["provenance"]["band_choice"] = (
                 "nested leave-one-model-out band coverage on the calibration split only (bench_fidelity.py "
                 "--compare-bands, BAND_RULE, bench/results/fidelity_calibration_bands.json): " + BAND_RULE)
+        if "client_mix" in profile:
+            profile["provenance"]["client_mix_choice"] = (
+                "leave-one-model-out on the calibration split only (bench_fidelity.py --compare-round7 --round7b, "
+                "bench/results/fidelity_calibration_round7.json and _round7b.json, 2026-12-05): " + ROUND7B_RULE)
         write_json(args.fit_calibration, profile)
         print(f"wrote calibration profile {args.fit_calibration} ({len(profile['rows_used'])} calibration rows)")
         lomo = leave_one_model_out(cal_records, calibration.CHOSEN)

@@ -114,3 +114,26 @@ def test_round7_rule_and_candidates():
     sweep = dict(bf.round7_candidates())["sweep"]
     assert cal.mixed_replayed(rec(0), "ttft", sweep) == 50.0
     assert math.isclose(cal.mixed_replayed(rec(0), "ttft", cal.ClientMix(0.5)), 100.0)
+
+
+def test_decoupled_keeps_every_other_entry_of_the_fit_without_the_mix():
+    rows = [rec(i) for i in range(6)] + [rec(10 + i, backend="vllm", silicon=260.0, model="v") for i in range(6)]
+    plain = cal.fit(rows, fitted="d", source="t", method=BASE)
+    coupled = cal.fit(rows, fitted="d", source="t", method=mixed(cal.ClientMix(0.5)))
+    p = cal.fit(rows, fitted="d", source="t", method=replace(mixed(cal.ClientMix(0.5)), decoupled=True))
+    assert p["format"] == cal.MIX_FORMAT and "sglang/ttft" in p["terms"] and cal.validate(json.loads(json.dumps(p)))
+    for key in ("h200_sxm/vllm/ttft", "h200_sxm/vllm/tpot", "h200_sxm/sglang/tpot"):
+        assert p["slices"][key] == plain["slices"][key]
+    assert p["slices"]["h200_sxm/sglang/ttft"] == coupled["slices"]["h200_sxm/sglang/ttft"]
+    assert p["phase"] == plain["phase"] and p["sweep_fallback"] == plain["sweep_fallback"]
+
+
+def test_the_packaged_profile_is_v6_with_sglang_ttft_on_the_blend():
+    profile, _ = loader.load_profile("auto")
+    assert loader.PACKAGED.name == "replay-v6.json" and cal.CHOSEN is cal.V6
+    assert profile is not None and profile["format"] == cal.MIX_FORMAT and profile["method_name"] == "v6"
+    assert profile["client_mix"] == {"sglang/ttft": {"weight": 0.5, "max_passes": None, "chunk_tokens": 8192}}
+    assert "ROUND7B_RULE" not in profile["provenance"]["client_mix_choice"]  # the rule's text, not its name
+    assert "round 7b" in profile["provenance"]["client_mix_choice"] and len(profile["rows_used"]) == 465
+    for old in ("v1", "v2", "v3", "v4", "v5"):  # every earlier profile still loads
+        assert loader.load_profile(str(loader.PACKAGED.with_name(f"replay-{old}.json")))[0]

@@ -279,7 +279,13 @@ V4 = Method("v4", PhaseMethod(0.5, centred=True, replay="client"),
 # pool, both with model-balanced quantiles (docs/fidelity.md, round 6)
 V5 = replace(V4, name="v5", ttft_band=BandMethod("backend", balanced=True),
              tpot_band=BandMethod("phase", balanced=True))
-CHOSEN = V5
+# replay-v6: v5 with SGLang TTFT corrected on the geometric mean of the sweep's and the benchmark-client replay
+# (ClientMix(0.5); its offsets, band and load term from that fit, everything else v5's), chosen by
+# bench_fidelity.ROUND7B_RULE (committed 2026-12-05T02:11Z, 2cd5265, before any decoupled candidate was scored) by
+# leave-one-model-out on the calibration split only (bench/results/fidelity_calibration_round7b.json, 02:13Z),
+# fitted on v5's 465 rows (ROUND7_RULE step 1 kept them: bench/results/fidelity_calibration_round7.json)
+V6 = replace(V5, name="v6", client_mix=(("sglang", "ttft", ClientMix(0.5)),), decoupled=True)
+CHOSEN = V6
 METHOD = CHOSEN.describe()
 
 # report key -> (phase, exponent): calibrated = raw x factor**exponent
