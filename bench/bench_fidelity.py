@@ -1086,7 +1086,7 @@ def sglang_signature(records: list[dict[str, Any]]) -> dict[str, Any]:
         return {"rows": len(part), "client_raw": summary["ours"], "sweep_raw": summary["sweep"], "signature": has}
 
     by_model = {m: entry([r for r in rows if r["model"] == m]) for m in sorted({r["model"] for r in rows})}
-    pooled = entry(rows) if rows else {"rows": 0, "signature": False}
+    pooled: dict[str, Any] = entry(rows) if rows else {"rows": 0, "signature": False}
     counted = {m: v for m, v in by_model.items() if v["rows"] >= SIGNATURE_MIN_ROWS}
     with_sig = sorted(m for m, v in counted.items() if v["signature"])
     present = bool(pooled["signature"]) and bool(counted) and 2 * len(with_sig) >= len(counted)
@@ -1207,9 +1207,11 @@ def compare_balanced(records: list[dict[str, Any]]) -> dict[str, Any]:
     for phase in TARGETS:
         steps[phase] = {"reference": reference[phase], "candidates": {}}
         qualifying = []
-        for label, change in (("balanced", {"balanced": True}), ("within balanced", {"balanced": True, "within": True})):
+        changes: list[tuple[str, dict[str, Any]]] = [("balanced", {"balanced": True}),
+                                                      ("within balanced", {"balanced": True, "within": True})]
+        for label, change in changes:
             pm = replace(base.phase(phase), **change)
-            method = replace(base, name=f"{base.name}-{label}", **{phase: pm})
+            method = replace(base, name=f"{base.name}-{label}", **{phase: pm})  # type: ignore[arg-type]
             row = _scored(records, method, method.name)
             beats, folds = _beats(row, reference, phase)
             steps[phase]["candidates"][label] = {**row[phase], "fold_wins": folds, "qualifies": beats,
