@@ -18,13 +18,25 @@ ROWS = (
 )
 
 
-def test_three_silicon_rows(tmp_path):
+TIMING = ("row_seconds", "replay_seconds", "sweep_seconds", "aic_seconds")
+
+
+def _replay_three_rows(tmp_path, *extra: str) -> dict:
     import bench_fidelity
 
     out = tmp_path / "fidelity.json"
-    code = bench_fidelity.main(["--ids", ",".join(ROWS), "--json", str(out), "--cache-dir", str(tmp_path / "c")])
+    code = bench_fidelity.main(["--ids", ",".join(ROWS), "--json", str(out), "--cache-dir", str(tmp_path / "c"), *extra])
     assert code == 0
-    data = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def three_rows(tmp_path_factory) -> dict:
+    return _replay_three_rows(tmp_path_factory.mktemp("one"))
+
+
+def test_three_silicon_rows(three_rows):
+    data = three_rows
     assert set(data["splits"]) == {"calibration", "heldout", "all"}
     cal = data["splits"]["calibration"]
     assert cal["rows"] > cal["expressible"] > 0
@@ -35,6 +47,21 @@ def test_three_silicon_rows(tmp_path):
             assert set(stats) >= {"mdape", "p90", "bias"}
             assert all(math.isfinite(stats[k]) for k in ("mdape", "p90", "bias")), (side, metric, stats)
     assert {r["id"] for r in data["records"]} == set(ROWS)
+    for r in data["records"]:  # what a full run costs, per row and per part
+        assert all(isinstance(r[k], float) and r[k] >= 0 for k in TIMING), r
+
+
+def test_two_workers_give_the_records_of_one(three_rows, tmp_path):
+    """--workers 2 (spawned processes, a fresh cache both build into): the same records, in the selection's
+    order, as the rows replayed in this process; only the timing fields differ."""
+    parallel = _replay_three_rows(tmp_path, "--workers", "2")
+    assert parallel["workers"] == 2 and three_rows["workers"] == 1
+
+    def untimed(data: dict) -> list[dict]:
+        return [{k: v for k, v in r.items() if k not in TIMING} for r in data["records"]]
+
+    assert untimed(parallel) == untimed(three_rows)
+    assert parallel["splits"] == three_rows["splits"]
 
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"

@@ -270,7 +270,7 @@ def _calibrate(report: dict[str, Any], request: EvalRequest, derived: dict[str, 
         return
     from spica_pipeline.resources.calibration import load_profile
     from spica_pipeline.search import calibration
-    from spica_pipeline.search.deploy import role_replicas
+    from spica_pipeline.search.deploy import role_replicas, role_shape
 
     profile, _ = load_profile(setting["setting"])
     if profile is None:  # the sweep records only a setting that names a profile
@@ -287,11 +287,17 @@ def _calibrate(report: dict[str, Any], request: EvalRequest, derived: dict[str, 
         engines[phase] = float(concurrency or 1) / max(1, role_replicas(sample, role) or 1)
     widen = 1.5 if derived.get("fidelity_note") else 1.0  # a perf-data fallback was used: less certain
     workload = request.workload or {}
+    passes = None
+    if profile.get("client_mix"):  # round 7 profiles: the first wave's prefill passes on one prefill rank
+        prefill = "agg" if sample.get("deployment_mode") == "agg" else "prefill"
+        chunk = sample.get(f"{prefill}_max_num_batched_tokens")
+        passes = calibration.prefill_passes(engines["ttft"], workload.get("isl"), role_shape(sample, prefill)[2],
+                                            float(chunk) if chunk else None)
     report.update(calibration.calibrate(report, profile, system=sample["hardware_sku"], backend=sample["backend"],
                                         concurrency=engines, extra_widen=widen,
                                         isl=workload.get("isl"), osl=workload.get("osl"),
                                         closed_loop=closed_loop, per_request=per_request,
-                                        sla=request.goal.sla_thresholds(), client=client))
+                                        sla=request.goal.sla_thresholds(), client=client, prefill_passes=passes))
 
 
 def _rebuild_evaluator(cls: type, fields: dict[str, Any]) -> "ReplayEvaluator":

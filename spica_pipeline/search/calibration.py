@@ -45,7 +45,8 @@ PROFILE_FORMAT = 2  # what fit writes for a method without per-backend overrides
 PER_BACKEND_FORMAT = 3  # what fit writes when some (backend, phase) has its own terms and replay basis
 # 1: replay-v1/v2 (load slope applied as c^b); 2: explicit terms; 3: 2 + "<backend>/<phase>" keys in
 # "terms" and "replay" (replay-v5), which a format-2 reader would silently ignore
-READABLE_FORMATS = (1, 2, 3)
+MIX_FORMAT = 4  # 2/3 + "client_mix" (round 7: a phase's replayed value between the sweep and the client replay)
+READABLE_FORMATS = (1, 2, 3, 4)
 PHASES = ("ttft", "tpot")
 SHRINK_K = 3.0
 MIN_BAND_ROWS = 5
@@ -57,6 +58,41 @@ FEATURES = (LOAD, "log2_isl", "log2_osl")
 # the silicon rows (every client at t=0, CLIENT_REQUEST_RATIO x c requests, every request counted;
 # search/measurement.py). A sweep runs the client replay only when its profile has a client phase.
 REPLAYS = ("sweep", "client")
+# the prefill chunk budget a ClientMix gate counts passes in when the candidate does not say (the replay's
+# max_num_batched_tokens in every bench row, bench_fidelity.MNBT)
+CHUNK_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class ClientMix:
+    """Round 7: the value a client-basis phase of one backend corrects, between the two replays a sweep runs:
+    sweep x (client / sweep)^w, w = `weight` (1: the client replay, 0: the sweep's; None: fitted, the Theil-Sen
+    slope of ln(silicon / sweep) on ln(client / sweep) over the training rows, clipped to [0, 1]); with
+    `max_passes`, w = 0 where the first wave's prefill passes (concurrency per prefill rank x ISL / chunk
+    budget, `prefill_passes`) exceed it: many passes let real clients drift apart (the sweep's regime)."""
+
+    weight: float | None = 1.0
+    max_passes: float | None = None
+
+    def label(self) -> str:
+        w = "fitted" if self.weight is None else f"{self.weight:g}"
+        return f"client^{w}" + (f" if passes <= {self.max_passes:g} else sweep" if self.max_passes is not None else "")
+
+
+def prefill_passes(concurrency_per_engine: float | None, isl: float | None, attention_dp: float | None = 1,
+                   chunk_tokens: float | None = None) -> float | None:
+    """Prefill passes the first wave of a closed loop needs on one rank: (c per engine / attention DP) x ISL /
+    the chunk budget (None when ISL or the concurrency is unknown)."""
+    if not concurrency_per_engine or not isl or concurrency_per_engine <= 0 or isl <= 0:
+        return None
+    return float(concurrency_per_engine) / max(1.0, float(attention_dp or 1)) * float(isl) / float(
+        chunk_tokens or CHUNK_TOKENS)
+
+
+def mix_weight(mix: Mapping[str, Any], passes: float | None) -> float:
+    """A profile's client_mix entry's weight on the client replay for a candidate with `passes`."""
+    cap = mix.get("max_passes")
+    return 0.0 if cap is not None and passes is not None and passes > cap else float(mix["weight"])
 
 
 @dataclass(frozen=True)
@@ -169,6 +205,19 @@ class Method:
     # how each phase's band is built (BandMethod(): v1-v4's per-slice bands)
     ttft_band: BandMethod = BandMethod()
     tpot_band: BandMethod = BandMethod()
+    # (backend, phase, ClientMix): for a client-basis phase, the replayed value that backend's rows correct
+    # (round 7; profile key "client_mix", format 4)
+    client_mix: tuple[tuple[str, str, ClientMix], ...] = ()
+    # round 7b: only the client_mix (backend, phase)s take their offsets, bands and load term from the mixed
+    # fit; every other entry is the same method's fit without the mix (an SGLang basis change then cannot move
+    # the vLLM offsets through the shared phase-level parent or the pooled slope)
+    decoupled: bool = False
+
+    def mix_for(self, phase: str, backend: str | None) -> ClientMix | None:
+        for b, p, mix in self.client_mix:
+            if b == backend and p == phase:
+                return mix
+        return None
 
     def phase(self, phase: str) -> PhaseMethod:
         return self.ttft if phase == "ttft" else self.tpot
@@ -185,6 +234,9 @@ class Method:
 
     def describe(self) -> str:
         over = "".join(f"; {b} {p.upper()} {pm.label()} (own fit)" for b, p, pm in self.per_backend)
+        over += "".join(f"; {b} {p.upper()} replayed = sweep x (client/sweep)^w, w: {mix.label()}"
+                        + (" (its entries and load term from that fit, the rest from the fit without it)"
+                           if self.decoupled else "") for b, p, mix in self.client_mix)
         return (f"{self.name} (TTFT {self.ttft.label()}; TPOT {self.tpot.label()}{over}): replayed = the sweep's own "
                 "replay, or for a 'client' phase the benchmark-client replay a sweep runs beside it; "
                 "r = ln(silicon/replayed); per "
@@ -227,7 +279,13 @@ V4 = Method("v4", PhaseMethod(0.5, centred=True, replay="client"),
 # pool, both with model-balanced quantiles (docs/fidelity.md, round 6)
 V5 = replace(V4, name="v5", ttft_band=BandMethod("backend", balanced=True),
              tpot_band=BandMethod("phase", balanced=True))
-CHOSEN = V5
+# replay-v6: v5 with SGLang TTFT corrected on the geometric mean of the sweep's and the benchmark-client replay
+# (ClientMix(0.5); its offsets, band and load term from that fit, everything else v5's), chosen by
+# bench_fidelity.ROUND7B_RULE (committed 2026-12-05T02:11Z, 2cd5265, before any decoupled candidate was scored) by
+# leave-one-model-out on the calibration split only (bench/results/fidelity_calibration_round7b.json, 02:13Z),
+# fitted on v5's 465 rows (ROUND7_RULE step 1 kept them: bench/results/fidelity_calibration_round7.json)
+V6 = replace(V5, name="v6", client_mix=(("sglang", "ttft", ClientMix(0.5)),), decoupled=True)
+CHOSEN = V6
 METHOD = CHOSEN.describe()
 
 # report key -> (phase, exponent): calibrated = raw x factor**exponent
@@ -318,6 +376,13 @@ def engine_concurrency(record: Mapping[str, Any], phase: str) -> float:
     return float(record.get("concurrency") or 1) / float(workers)
 
 
+def record_passes(record: Mapping[str, Any]) -> float | None:
+    """A bench record's first-wave prefill passes (prefill_passes; the bench's chunk budget)."""
+    shape = record.get("shape") or {}
+    role = shape.get("agg") or shape.get("prefill") or {}
+    return prefill_passes(engine_concurrency(record, "ttft"), record.get("isl"), role.get("attention_dp") or 1)
+
+
 def record_features(record: Mapping[str, Any], phase: str) -> dict[str, float]:
     return features(engine_concurrency(record, phase), record.get("isl"), record.get("osl"))
 
@@ -334,15 +399,56 @@ def replayed(record: Mapping[str, Any], phase: str, replay: str = "sweep") -> fl
     return float(v) if _number(v) else None
 
 
+def mixed_replayed(record: Mapping[str, Any], phase: str, mix: ClientMix) -> float | None:
+    """A bench record's replayed value under a resolved ClientMix: sweep x (client / sweep)^w."""
+    if mix.weight is None:
+        raise ValueError("resolve a fitted ClientMix weight first (resolve_mix)")
+    w = mix_weight({"weight": mix.weight, "max_passes": mix.max_passes}, record_passes(record))
+    sweep = replayed(record, phase, "sweep")
+    if w == 0.0 or sweep is None or sweep <= 0:
+        return sweep
+    client = replayed(record, phase, "client")
+    if client is None or client <= 0:
+        return None
+    return sweep * (client / sweep) ** w
+
+
+def fitted_mix_weight(records: Iterable[Mapping[str, Any]], backend: str, phase: str) -> float:
+    """ClientMix(weight=None)'s weight: the Theil-Sen slope of ln(silicon / sweep) on ln(client / sweep) over
+    the backend's rows, clipped to [0, 1]."""
+    xs, ys = [], []
+    for r in records:
+        if r.get("backend") != backend:
+            continue
+        s, c, m = replayed(r, phase, "sweep"), replayed(r, phase, "client"), (r.get("silicon") or {}).get(phase)
+        if s and c and _number(m) and s > 0 and c > 0 and m > 0:
+            xs.append(math.log(c / s))
+            ys.append(math.log(m / s))
+    return min(1.0, max(0.0, theil_sen(xs, ys))) if xs else 1.0
+
+
+def resolve_mix(records: Iterable[Mapping[str, Any]], method: "Method") -> "Method":
+    """The method with every fitted ClientMix weight fitted on `records`."""
+    if not any(mix.weight is None for _, _, mix in method.client_mix):
+        return method
+    records = list(records)
+    return replace(method, client_mix=tuple(
+        (b, p, replace(mix, weight=round(fitted_mix_weight(records, b, p), 6)) if mix.weight is None else mix)
+        for b, p, mix in method.client_mix))
+
+
 def residual_rows(records: Iterable[Mapping[str, Any]], method: "Method | None" = None) -> list[dict[str, Any]]:
     """Bench records -> {id, model, system, backend, phase, x (features), residual} for rows with both
-    numbers positive; each phase's replayed value on the method's basis (PhaseMethod.replay)."""
+    numbers positive; each phase's replayed value on the method's basis (PhaseMethod.replay), or its
+    ClientMix for a client phase of a backend that has one."""
     out = []
     for r in records:
         silicon = r.get("silicon") or {}
         for phase in PHASES:
             basis = method.phase_for(phase, r.get("backend")).replay if method else "sweep"
-            o, s = replayed(r, phase, basis), silicon.get(phase)
+            mix = method.mix_for(phase, r.get("backend")) if method and basis == "client" else None
+            o = mixed_replayed(r, phase, mix) if mix else replayed(r, phase, basis)
+            s = silicon.get(phase)
             if o and s and o > 0 and s > 0 and math.isfinite(o) and math.isfinite(s):
                 out.append({"id": r["id"], "model": r.get("model"), "system": r["system"], "backend": r["backend"],
                             "phase": phase, "split": r.get("split"), "x": record_features(r, phase),
@@ -431,6 +537,9 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
     """
     method = method or CHOSEN
     records = list(records)
+    method = resolve_mix(records, method)
+    if method.client_mix and method.decoupled:
+        return _fit_decoupled(records, fitted=fitted, source=source, method=method, lomo_bands=lomo_bands)
     if method.per_backend:
         return _fit_per_backend(records, fitted=fitted, source=source, method=method, lomo_bands=lomo_bands)
     rows = residual_rows(records, method)
@@ -462,6 +571,10 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
         "phase": {p: {"factor": round(math.exp(m), 6), "rows": len(by_phase[p])} for p, m in sorted(phase_m.items())},
         "replay": {p: method.phase(p).replay for p in PHASES},
     }
+    mixes = {f"{b}/{p}": {"weight": mix.weight, "max_passes": mix.max_passes, "chunk_tokens": CHUNK_TOKENS}
+             for b, p, mix in method.client_mix if method.phase_for(p, b).replay == "client"}
+    if mixes:
+        profile["format"], profile["client_mix"] = MIX_FORMAT, mixes
     # bands from calibrated residuals (each row corrected by a profile fitted without the row's
     # model, or in sample by its own profile)
     calibrated: dict[tuple[str, str, str], list[tuple[float, str]]] = defaultdict(list)
@@ -507,9 +620,31 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
     if any(method.phase(p).replay == "client" for p in PHASES):
         # for a sweep without a client replay (open loop, trace, planner): the same method on the sweep basis
         sweep_method = replace(method, name=f"{method.name}-sweep", ttft=replace(method.ttft, replay="sweep"),
-                               tpot=replace(method.tpot, replay="sweep"))
+                               tpot=replace(method.tpot, replay="sweep"), client_mix=())
         profile["sweep_fallback"] = fit(records, fitted=fitted, source=source, method=sweep_method,
                                         lomo_bands=lomo_bands)
+    return profile
+
+
+def _fit_decoupled(records: list[Mapping[str, Any]], *, fitted: str, source: str, method: Method,
+                   lomo_bands: bool) -> dict[str, Any]:
+    """Method.decoupled: the fit without the mix, with each client_mix (backend, phase)'s slices, backend entry
+    and load term ("<backend>/<phase>") from the pooled fit with it (format 4)."""
+    profile = fit(records, fitted=fitted, source=source, method=replace(method, client_mix=(), decoupled=False),
+                  lomo_bands=lomo_bands)
+    mixed = fit(records, fitted=fitted, source=source, method=replace(method, decoupled=False), lomo_bands=lomo_bands)
+    for backend, phase, _ in method.client_mix:
+        key = f"{backend}/{phase}"
+        if key not in mixed["backend"]:
+            continue
+        profile["slices"] = {k: v for k, v in profile["slices"].items() if k.split("/")[1:] != [backend, phase]}
+        profile["slices"].update({k: v for k, v in mixed["slices"].items() if k.split("/")[1:] == [backend, phase]})
+        profile["backend"][key] = mixed["backend"][key]
+        profile["terms"][key] = mixed["terms"][phase]
+    profile["slices"] = dict(sorted(profile["slices"].items()))
+    if mixed.get("client_mix"):
+        profile["format"], profile["client_mix"] = MIX_FORMAT, mixed["client_mix"]
+    profile["method"], profile["method_name"] = method.describe(), method.name
     return profile
 
 
@@ -607,11 +742,24 @@ def validate(profile: Any) -> dict[str, Any]:
     overrides = sorted(k for k in (*replay, *(profile["terms"] if fmt != 1 and isinstance(profile["terms"], dict)
                                              else ())) if k not in PHASES)
     for key in overrides:  # "<backend>/<phase>" (format 3 only)
-        if fmt != PER_BACKEND_FORMAT or key.count("/") != 1 or key.split("/")[1] not in PHASES:
+        if fmt not in (PER_BACKEND_FORMAT, MIX_FORMAT) or key.count("/") != 1 or key.split("/")[1] not in PHASES:
             raise ProfileError(f"{key!r}: per-backend keys are '<backend>/<phase>' and need format "
-                               f"{PER_BACKEND_FORMAT}")
+                               f"{PER_BACKEND_FORMAT} or {MIX_FORMAT}")
         if replay.get(key, "sweep") not in REPLAYS:
             raise ProfileError(f"replay.{key} must be one of {list(REPLAYS)}, got {replay[key]!r}")
+    mixes = profile.get("client_mix")
+    if mixes is not None or fmt == MIX_FORMAT:
+        if fmt != MIX_FORMAT or not isinstance(mixes, dict) or not mixes:
+            raise ProfileError(f"client_mix (a non-empty object) and format {MIX_FORMAT} go together")
+        for key, mix in mixes.items():
+            backend, _, phase = key.partition("/")
+            if phase not in PHASES or not backend or replay_basis(profile, phase, backend) != "client":
+                raise ProfileError(f"client_mix.{key}: keys are '<backend>/<phase>' of a client-basis phase")
+            cap = mix.get("max_passes") if isinstance(mix, dict) else None
+            if not isinstance(mix, dict) or not _number(mix.get("weight")) or not 0 <= mix["weight"] <= 1 \
+                    or (cap is not None and not _number(cap)) or not _number(mix.get("chunk_tokens", CHUNK_TOKENS)):
+                raise ProfileError(f"client_mix.{key} must be {{weight: 0-1, max_passes: number|null, "
+                                   f"chunk_tokens}}, got {mix!r}")
     band_method = profile.get("band_method")
     if band_method is not None:  # how the bands were built (provenance; lookups read only the bands)
         if not isinstance(band_method, dict) or set(band_method) != set(PHASES):
@@ -685,7 +833,8 @@ def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: 
               isl: float | None = None, osl: float | None = None, closed_loop: bool = False,
               per_request: list[dict[str, Any]] | None = None,
               sla: Mapping[str, float] | None = None,
-              client: Mapping[str, float | None] | None = None) -> dict[str, Any]:
+              client: Mapping[str, float | None] | None = None,
+              prefill_passes: float | None = None) -> dict[str, Any]:
     """`calibrated_<key>` for every calibrated key present, the goal metrics at calibrated TTFT/TPOT
     (`_calibrated_goal`), and `band_<phase>_lo/hi` multipliers.
 
@@ -698,7 +847,9 @@ def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: 
     profile fits on that replay ("replay": "client") is calibrated as client value x factor; the
     phase's factor on this report is then that over the report's own mean, so every key of the phase
     and the goal metrics follow it. Without a client value such a phase uses the profile's
-    `sweep_fallback` (the same method fitted on the sweep replay).
+    `sweep_fallback` (the same method fitted on the sweep replay). A phase with a `client_mix` entry for
+    the backend (format 4) corrects sweep x (client / sweep)^w instead, w from the entry and
+    `prefill_passes` (the candidate's first-wave prefill passes, calibration.prefill_passes).
     """
     out: dict[str, Any] = {}
     per_phase = concurrency if isinstance(concurrency, Mapping) else {p: concurrency for p in PHASES}
@@ -709,7 +860,9 @@ def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: 
         seen = _finite((client or {}).get(p))
         if basis == "client" and seen is not None and seen > 0 and own is not None and own > 0:
             info = lookup(profile, system, backend, p, per_phase.get(p), isl=isl, osl=osl)
-            info = {**info, "factor": info["factor"] * seen / own}
+            mix = (profile.get("client_mix") or {}).get(f"{backend}/{p}")
+            w = 1.0 if mix is None else mix_weight(mix, prefill_passes)
+            info = {**info, "factor": info["factor"] * (seen / own) ** w}
             out[f"client_mean_{p}_ms"] = seen
         elif basis == "client":
             info = lookup(profile["sweep_fallback"], system, backend, p, per_phase.get(p), isl=isl, osl=osl)
