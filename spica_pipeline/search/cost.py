@@ -46,7 +46,9 @@ SUGGEST_COST: dict[int, dict[int, tuple[float, float]]] = {
     2: {32: (0.325, 0.0313), 64: (0.188, 0.0682), 128: (0.677, 0.0773)},
 }
 BUCKET_FLOOR = 32
-ASK_GROWTH_PER_DOUBLING = 1.77  # beyond the largest measured bucket (not measured; docstring)
+ASK_GROWTH_PER_DOUBLING = 8.0  # beyond the largest measured bucket: not measured, charged as the GP's
+# cubic posterior. x1.77 (the 64 -> 128 step, mostly fixed work) let a GP ask fit at ~3,450 trials of
+# the 10-minute large_disagg run (2026-12-05 03:01-03:14 UTC, 4f3cf59): the sweep stalled in it.
 REPLAY_FIXED_S = 0.003
 REPLAY_PER_REQUEST_S = 0.00025
 DEFAULT_REPLAY_S = 0.5  # when the caller has no request count: the middle of issue 15's 0.07-3.2 s
