@@ -24,8 +24,9 @@ Constants and where they come from (2 cores):
     scaled by (new k = 8 median) / (old a + 8 b), 0.38-0.59. (A 22:20 UTC profile of a two-objective
     128-row suggest(8) put the 8 acquisitions at ~0.43 s of ~1.3 s, so below k = 8 the true cost may
     sit ~10 % above this fit at R = 128; inside this box's +-30 % run-to-run spread.) Beyond 128 rows
-    (not measured) each doubling of R is charged x ASK_GROWTH_PER_DOUBLING, the steeper measured
-    64 -> 128 step (one objective 0.772 -> 1.365 s, x 1.77; two 0.734 -> 1.295 s, x 1.76).
+    (not measured) each doubling of R is charged x ASK_GROWTH_PER_DOUBLING = 8, the GP posterior's
+    cubic growth: the measured 64 -> 128 step (x 1.77 / 1.76) is mostly fixed work and, extrapolated,
+    let a GP ask at ~3,450 trials fit the share and stall a 10-minute sweep (see the constant).
     A bucket's first suggest compiles its programs (5.6-6.5 s CPU at 64 and 128 rows in that file's
     `max_suggest_cpu_s_after_first`); like the process's first call, that is not charged (paid once
     per process, not per study).
