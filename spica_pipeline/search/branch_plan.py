@@ -173,16 +173,17 @@ class StudySampler:
         order, as the study loop projected them (supported trials only, as its cheap path tells
         the local designer)."""
         taken: set[tuple[str, ParallelConfig]] = set()
-
-        def project(parameters: dict[str, Any]) -> Proposal:
-            proposal = self.propose(parameters, taken)
-            taken.add((selection_key(proposal.selection), proposal.parallel_config))
-            return proposal
-
         known = [(p.selection, p.parallel_config, h.metrics)
-                 for p, h in ((project(h.parameters), h) for h in history) if p.supported]
-        proposed = [(p.selection, p.parallel_config) for p in map(project, pending) if p.supported]
+                 for p, h in ((self._project(h.parameters, taken), h) for h in history) if p.supported]
+        proposed = [(p.selection, p.parallel_config) for p in (self._project(q, taken) for q in pending)
+                    if p.supported]
         return known, proposed, taken
+
+    def _project(self, parameters: dict[str, Any], taken: set[tuple[str, ParallelConfig]]) -> Proposal:
+        """The study loop's projection of one trial, marking its (selection, parallel config) taken."""
+        proposal = self.propose(parameters, taken)
+        taken.add((selection_key(proposal.selection), proposal.parallel_config))
+        return proposal
 
     def _seed_batch_to_local(self, history: Sequence[HistoryItem], pending: Sequence[dict[str, Any]],
                              out: list[dict[str, Any]], designer: str) -> tuple[list[dict[str, Any]], list[str]]:
@@ -212,19 +213,9 @@ class StudySampler:
         names = [designer] * len(out)
         if mode == "off":
             return out, names
-        taken: set[tuple[str, ParallelConfig]] = set()
-
-        def project(parameters: dict[str, Any]) -> Proposal:
-            proposal = self.propose(parameters, taken)
-            taken.add((selection_key(proposal.selection), proposal.parallel_config))
-            return proposal
-
-        # as the study loop's cheap path tells the local designer: supported trials only
-        known = [(p.selection, p.parallel_config, h.metrics)
-                 for p, h in ((project(h.parameters), h) for h in history) if p.supported]
-        proposed = [(p.selection, p.parallel_config) for p in map(project, pending) if p.supported]
+        known, proposed, taken = self._projected(history, pending)
         before = frozenset(taken)
-        projected = [project(p) for p in out]
+        projected = [self._project(p, taken) for p in out]
         flags = self.local.look_alikes([(p.selection, p.parallel_config) for p in projected], known, proposed)
         self.look_alikes_seen += sum(flags)
         if not any(flags):
