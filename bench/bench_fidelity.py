@@ -1277,6 +1277,22 @@ def round7_candidates():
             ("blend fitted", ClientMix(None)), *((f"gate {p:g}", ClientMix(1.0, p)) for p in ROUND7_PASSES)]
 
 
+def _round7_candidate(train: list[dict[str, Any]], test: list[dict[str, Any]], method, label: str,
+                      reference: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One round-7 candidate (7 and 7b): its LOMO row and whether it qualifies under the rules' shared test
+    (lower pooled and SGLang TTFT score than the reference, >= 3 SGLang folds won); and its scored records."""
+    from spica_pipeline.search import calibration
+
+    scored = _lomo_scored(train, test, method)
+    row = _round7_row(scored, label)
+    wins = _wins(row["sglang"]["ttft"], reference["sglang"]["ttft"])
+    ok = (row["all"]["ttft"]["score"] < reference["all"]["ttft"]["score"]
+          and row["sglang"]["ttft"]["score"] < reference["sglang"]["ttft"]["score"] and wins >= 3)
+    row.update({"sglang_fold_wins": wins, "qualifies": ok, "mix": vars(method.client_mix[0][2]).copy(),
+                "weight_on_training_rows": calibration.resolve_mix(train, method).client_mix[0][2].weight})
+    return row, scored
+
+
 def compare_round7b(records: list[dict[str, Any]], prefix: list[dict[str, Any]]) -> dict[str, Any]:
     """ROUND7B_RULE: round 7's SGLang TTFT candidates, decoupled (vLLM and TPOT entries as V5's), trained on P,
     scored by LOMO on all A rows against V5 trained on P."""
@@ -1299,14 +1315,9 @@ def compare_round7b(records: list[dict[str, Any]], prefix: list[dict[str, Any]])
     for label, mix in round7_candidates():
         method = replace(base, name=f"v5-sglang-ttft-{label.replace(' ', '-')}-decoupled",
                          client_mix=(("sglang", "ttft", mix),), decoupled=True)
-        scored = _lomo_scored(train, test, method)
-        row = _round7_row(scored, label + " decoupled")
-        wins = _wins(row["sglang"]["ttft"], reference["sglang"]["ttft"])
-        ok = (row["all"]["ttft"]["score"] < reference["all"]["ttft"]["score"]
-              and row["sglang"]["ttft"]["score"] < reference["sglang"]["ttft"]["score"] and wins >= 3)
-        row.update({"sglang_fold_wins": wins, "qualifies": ok, "mix": vars(mix).copy(),
-                    "weight_on_training_rows": calibration.resolve_mix(train, method).client_mix[0][2].weight,
-                    "vllm_ttft": summarise([r for r in scored if r["backend"] == "vllm"])["calibrated"]["ttft"]})
+        row, scored = _round7_candidate(train, test, method, label + " decoupled", reference)
+        row["vllm_ttft"] = summarise([r for r in scored if r["backend"] == "vllm"])["calibrated"]["ttft"]
+        ok, wins = row["qualifies"], row["sglang_fold_wins"]
         candidates.append(row)
         if ok:
             qualifying.append(row)
@@ -1357,13 +1368,8 @@ def compare_round7(records: list[dict[str, Any]], prefix: list[dict[str, Any]]) 
     qualifying = []
     for label, mix in round7_candidates():
         method = replace(base, name=f"v5-sglang-ttft-{label.replace(' ', '-')}", client_mix=(("sglang", "ttft", mix),))
-        resolved = calibration.resolve_mix([r for r in train], method)
-        row = _round7_row(_lomo_scored(train, test, method), label)
-        wins = _wins(row["sglang"]["ttft"], reference["sglang"]["ttft"])
-        ok = (row["all"]["ttft"]["score"] < reference["all"]["ttft"]["score"]
-              and row["sglang"]["ttft"]["score"] < reference["sglang"]["ttft"]["score"] and wins >= 3)
-        row.update({"sglang_fold_wins": wins, "qualifies": ok, "mix": vars(mix).copy(),
-                    "weight_on_training_rows": resolved.client_mix[0][2].weight})
+        row, _ = _round7_candidate(train, test, method, label, reference)
+        ok, wins = row["qualifies"], row["sglang_fold_wins"]
         candidates.append(row)
         if ok:
             qualifying.append(row)
