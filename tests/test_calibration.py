@@ -382,6 +382,21 @@ def _fake_replay(monkeypatch, tmp_path, vary):
     return f
 
 
+def evaluate_with_profile(tmp_path, profile, name):
+    """A small agg h200 candidate evaluated with `profile` (written to tmp_path / name) as its calibration."""
+    from test_deploy import agg_sample
+    from test_replay import THROUGHPUT
+
+    from spica_pipeline.resources.replay import ReplayEvaluator
+    from spica_pipeline.search.evaluation import EvalRequest
+
+    path = tmp_path / name
+    path.write_text(json.dumps(profile))
+    wl = {"isl": 100, "osl": 10, "concurrency": 2, "num_request_ratio": 8}
+    req = EvalRequest(agg_sample(hardware_sku="h200_sxm"), wl, THROUGHPUT, {"calibration": {"setting": str(path)}})
+    return ReplayEvaluator(cache_dir=str(tmp_path)).evaluate(req)
+
+
 def test_a_client_profile_makes_the_evaluator_replay_the_benchmark_client(monkeypatch, tmp_path):
     from test_deploy import agg_sample
     from test_replay import THROUGHPUT
@@ -490,22 +505,12 @@ def test_within_model_slopes_ignore_between_model_offsets():
 
 
 def test_a_backend_whose_phases_are_on_the_sweep_basis_gets_no_client_replay(monkeypatch, tmp_path):
-    from test_deploy import agg_sample
-    from test_replay import THROUGHPUT
-
-    from spica_pipeline.resources.replay import ReplayEvaluator
-    from spica_pipeline.search.evaluation import EvalRequest
-
     f = _fake_replay(monkeypatch, tmp_path, [50.0])
     method = cal.Method("pb", cal.PhaseMethod(0.0, replay="client"), cal.PhaseMethod(0.0),
                         per_backend=(("vllm", "ttft", cal.PhaseMethod(0.0)),))
     p = cal.fit(mixed_records(), fitted="d", source="t", method=method)
     assert cal.needs_client(p) and not cal.needs_client(p, "vllm")
-    path = tmp_path / "pb.json"
-    path.write_text(json.dumps(p))
-    wl = {"isl": 100, "osl": 10, "concurrency": 2, "num_request_ratio": 8}
-    req = EvalRequest(agg_sample(hardware_sku="h200_sxm"), wl, THROUGHPUT, {"calibration": {"setting": str(path)}})
-    out = ReplayEvaluator(cache_dir=str(tmp_path)).evaluate(req)
+    out = evaluate_with_profile(tmp_path, p, "pb.json")
     assert out.status == "feasible", out.reason
     assert len(f.calls) == 1 and "benchmark_client" not in out.derived  # the sweep's own replay only
     assert out.report["calibrated_mean_ttft_ms"] == pytest.approx(out.report["mean_ttft_ms"] * 6.0)  # 300 / 50

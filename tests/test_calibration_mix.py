@@ -141,21 +141,12 @@ def test_the_packaged_profile_is_v6_with_sglang_ttft_on_the_blend():
 
 @pytest.mark.parametrize("cap, expected", [(None, 300.0), (1e9, 300.0), (1e-6, 75.0)])
 def test_the_evaluator_passes_the_candidates_prefill_passes(monkeypatch, tmp_path, cap, expected):
-    from test_calibration import _fake_replay
-    from test_deploy import agg_sample
-    from test_replay import THROUGHPUT
-
-    from spica_pipeline.resources.replay import ReplayEvaluator
-    from spica_pipeline.search.evaluation import EvalRequest
+    from test_calibration import _fake_replay, evaluate_with_profile
 
     _fake_replay(monkeypatch, tmp_path, [200.0, 50.0])  # client replay first, then the sweep's
     p = cal.fit([rec(i, backend="vllm") for i in range(6)], fitted="d", source="t",
                 method=replace(BASE, client_mix=(("vllm", "ttft", cal.ClientMix(1.0)),)))
     p["client_mix"]["vllm/ttft"]["max_passes"] = cap  # above the cap the sweep's own value is corrected
-    path = tmp_path / "gate.json"
-    path.write_text(json.dumps(p))
-    wl = {"isl": 100, "osl": 10, "concurrency": 2, "num_request_ratio": 8}
-    req = EvalRequest(agg_sample(hardware_sku="h200_sxm"), wl, THROUGHPUT, {"calibration": {"setting": str(path)}})
-    out = ReplayEvaluator(cache_dir=str(tmp_path)).evaluate(req)
+    out = evaluate_with_profile(tmp_path, p, "gate.json")
     assert out.status == "feasible", out.reason
     assert out.report["calibrated_mean_ttft_ms"] == pytest.approx(expected)  # 200 x 1.5, or 50 x 1.5
