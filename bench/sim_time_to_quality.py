@@ -8,10 +8,37 @@ every evaluation count, is a function of the seed only. It reproduces the timed 
 counts (e.g. disagg_goodput seeds 0-4 at 2026-12-04 09:31 UTC: ours 61, 81, 71, 13, 25); wall
 seconds are the timed bench's job.
 
-usage: .venv/bin/python bench/sim_time_to_quality.py SPACES ALGORITHMS SEEDS
+usage: .venv/bin/python bench/sim_time_to_quality.py SPACES ALGORITHMS SEEDS [OUT.json]
   e.g. goodput_agg,pareto_disagg ours,QUASI_RANDOM_SEARCH 0,1,2,3,4,10,11,12,13,14
+SEEDS may hold ranges (60-79,100-139). OUT: per seed the evaluations to 95 / 99 %, the designer of
+each trial and a digest of the suggestion sequence (designer, parameters), so two designers can be
+checked for the same suggestions (an identity check) and compared seed by seed.
 """
-import heapq, json, math, os, sys, statistics, time
+import hashlib, heapq, json, math, os, sys, statistics, time
+
+ROUND_H_RULE = """Round H adoption rule (written 2026-12-05 04:54 UTC, before any round-H variant was simulated and
+before held-out seeds 300-304 were run by anyone).
+Baseline: main at cf7cc1f plus (a) the seed-batch bookkeeping fix (a seed batch answered by the
+neighbourhood designer is charged as that designer, not as a model ask; a correctness fix, kept
+whatever it does, its effect against cf7cc1f reported) and (b) the experiment switches folded where
+an identity check (same suggestion digests on dev seeds 60-79, all five spaces) proves no change.
+Candidates (new neighbourhood.py constants, off by default):
+  NEAR_TIE = x in {0.005, 0.01, 0.02}: scalar goal; every anchor within x * |best score| of the
+    best is a near-tie, and its ring-1 queue of new points is capped below any ring-2 queue, so
+    the ring 1 of every near-tie anchor comes before any anchor's ring 2 (disagg_goodput's ridge).
+  PROBE_UNSEEN_EXTRA = e in {0.0, 0.5}: the own-config probe's moves of a knob that no two known
+    trials on the best anchor's own config have varied (its inertness seen only on other configs)
+    cost ring 1 + e instead of 1 + PROBE_EXTRA (trace_agg's batched tokens on tp2 x1).
+  and the combination of the best passing setting of each.
+Development seeds only: 60-79 and 100-139 (60 seeds), bench/sim_time_to_quality.py on all five
+spaces, against the baseline on the same seeds. A variant passes only if (1) on every space its
+median evaluations to 99 % is <= the baseline's, (2) every run reaches 99 %, (3) on pareto_disagg
+it has no more seeds above 35 than the baseline and no worse a worst seed, and (4) the sum over the
+five spaces of (its mean / the baseline's mean) is below 4.95. If several pass: the lowest sum;
+then it must pass (1)-(4) again against the baseline on fresh development seeds 400-439 (never run
+before), else nothing is adopted. Held-out seeds 300-304 are run once, timed, after landing, on
+whatever is adopted (possibly nothing), and reported as measured; seeds 0-4, 30-34, 40-44, 50-54,
+90-99 and 200-239 are not used to choose."""
 from pathlib import Path
 os.environ.setdefault("DYN_LOG", "warn")
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,16 +127,41 @@ def run(name, algorithm, seed, workers=2):
     n = len(incumbent_series(records, config))
     return {lv: reach.get(lv, (None, None)) for lv in LEVELS}, n, records
 
+def parse_seeds(text):
+    out = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+def sequence(records):
+    """(designers, digest): who proposed each trial, and a digest of every (designer, parameters)."""
+    seq = [[r.designer or "", r.parameters] for r in records]
+    digest = hashlib.sha256(json.dumps(seq, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return [r.designer or "" for r in records], digest
+
 if __name__ == "__main__":
-    spaces = sys.argv[1].split(","); algos = sys.argv[2].split(","); seeds = [int(s) for s in sys.argv[3].split(",")]
-    out = {}
+    spaces = sys.argv[1].split(","); algos = sys.argv[2].split(","); seeds = parse_seeds(sys.argv[3])
+    dump = sys.argv[4] if len(sys.argv) > 4 else None
+    out = {}; per_seed = {}
     for name in spaces:
         for a in algos:
             e99 = []; e95 = []; clk = []; reached = 0
             for s in seeds:
-                reach, n, _ = run(name, a, s)
+                reach, n, recs = run(name, a, s)
                 e, c = reach[0.99]
+                designers, digest = sequence(recs)
+                per_seed.setdefault(name, {}).setdefault(a, {})[str(s)] = {
+                    "evals_to_99": e, "evals_to_95": reach[0.95][0], "evaluations": n,
+                    "designers": sorted(set(designers)), "digest": digest,
+                    "neighbourhood_trials": designers.count("NEIGHBOURHOOD"),
+                    "sequence": "".join((d or "?")[:1].lower() for d in designers)}
                 reached += e is not None
                 e99.append(e if e is not None else n); e95.append(reach[0.95][0] or n)
             out[(name, a)] = (statistics.median(e99), reached, e99)
             print(f"{name:15s} {a:20s} med99={statistics.median(e99):5.1f} mean99={statistics.mean(e99):5.1f} reached={reached}/{len(seeds)} e99={e99} e95={e95}", flush=True)
+    if dump:
+        Path(dump).write_text(json.dumps({"argv": sys.argv[1:], "env": {k: v for k, v in os.environ.items()
+                                                                        if k.startswith("SIM_")},
+                                          "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                          "spaces": per_seed}, indent=1))
