@@ -108,6 +108,16 @@ GP_LOOKALIKE = "replace"
 # with: trace_agg mean 13.7 -> 12.3, disagg_trace 17.7 -> 16.8, pareto_disagg median 26 -> 24,
 # seeds above 35 7 -> 0 (worst 38 -> 35), the others identical; confirmed on seeds 200-239.
 SEED_BATCH_TO_LOCAL = True
+# Round H candidates (bench/sim_time_to_quality.py ROUND_H_RULE; off unless adopted there).
+# NEAR_TIE: scalar goal; an anchor within this share of the best |score| is a near-tie of the best,
+# and its ring 1 of new points costs 1 + t / (1 + t) (t: its usual gap and explored cost), below any
+# ring 2, so every near-tie's ring 1 is tried before anyone's ring 2 (disagg_goodput: the optimum one
+# step from anchors at 0.833-0.835 of it while their turns interleave with ring 2). 0: off.
+NEAR_TIE = 0.0
+# PROBE_UNSEEN_EXTRA: the own-config probe's moves of a knob that no two known trials on the best
+# anchor's own config have varied (believed inert from other configs only) cost ring 1 + this
+# instead of 1 + PROBE_EXTRA (trace_agg: batched tokens 8192 on tp2 x1). None: off.
+PROBE_UNSEEN_EXTRA: float | None = None
 
 # One trial the designer learns from: (selection, parallel config, told metrics or None).
 Known = tuple[dict[str, Any], ParallelConfig, Mapping[str, float] | None]
@@ -259,21 +269,31 @@ class NeighbourhoodDesigner:
         # the best anchor's look-alikes (its untried knob values) mix in at a cost, so the knobs get
         # tried where they could still matter; every other look-alike waits for every new point
         top = min(range(len(ordered)), key=lambda j: (gap[j], j))
+        tie = self._near_ties(rows, ordered)
         for i, anchor in enumerate(ordered):
             tiers: tuple[int, ...] = (1, 2, 3, 4)  # rings 1, 2 of new points; then rings 1, 2 of look-alikes
+            unseen: frozenset[str] | None = None
             if i == top and OWN_CONFIG_PROBE != "off" and self._leads(rows, anchor[1]):
                 tiers = (0,) + tiers  # tier 0: the own-config probe (OWN_CONFIG_PROBE)
+                if PROBE_UNSEEN_EXTRA is not None:  # tier -1: its moves of knobs never varied on this config
+                    unseen = self._unvaried(rows, anchor[1], inert)
+                    tiers = (-1,) + tiers
             for tier in tiers:
-                queues[(i, tier)] = (self._probe(anchor, inert, alike, used) if tier == 0
-                                     else self._tier(anchor, tier, inert, alike, used))
-                heap.append((tier > 2 and i != top, self._priority(tier, gap[i], explored[i], i == top), i, tier))
+                if tier == -1:
+                    queues[(i, tier)] = self._probe(anchor, inert, alike, used, unseen, True)
+                elif tier == 0:
+                    queues[(i, tier)] = self._probe(anchor, inert, alike, used, unseen, False)
+                else:
+                    queues[(i, tier)] = self._tier(anchor, tier, inert, alike, used)
+                heap.append((tier > 2 and i != top, self._priority(tier, gap[i], explored[i], i == top, tie[i]),
+                             i, tier))
         heapq.heapify(heap)
         out: list[dict[str, Any]] = []
         while heap and len(out) < want:
             late, key, i, tier = heapq.heappop(heap)
             if explored[i] < 0:
                 explored[i] = self._explored(ordered[i], used)
-            now = self._priority(tier, gap[i], explored[i], i == top)
+            now = self._priority(tier, gap[i], explored[i], i == top, tie[i])
             if now > key + 1e-12:  # the anchor was stepped from since: re-queue at its new cost
                 heapq.heappush(heap, (late, now, i, tier))
                 continue
@@ -284,19 +304,45 @@ class NeighbourhoodDesigner:
             alike.add(self._reduced(cand.selection, cand.key[1], inert))
             out.append(cand.parameters)
             explored[i] += 1
-            heapq.heappush(heap, (late, self._priority(tier, gap[i], explored[i], i == top), i, tier))
+            heapq.heappush(heap, (late, self._priority(tier, gap[i], explored[i], i == top, tie[i]), i, tier))
         return out
 
-    def _priority(self, tier: int, gap: float, explored: int, top: bool = False) -> float:
+    def _priority(self, tier: int, gap: float, explored: int, top: bool = False, near_tie: bool = False) -> float:
         """A queue's cost: its ring, plus the anchor's score gap to the best (0 best, 1 worst,
         x gap_weight), plus explored_weight per neighbour already taken around the anchor; the
         incumbent's look-alike tiers also INCUMBENT_LOOKALIKE, its own-config probe (tier 0) ring 1
-        plus PROBE_EXTRA."""
+        plus PROBE_EXTRA (tier -1, knobs never varied on its config: PROBE_UNSEEN_EXTRA); a near-tie's
+        ring 1 (NEAR_TIE) 1 + t / (1 + t), below every ring 2."""
+        t = self.gap_weight * gap + self.explored_weight * max(0, explored)
+        if tier == -1:
+            return 1.0 + float(PROBE_UNSEEN_EXTRA or 0.0) + t
         if tier == 0:
-            return 1.0 + PROBE_EXTRA + self.gap_weight * gap + self.explored_weight * max(0, explored)
+            return 1.0 + PROBE_EXTRA + t
+        if tier == 1 and near_tie:
+            return 1.0 + t / (1.0 + t)
         ring = tier if tier <= 2 else tier - 2
         extra = INCUMBENT_LOOKALIKE if (top and tier > 2) else 0.0
-        return ring + extra + self.gap_weight * gap + self.explored_weight * max(0, explored)
+        return ring + extra + t
+
+    def _near_ties(self, rows: list[_Row], anchors: list[tuple[dict[str, Any], ParallelConfig]]) -> list[bool]:
+        """Per anchor: whether its score is within NEAR_TIE of the best |score| (scalar goal only)."""
+        if NEAR_TIE <= 0 or len(self.metrics) != 1 or not rows:
+            return [False] * len(anchors)
+        sign = 1.0 if self.metrics[0][1] == "max" else -1.0
+        value = {self._key(r[0], r[1]): sign * r[2][0] for r in rows}
+        best = max(value.values())
+        return [best - value[self._key(*a)] <= NEAR_TIE * abs(best) for a in anchors]
+
+    @staticmethod
+    def _unvaried(rows: list[_Row], config: ParallelConfig, inert: frozenset[str]) -> frozenset[str]:
+        """The inert knobs that no two known trials on `config` have varied (their inertness was
+        seen on other configs only)."""
+        values: dict[str, set[Any]] = {k: set() for k in inert}
+        for selection, cfg, _ in rows:
+            if cfg == config:
+                for k in inert:
+                    values[k].add(repr(selection.get(k)))
+        return frozenset(k for k, seen in values.items() if len(seen) <= 1)
 
     def _explore(self, count: int, position: int, inert: frozenset[str], used: set[PointKey],
                  alike: set[PointKey], visited: set[ParallelConfig]) -> list[dict[str, Any]]:
@@ -511,7 +557,8 @@ class NeighbourhoodDesigner:
         return best - other > PROBE_LEAD * abs(best)
 
     def _probe(self, anchor: tuple[dict[str, Any], ParallelConfig], inert: frozenset[str],
-               alike: set[PointKey], used: set[PointKey]) -> Iterator[_Candidate]:
+               alike: set[PointKey], used: set[PointKey], unseen: frozenset[str] | None = None,
+               of_unseen: bool = False) -> Iterator[_Candidate]:
         """The own-config probe (OWN_CONFIG_PROBE): the anchor's look-alikes on its own parallel
         config (untried values of knobs believed inert), rings 1 and 2. A knob counts as inert until
         a pair on one config shows it matters, and the only pair that could show it may be the one
@@ -533,6 +580,8 @@ class NeighbourhoodDesigner:
             far = {k: max(r for r, _, kk in ones if kk == k) for _, _, k in ones}
             rings = [(r, c) for r, c, k in ones if r == far[k]]
         own = [c for _, c in rings]
+        if unseen is not None:  # split by the moved knob (PROBE_UNSEEN_EXTRA): never varied here, or varied
+            own = [c for c in own if (set(moved(c)) <= unseen) == of_unseen]
         for cand in own:
             if cand.key in used:
                 continue

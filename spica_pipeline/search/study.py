@@ -624,7 +624,7 @@ class _AsyncDriver:
         local = self._local(need) if cheap else None
         t0 = st.clock()
         suggestions, seconds, designers = loop._ask(key, count, history, pending, cheap, local)
-        if not cheap and any(d not in _CHEAP_DESIGNERS for d in designers):
+        if not cheap and _model_answered(designers):
             self.predicted_model_s += ask_s  # journal hit or not: the prediction is the same
             if seconds:  # a fresh model-based ask (not a journal hit)
                 self.model_seconds += st.clock() - t0
@@ -760,6 +760,18 @@ class _AsyncDriver:
 
 
 _CHEAP_DESIGNERS = ("QUASI_RANDOM_SEARCH", "RANDOM_SEARCH", "sampler", "exhaustive")
+
+
+def _model_answered(designers: Sequence[str]) -> bool:
+    """Whether a model-based designer answered any trial of an ask: the ask is then charged its
+    predicted model seconds. The cost-aware fill's neighbourhood designer is cheap wherever it
+    answers: a model's quasi-random seed batch handed to it (neighbourhood.SEED_BATCH_TO_LOCAL)
+    ran no model and was charged as a model ask before 2026-12-05 (round H). A judgement from the
+    recorded designers only, so a resume charges the same; one consequence: a model batch whose
+    every suggestion was a look-alike replaced by the neighbourhood designer is not charged either."""
+    from spica_pipeline.search.neighbourhood import NEIGHBOURHOOD
+
+    return any(d not in _CHEAP_DESIGNERS and d != NEIGHBOURHOOD for d in designers)
 
 
 def _cached_reason(status: str, trial: int, reason: str | None = None) -> str:
