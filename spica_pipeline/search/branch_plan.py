@@ -166,7 +166,7 @@ class StudySampler:
                 return self._seed_batch_to_local(history, pending, out, designer)
         if cheap or self.local is None or designer in MODEL_FREE_ALGORITHMS or not out:
             return out, [designer] * len(out)
-        return self._route_look_alikes(count, history, pending, out, designer)
+        return self._route_look_alikes(history, pending, out, designer)
 
     def _projected(self, history: Sequence[HistoryItem], pending: Sequence[dict[str, Any]]):
         """(known, proposed, taken): the history's and the pending trials' projections, in trial
@@ -196,51 +196,35 @@ class StudySampler:
         near = [dict(p) for p in self.local.suggest(len(out), known, proposed, frozenset(taken))]
         return near + out[len(near):], [self.local.name] * len(near) + [designer] * (len(out) - len(near))
 
-    def _route_look_alikes(self, count: int, history: Sequence[HistoryItem], pending: Sequence[dict[str, Any]],
+    def _route_look_alikes(self, history: Sequence[HistoryItem], pending: Sequence[dict[str, Any]],
                            out: list[dict[str, Any]], designer: str) -> tuple[list[dict[str, Any]], list[str]]:
         """A model-based batch with a look-alike (a point equal to a proposed one but for knobs the
-        local designer believes inert: likely a known outcome again, a wasted evaluation) loses its
-        look-alikes (neighbourhood.GP_LOOKALIKE "drop": the loop asks again sooner), and a batch of
-        look-alikes only goes to the local designer, whole ("ask": every batch with a look-alike;
-        "replace": each look-alike in place by one local point, the model's other suggestions
-        kept; "off": the batch as is). Returns the designer of each trial. A function of the
-        history, pending and suggestions only: the trials are re-projected in trial order, as the
-        study loop projected them, so it is deterministic and a resume repeats it."""
-        from spica_pipeline.search import neighbourhood
-
+        local designer believes inert: likely a known outcome again, a wasted evaluation) has each
+        look-alike swapped in place for one local point, the model's other suggestions kept (a
+        used-up neighbourhood: the model's point stays; neighbourhood.py says why this rule).
+        Returns the designer of each trial. A function of the history, pending and suggestions
+        only: the trials are re-projected in trial order, as the study loop projected them, so it
+        is deterministic and a resume repeats it."""
         assert self.local is not None
-        mode = neighbourhood.GP_LOOKALIKE
-        names = [designer] * len(out)
-        if mode == "off":
-            return out, names
         known, proposed, taken = self._projected(history, pending)
-        before = frozenset(taken)
         projected = [self._project(p, taken) for p in out]
         flags = self.local.look_alikes([(p.selection, p.parallel_config) for p in projected], known, proposed)
         self.look_alikes_seen += sum(flags)
         if not any(flags):
-            return out, names
-        if mode == "replace":
-            kept = [(p.selection, p.parallel_config) for p, alike in zip(projected, flags)
-                    if not alike and p.supported]
-            near = iter(self.local.suggest(sum(flags), known, proposed + kept, frozenset(taken)))
-            result: list[dict[str, Any]] = []
-            result_names: list[str] = []
-            for parameters, alike in zip(out, flags):
-                local = next(near, None) if alike else None
-                if local is None:  # not a look-alike, or a used-up neighbourhood: the model's point
-                    result.append(parameters)
-                    result_names.append(designer)
-                else:
-                    result.append(dict(local))
-                    result_names.append(self.local.name)
-            return result, result_names
-        if mode == "drop" and not all(flags):
-            return [p for p, alike in zip(out, flags) if not alike], [designer] * (len(flags) - sum(flags))
-        near_all = self.local.suggest(count, known, proposed, before)
-        if len(near_all) < len(out):  # a used-up neighbourhood: keep the model's batch
-            return out, names
-        return [dict(p) for p in near_all], [self.local.name] * len(near_all)
+            return out, [designer] * len(out)
+        kept = [(p.selection, p.parallel_config) for p, alike in zip(projected, flags) if not alike and p.supported]
+        near = iter(self.local.suggest(sum(flags), known, proposed + kept, frozenset(taken)))
+        result: list[dict[str, Any]] = []
+        names: list[str] = []
+        for parameters, alike in zip(out, flags):
+            local = next(near, None) if alike else None
+            if local is None:  # not a look-alike, or a used-up neighbourhood: the model's point
+                result.append(parameters)
+                names.append(designer)
+            else:
+                result.append(dict(local))
+                names.append(self.local.name)
+        return result, names
 
     def suggest_local(self, count: int, known: Sequence[KnownPoint], pending: Sequence[tuple[dict[str, Any], ParallelConfig]],
                       taken: Collection[tuple[str, ParallelConfig]]) -> tuple[list[dict[str, Any]], str]:

@@ -35,7 +35,7 @@ back to quasi-random).
   small knob effect can decide it (trace_agg: batched tokens 8192 on the best config, +3 %).
   Own-config probe (scalar goal, while the best config leads every other by > PROBE_LEAD): the
   best anchor's farthest untried value of each inert knob, on its own config, comes at
-  INCUMBENT_LOOKALIKE rings more, before any of its look-alikes on other configs (OWN_CONFIG_PROBE).
+  INCUMBENT_LOOKALIKE rings more, before any of its look-alikes on other configs (`_probe`).
 * Exploration: points drawn uniformly over the encoding (features and knobs, as the quasi-random
   designer spreads them), projected onto the pool, kept only on a config no trial has used (while
   one remains) and never a look-alike. Quasi-random exploration repeated used configs (three of
@@ -69,37 +69,31 @@ INERT_TOL = 2e-3  # a knob's effect this small, relative to the best |value| of 
 INCUMBENT_LOOKALIKE = 1.0  # the best anchor's look-alikes cost this many rings more (every other one waits)
 # Own-config probe (round F, docs/performance.md): the best anchor's untried values of its inert
 # knobs on its own parallel config form one queue of their own, at ring 1 + PROBE_EXTRA, ahead of its
-# look-alikes on other configs (likely known outcomes again: the knob was inert there). Modes: "off"
-# (no such queue: the own-config values mix, in the seeded order, with the best anchor's other
-# look-alikes); "own": its rings 1 and 2 on its own config, ring 1 first; "single": the same, every
-# one-knob move first; "knob": one-knob moves only; "far": per knob only its farthest value within
-# two steps (an end of its range: from 32768 batched tokens 8192, from 16384 both ends), one-knob
-# moves only. Chosen on development seeds 60-79 and 100-139 (simulated, 21:36-21:52 UTC, rule fixed
-# before in da069d8): far, lead 0.05, scalar goals only. Evaluations to 99 %, median / mean over the
-# 60 seeds, off -> far: trace_agg 17.5 / 16.6 -> 14 / 12.4 (32 seeds better, 1 worse), goodput_agg
-# 6 / 6.08 -> 6 / 6.25 (6.43 without the lead), disagg_goodput 14 / 16.3 -> 14 / 16.6,
-# disagg_trace unchanged; on pareto_disagg the probe moved 16 seeds both ways (26.5 -> 26, one more
-# seed above 35), so a Pareto goal does not probe.
-OWN_CONFIG_PROBE = "far"
+# look-alikes on other configs (likely known outcomes again: the knob was inert there): per knob only
+# its farthest value within two steps (an end of its range: from 32768 batched tokens 8192, from
+# 16384 both ends), one knob moved at a time, scalar goals only. Chosen on development seeds 60-79
+# and 100-139 (simulated, 21:36-21:52 UTC, rule fixed before in da069d8) over no probe and three
+# other shapes (rings 1-2, one-knob moves first, one-knob moves only; folded out 2026-12-05, round H,
+# after a same-suggestions check). Evaluations to 99 %, median / mean over the 60 seeds, no probe
+# -> this one: trace_agg 17.5 / 16.6 -> 14 / 12.4 (32 seeds better, 1 worse), goodput_agg 6 / 6.08
+# -> 6 / 6.25 (6.43 without the lead), disagg_goodput 14 / 16.3 -> 14 / 16.6, disagg_trace
+# unchanged; on pareto_disagg it moved 16 seeds both ways (26.5 -> 26, one more seed above 35), so
+# a Pareto goal does not probe.
 PROBE_EXTRA = 1.0  # the probe queue's extra cost in rings (1.0: as the best anchor's look-alikes)
 # scalar goal: probe only while the best config leads the best trial on any other config by more than
 # this share of its score (goodput_agg: configs within 0.2 % of each other, the optimum on another
 # one; trace_agg: the best config 0.97 of the optimum, every other <= 0.72). 0.02, 0.05 and 0.10
 # gave the same 60 dev-seed counts.
 PROBE_LEAD = 0.05
-PROBE_PARETO = False  # a Pareto goal probes too (False: the probe is for a scalar goal only)
 EXPLORE_TRIES = 8  # draws per exploration point before giving up (the caller fills the rest quasi-randomly)
 # A model-based ask (GP-UCB-PE) that proposes a look-alike of a proposed point (equal but for knobs
-# this designer believes inert: likely a known outcome again; 9-14 per pareto_disagg run):
-# "replace" swaps each look-alike in place for one of this designer's points and keeps the model's
-# other suggestions (every trial names its own designer); "drop" leaves the look-alikes out (the
-# next ask comes sooner); both send an ask of look-alikes only to this designer. "ask" routes every
-# such ask to this designer, "off" keeps the ask as is (StudySampler.suggest_pending in
-# search/branch_plan.py). Simulated evaluations to 99 % on pareto_disagg seeds 0-4
-# (bench/sim_time_to_quality.py): off 29, 29, 33, 26, 24; ask 20, 20, 37, 20, 23 (the GP's good
-# suggestions go with its look-alikes); drop 26, 21, 34, 23, 22 (19:45-19:47 UTC); replace 22, 21,
-# 29, 19, 24 (20:21-20:25 UTC; the other four spaces unchanged).
-GP_LOOKALIKE = "replace"
+# this designer believes inert: likely a known outcome again; 9-14 per pareto_disagg run) has each
+# look-alike swapped in place for one of this designer's points, the model's other suggestions kept
+# (StudySampler._route_look_alikes in search/branch_plan.py). Simulated evaluations to 99 % on
+# pareto_disagg seeds 0-4 (bench/sim_time_to_quality.py): the ask kept as is 29, 29, 33, 26, 24;
+# every such ask to this designer 20, 20, 37, 20, 23; look-alikes dropped 26, 21, 34, 23, 22
+# (19:45-19:47 UTC); swapped in place 22, 21, 29, 19, 24 (20:21-20:25 UTC; the other four spaces
+# unchanged). The other three modes were folded out 2026-12-05 (round H).
 # While the model has too few feasible trials it answers with a quasi-random seed batch; True hands
 # that batch to this designer (its exploration: unused configs, no look-alikes). Round G
 # (docs/performance.md, rule fixed before simulating): after search/cost.py's 2026-12-05 refit a
@@ -108,16 +102,6 @@ GP_LOOKALIKE = "replace"
 # with: trace_agg mean 13.7 -> 12.3, disagg_trace 17.7 -> 16.8, pareto_disagg median 26 -> 24,
 # seeds above 35 7 -> 0 (worst 38 -> 35), the others identical; confirmed on seeds 200-239.
 SEED_BATCH_TO_LOCAL = True
-# Round H candidates (bench/sim_time_to_quality.py ROUND_H_RULE; off unless adopted there).
-# NEAR_TIE: scalar goal; an anchor within this share of the best |score| is a near-tie of the best,
-# and its ring 1 of new points costs 1 + t / (1 + t) (t: its usual gap and explored cost), below any
-# ring 2, so every near-tie's ring 1 is tried before anyone's ring 2 (disagg_goodput: the optimum one
-# step from anchors at 0.833-0.835 of it while their turns interleave with ring 2). 0: off.
-NEAR_TIE = 0.0
-# PROBE_UNSEEN_EXTRA: the own-config probe's moves of a knob that no two known trials on the best
-# anchor's own config have varied (believed inert from other configs only) cost ring 1 + this
-# instead of 1 + PROBE_EXTRA (trace_agg: batched tokens 8192 on tp2 x1). None: off.
-PROBE_UNSEEN_EXTRA: float | None = None
 
 # One trial the designer learns from: (selection, parallel config, told metrics or None).
 Known = tuple[dict[str, Any], ParallelConfig, Mapping[str, float] | None]
@@ -269,31 +253,21 @@ class NeighbourhoodDesigner:
         # the best anchor's look-alikes (its untried knob values) mix in at a cost, so the knobs get
         # tried where they could still matter; every other look-alike waits for every new point
         top = min(range(len(ordered)), key=lambda j: (gap[j], j))
-        tie = self._near_ties(rows, ordered)
         for i, anchor in enumerate(ordered):
             tiers: tuple[int, ...] = (1, 2, 3, 4)  # rings 1, 2 of new points; then rings 1, 2 of look-alikes
-            unseen: frozenset[str] | None = None
-            if i == top and OWN_CONFIG_PROBE != "off" and self._leads(rows, anchor[1]):
-                tiers = (0,) + tiers  # tier 0: the own-config probe (OWN_CONFIG_PROBE)
-                if PROBE_UNSEEN_EXTRA is not None:  # tier -1: its moves of knobs never varied on this config
-                    unseen = self._unvaried(rows, anchor[1], inert)
-                    tiers = (-1,) + tiers
+            if i == top and self._leads(rows, anchor[1]):
+                tiers = (0,) + tiers  # tier 0: the own-config probe (`_probe`)
             for tier in tiers:
-                if tier == -1:
-                    queues[(i, tier)] = self._probe(anchor, inert, alike, used, unseen, True)
-                elif tier == 0:
-                    queues[(i, tier)] = self._probe(anchor, inert, alike, used, unseen, False)
-                else:
-                    queues[(i, tier)] = self._tier(anchor, tier, inert, alike, used)
-                heap.append((tier > 2 and i != top, self._priority(tier, gap[i], explored[i], i == top, tie[i]),
-                             i, tier))
+                queues[(i, tier)] = (self._probe(anchor, inert, alike, used) if tier == 0
+                                     else self._tier(anchor, tier, inert, alike, used))
+                heap.append((tier > 2 and i != top, self._priority(tier, gap[i], explored[i], i == top), i, tier))
         heapq.heapify(heap)
         out: list[dict[str, Any]] = []
         while heap and len(out) < want:
             late, key, i, tier = heapq.heappop(heap)
             if explored[i] < 0:
                 explored[i] = self._explored(ordered[i], used)
-            now = self._priority(tier, gap[i], explored[i], i == top, tie[i])
+            now = self._priority(tier, gap[i], explored[i], i == top)
             if now > key + 1e-12:  # the anchor was stepped from since: re-queue at its new cost
                 heapq.heappush(heap, (late, now, i, tier))
                 continue
@@ -304,45 +278,19 @@ class NeighbourhoodDesigner:
             alike.add(self._reduced(cand.selection, cand.key[1], inert))
             out.append(cand.parameters)
             explored[i] += 1
-            heapq.heappush(heap, (late, self._priority(tier, gap[i], explored[i], i == top, tie[i]), i, tier))
+            heapq.heappush(heap, (late, self._priority(tier, gap[i], explored[i], i == top), i, tier))
         return out
 
-    def _priority(self, tier: int, gap: float, explored: int, top: bool = False, near_tie: bool = False) -> float:
+    def _priority(self, tier: int, gap: float, explored: int, top: bool = False) -> float:
         """A queue's cost: its ring, plus the anchor's score gap to the best (0 best, 1 worst,
         x gap_weight), plus explored_weight per neighbour already taken around the anchor; the
         incumbent's look-alike tiers also INCUMBENT_LOOKALIKE, its own-config probe (tier 0) ring 1
-        plus PROBE_EXTRA (tier -1, knobs never varied on its config: PROBE_UNSEEN_EXTRA); a near-tie's
-        ring 1 (NEAR_TIE) 1 + t / (1 + t), below every ring 2."""
-        t = self.gap_weight * gap + self.explored_weight * max(0, explored)
-        if tier == -1:
-            return 1.0 + float(PROBE_UNSEEN_EXTRA or 0.0) + t
+        plus PROBE_EXTRA."""
         if tier == 0:
-            return 1.0 + PROBE_EXTRA + t
-        if tier == 1 and near_tie:
-            return 1.0 + t / (1.0 + t)
+            return 1.0 + PROBE_EXTRA + self.gap_weight * gap + self.explored_weight * max(0, explored)
         ring = tier if tier <= 2 else tier - 2
         extra = INCUMBENT_LOOKALIKE if (top and tier > 2) else 0.0
-        return ring + extra + t
-
-    def _near_ties(self, rows: list[_Row], anchors: list[tuple[dict[str, Any], ParallelConfig]]) -> list[bool]:
-        """Per anchor: whether its score is within NEAR_TIE of the best |score| (scalar goal only)."""
-        if NEAR_TIE <= 0 or len(self.metrics) != 1 or not rows:
-            return [False] * len(anchors)
-        sign = 1.0 if self.metrics[0][1] == "max" else -1.0
-        value = {self._key(r[0], r[1]): sign * r[2][0] for r in rows}
-        best = max(value.values())
-        return [best - value[self._key(*a)] <= NEAR_TIE * abs(best) for a in anchors]
-
-    @staticmethod
-    def _unvaried(rows: list[_Row], config: ParallelConfig, inert: frozenset[str]) -> frozenset[str]:
-        """The inert knobs that no two known trials on `config` have varied (their inertness was
-        seen on other configs only)."""
-        values: dict[str, set[Any]] = {k: set() for k in inert}
-        for selection, cfg, _ in rows:
-            if cfg == config:
-                for k in inert:
-                    values[k].add(repr(selection.get(k)))
-        return frozenset(k for k, seen in values.items() if len(seen) <= 1)
+        return ring + extra + self.gap_weight * gap + self.explored_weight * max(0, explored)
 
     def _explore(self, count: int, position: int, inert: frozenset[str], used: set[PointKey],
                  alike: set[PointKey], visited: set[ParallelConfig]) -> list[dict[str, Any]]:
@@ -546,9 +494,9 @@ class NeighbourhoodDesigner:
 
     def _leads(self, rows: list[_Row], config: ParallelConfig) -> bool:
         """Whether the best anchor's config leads the best trial on any other config by more than
-        PROBE_LEAD of its |score| (scalar goal; a Pareto goal: PROBE_PARETO)."""
+        PROBE_LEAD of its |score| (scalar goal; a Pareto goal never probes: round F)."""
         if len(self.metrics) != 1:
-            return PROBE_PARETO
+            return False
         if PROBE_LEAD <= 0 or not rows:
             return True
         sign = 1.0 if self.metrics[0][1] == "max" else -1.0
@@ -557,31 +505,22 @@ class NeighbourhoodDesigner:
         return best - other > PROBE_LEAD * abs(best)
 
     def _probe(self, anchor: tuple[dict[str, Any], ParallelConfig], inert: frozenset[str],
-               alike: set[PointKey], used: set[PointKey], unseen: frozenset[str] | None = None,
-               of_unseen: bool = False) -> Iterator[_Candidate]:
-        """The own-config probe (OWN_CONFIG_PROBE): the anchor's look-alikes on its own parallel
-        config (untried values of knobs believed inert), rings 1 and 2. A knob counts as inert until
-        a pair on one config shows it matters, and the only pair that could show it may be the one
-        that holds the optimum (trace_agg: batched tokens 8192 on the best config, +3 %, while 16384
-        and 32768 tie); the same values on other configs are likely known outcomes again. Checked
-        lazily, as `_tier`."""
+               alike: set[PointKey], used: set[PointKey]) -> Iterator[_Candidate]:
+        """The own-config probe: the anchor's look-alikes on its own parallel config (untried values
+        of knobs believed inert), per knob only its farthest value within two steps (an end of its
+        range), one knob moved at a time. A knob counts as inert until a pair on one config shows it
+        matters, and the only pair that could show it may be the one that holds the optimum
+        (trace_agg: batched tokens 8192 on the best config, +3 %, while 16384 and 32768 tie); the
+        same values on other configs are likely known outcomes again. Checked lazily, as `_tier`."""
         selection, config = anchor
         rings = [(ring, c) for ring in (1, 2) for c in self._candidates(anchor, ring) if c.key[1] == config]
 
         def moved(c: _Candidate) -> list[str]:
             return [k for k, v in c.selection.items() if selection.get(k) != v]
 
-        if OWN_CONFIG_PROBE in ("single", "knob"):  # one-knob moves first (stable: rings, then the seeded order)
-            rings.sort(key=lambda rc: len(moved(rc[1])) > 1)
-        if OWN_CONFIG_PROBE == "knob":  # one-knob moves only (two-knob ones stay look-alikes of tiers 3-4)
-            rings = [rc for rc in rings if len(moved(rc[1])) <= 1]
-        if OWN_CONFIG_PROBE == "far":  # per knob, only its farthest values within two steps (an end of its range)
-            ones = [(ring, c, moved(c)[0]) for ring, c in rings if len(moved(c)) == 1]
-            far = {k: max(r for r, _, kk in ones if kk == k) for _, _, k in ones}
-            rings = [(r, c) for r, c, k in ones if r == far[k]]
-        own = [c for _, c in rings]
-        if unseen is not None:  # split by the moved knob (PROBE_UNSEEN_EXTRA): never varied here, or varied
-            own = [c for c in own if (set(moved(c)) <= unseen) == of_unseen]
+        ones = [(ring, c, moved(c)[0]) for ring, c in rings if len(moved(c)) == 1]
+        far = {k: max(r for r, _, kk in ones if kk == k) for _, _, k in ones}
+        own = [c for r, c, k in ones if r == far[k]]
         for cand in own:
             if cand.key in used:
                 continue
@@ -668,5 +607,5 @@ class NeighbourhoodDesigner:
         return moves
 
 
-__all__ = ["EXPLORE_SHARE", "GP_LOOKALIKE", "NEIGHBOURHOOD", "Known", "NeighbourhoodDesigner", "config_steps", "crowding",
+__all__ = ["EXPLORE_SHARE", "NEIGHBOURHOOD", "Known", "NeighbourhoodDesigner", "config_steps", "crowding",
            "role_steps"]
