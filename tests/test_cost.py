@@ -50,3 +50,15 @@ def test_a_finished_trial_is_predicted_from_the_request_count_its_outcome_record
     assert f(None, {"request_count": 1896}, 1, 9.9) == cost.predicted_replay_seconds(1896)
     assert f({"num_requests": 240.0}, {}, 3, 9.9) == cost.predicted_replay_seconds(240, 3)
     assert f(None, None, 0, 9.9) == 9.9  # a failure without a request count: the a-priori estimate
+
+
+def test_an_ask_is_charged_as_a_model_ask_only_when_a_model_answered_a_trial():
+    """A model's seed batch handed to the neighbourhood designer (SEED_BATCH_TO_LOCAL) ran no
+    model: charged as the designer that answered (round H), from the recorded designers only."""
+    from spica_pipeline.search.neighbourhood import NEIGHBOURHOOD
+    from spica_pipeline.search.study import _model_answered
+
+    assert not _model_answered([NEIGHBOURHOOD] * 3 + ["QUASI_RANDOM_SEARCH"])  # seed batch, answered locally
+    assert not _model_answered(["QUASI_RANDOM_SEARCH"] * 4)  # seed batch kept
+    assert _model_answered(["DEFAULT", NEIGHBOURHOOD, "DEFAULT", NEIGHBOURHOOD])  # look-alikes replaced
+    assert _model_answered(["GP_UCB_PE"])
