@@ -655,6 +655,11 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             profile["provenance"]["client_mix_choice"] = (
                 "leave-one-model-out on the calibration split only (bench_fidelity.py --compare-round7 --round7b, "
                 "bench/results/fidelity_calibration_round7.json and _round7b.json, 2026-12-05): " + ROUND7B_RULE)
+        if any("native_weight" in mix for mix in (profile.get("client_mix") or {}).values()):
+            profile["provenance"]["client_mix_choice"] += (
+                " Round 8 (TTFT): the blend only where the attention was timed with the bf16 fallback data, by "
+                "leave-one-model-out on the 1,135 stored calibration rows (bench_fidelity.py --compare-round8-ttft, "
+                "bench/results/fidelity_calibration_round8_ttft.json, 2026-12-05): " + ROUND8_TTFT_RULE)
         write_json(args.fit_calibration, profile)
         print(f"wrote calibration profile {args.fit_calibration} ({len(profile['rows_used'])} calibration rows)")
         lomo = leave_one_model_out(cal_records, calibration.CHOSEN)

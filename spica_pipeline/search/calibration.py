@@ -314,7 +314,13 @@ V5 = replace(V4, name="v5", ttft_band=BandMethod("backend", balanced=True),
 # leave-one-model-out on the calibration split only (bench/results/fidelity_calibration_round7b.json, 02:13Z),
 # fitted on v5's 465 rows (ROUND7_RULE step 1 kept them: bench/results/fidelity_calibration_round7.json)
 V6 = replace(V5, name="v6", client_mix=(("sglang", "ttft", ClientMix(0.5)),), decoupled=True)
-CHOSEN = V6
+# replay-v7: v6 with that blend only where the candidate's attention was timed with the bf16 fallback data (the perf
+# database lacks its own: DeepSeek's fp8 MLA on SGLang); with its own data an SGLang candidate's TTFT is corrected on
+# the client replay again, as v5 did. Chosen by bench_fidelity.ROUND8_TTFT_RULE (committed 2026-12-05T04:51Z,
+# 20f33a4, before any candidate was scored) by leave-one-model-out on the 1,135 stored calibration rows
+# (bench/results/fidelity_calibration_round8_ttft.json, 04:53Z); fitted on v5's 465 rows; vLLM TTFT and TPOT as v6
+V7 = replace(V6, name="v7", client_mix=(("sglang", "ttft", ClientMix(0.5, native_weight=1.0)),))
+CHOSEN = V7
 METHOD = CHOSEN.describe()
 
 # report key -> (phase, exponent): calibrated = raw x factor**exponent
