@@ -688,6 +688,12 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         compare = compare_round7b if args.round7b else compare_round7
         final["round7b_comparison" if args.round7b else "round7_comparison"] = compare(
             fit_records(records), fit_records(list(prefix_by_id.values())))
+    if args.compare_round8_tpot:
+        prefix8: dict[str, dict[str, Any]] = {}
+        for path in args.compare_round8_tpot.split(","):
+            for r in json.loads(Path(path).read_text())["records"]:
+                prefix8.setdefault(r["id"], r)
+        final["round8_tpot_comparison"] = compare_round8_tpot(fit_records(records), fit_records(list(prefix8.values())))
     if args.sglang_signature:
         final["sglang_signature"] = sglang_signature(fit_records(records))
     if args.fallback_effect:
@@ -1416,6 +1422,138 @@ def compare_round7(records: list[dict[str, Any]], prefix: list[dict[str, Any]]) 
             "chosen": chosen}
 
 
+def round8_tpot_candidates():
+    """ROUND8_TPOT_RULE's candidates, in the rule's order: (label, method, moe_split). Each is calibration.V6 with
+    only its TPOT phase changed; moe_split: the method fitted separately on dense and on MoE models' rows."""
+    from dataclasses import replace
+
+    from spica_pipeline.search.calibration import V6, ClientMix, PhaseMethod
+
+    def tpot(label: str, pm: PhaseMethod, moe_split: bool = False):
+        return label, replace(V6, name=f"v6-tpot-{label.replace(' ', '-').replace('/', '-')}", tpot=pm), moe_split
+
+    return [tpot("raw", PhaseMethod(0.0, replay="client", raw=True)),
+            tpot("offsets", PhaseMethod(0.0, replay="client")),
+            tpot("offsets backend", PhaseMethod(0.0, slices=False, replay="client")),
+            tpot("offsets balanced", PhaseMethod(0.0, replay="client", balanced_offsets=True)),
+            tpot("offsets dense/MoE", PhaseMethod(0.0, replay="client"), moe_split=True),
+            *((f"blend {w:g}", replace(V6, name=f"v6-tpot-blend-{w:g}", client_mix=V6.client_mix + (
+                ("vllm", "tpot", ClientMix(w)), ("sglang", "tpot", ClientMix(w)))), False)
+              for w in ROUND8_TPOT_BLENDS)]
+
+
+def _round8_tpot_scored(train: list[dict[str, Any]], test: list[dict[str, Any]], method, moe_split: bool = False,
+                        moe: dict[str, bool] | None = None) -> list[dict[str, Any]]:
+    """ROUND8_TPOT_RULE's leave one model out: per model, `method` fitted on the other models' `train` rows (with
+    leave-one-model-out bands, as shipped) and applied to copies of that model's `test` rows; with moe_split each
+    row is corrected by the fit on its class's (dense / MoE, `moe` by AIC model) training rows."""
+    import copy
+
+    from spica_pipeline.search import calibration
+
+    scored: list[dict[str, Any]] = []
+    for model in sorted({r["model"] for r in test}):
+        part = [copy.deepcopy(r) for r in test if r["model"] == model]
+        rest = [r for r in train if r["model"] != model]
+        groups = [(part, rest)]
+        if moe_split:
+            assert moe is not None
+            groups = [([r for r in part if moe[r["aic_model"]] is c], [r for r in rest if moe[r["aic_model"]] is c])
+                      for c in (False, True)]
+        for rows, fit_on in groups:
+            if rows:
+                apply_profile(rows, calibration.fit(fit_on, fitted="lomo", source="lomo", method=method))
+        scored += part
+    return scored
+
+
+def balanced_error_stats(records: list[dict[str, Any]], side: str, phase: str) -> dict[str, Any]:
+    """error_stats with each model's rows weighing 1 / its rows (every model weighs the same in the quantiles)."""
+    from spica_pipeline.search.calibration import weighted_quantile
+
+    good = [(r[side][phase], r["silicon"][phase], r["model"]) for r in records if isinstance(r.get(side), dict)
+            and r[side].get(phase) is not None and math.isfinite(r[side][phase]) and r["silicon"][phase] > 0]
+    if not good:
+        return {"mdape": None, "p90": None, "bias": None, "n": 0}
+    counts = Counter(m for _, _, m in good)
+    weights = [1.0 / counts[m] for _, _, m in good]
+    signed = [(p - s) / s for p, s, _ in good]
+    ape = [abs(x) for x in signed]
+    return {"mdape": round(weighted_quantile(ape, weights, 0.5), 4), "p90": round(weighted_quantile(ape, weights, 0.9), 4),
+            "bias": round(weighted_quantile(signed, weights, 0.5), 4), "n": len(good)}
+
+
+def _round8_tpot_row(scored: list[dict[str, Any]], label: str, moe: dict[str, bool]) -> dict[str, Any]:
+    """One round-8 TPOT row: pooled, model-balanced and per-fold TPOT stats and scores, band coverage, slices."""
+    st = summarise(scored)["calibrated"]["tpot"]
+    bal = balanced_error_stats(scored, "calibrated", "tpot")
+    folds = {}
+    for m in sorted({r["model"] for r in scored}):
+        fst = summarise([r for r in scored if r["model"] == m])["calibrated"]["tpot"]
+        if fst.get("mdape") is not None:
+            folds[m] = _score(fst, "tpot")
+    cover = band_coverage(scored) or {}
+    slices = {name: summarise(part)["calibrated"]["tpot"] for name, part in (
+        ("vllm", [r for r in scored if r["backend"] == "vllm"]), ("sglang", [r for r in scored if r["backend"] == "sglang"]),
+        ("dense", [r for r in scored if not moe[r["aic_model"]]]), ("moe", [r for r in scored if moe[r["aic_model"]]]))}
+    return {"variant": label, "tpot": {**st, "score": _score(st, "tpot"), "folds": folds},
+            "balanced": {**bal, "score": _score(bal, "tpot")},
+            "band_coverage": {k: v for k, v in cover.items() if k in ("tpot", "goal_e2e")}, "slices": slices}
+
+
+def compare_round8_tpot(records: list[dict[str, Any]], prefix: list[dict[str, Any]]) -> dict[str, Any]:
+    """ROUND8_TPOT_RULE: V6 with each candidate TPOT phase, trained on P (the 465-row prefix), scored by leave one
+    model out on all A rows (this run's calibration records) against V6 as shipped."""
+    from spica_pipeline.search import calibration
+    from spica_pipeline.search.model_hw import model_facts
+
+    _calibration_rows_only(records + prefix, "--compare-round8-tpot")
+    test = [r for r in records if _both_replays(r)]
+    train = [r for r in prefix if _both_replays(r)]
+    missing = sorted({r["id"] for r in train} - {r["id"] for r in test})
+    if missing:
+        raise SystemExit(f"--compare-round8-tpot: prefix rows not among the run's records: {missing[:3]}")
+    moe = {m: bool(model_facts(m).is_moe) for m in {r["aic_model"] for r in test}}
+    t0 = time.perf_counter()
+    ref_scored = _round8_tpot_scored(train, test, calibration.V6)
+    reference = _round8_tpot_row(ref_scored, "v6 as shipped (trained on P)", moe)
+    reference["ttft"] = summarise(ref_scored)["calibrated"]["ttft"]
+    raw = {"pooled": summarise(test)["ours"]["tpot"], "balanced": balanced_error_stats(test, "ours", "tpot")}
+    ref_ttft = {r["id"]: (r["calibrated"]["ttft"], r["band"]["ttft"]) for r in ref_scored}
+    candidates, qualifying = [], []
+    print(f"   reference v6: TPOT {_fmt(reference['tpot'])} score {reference['tpot']['score']:.3f}, balanced "
+          f"{_fmt(reference['balanced'])} score {reference['balanced']['score']:.3f}, folds {reference['tpot']['folds']}, "
+          f"band {reference['band_coverage']}; raw client {_fmt(raw['pooled'])}", flush=True)
+    for label, method, moe_split in round8_tpot_candidates():
+        scored = _round8_tpot_scored(train, test, method, moe_split, moe)
+        # TTFT stays V6's: equal per row for a single fit; a class-split fit's rows carry V6's TTFT (its profile would)
+        same_ttft = all((r["calibrated"]["ttft"], r["band"]["ttft"]) == ref_ttft[r["id"]] for r in scored)
+        if moe_split:
+            for r in scored:
+                r["calibrated"]["ttft"], r["band"]["ttft"] = ref_ttft[r["id"]]
+        row = _round8_tpot_row(scored, label, moe)
+        wins = _wins(row["tpot"], reference["tpot"])
+        ok = (row["tpot"]["score"] < reference["tpot"]["score"]
+              and row["balanced"]["score"] <= reference["balanced"]["score"] and wins >= MIN_FOLD_WINS)
+        row.update({"fold_wins": wins, "qualifies": ok, "moe_split": moe_split, "ttft_equals_v6": same_ttft,
+                    "tpot_method": vars(method.tpot).copy(),
+                    "client_mix": {f"{b}/{p}": vars(mix).copy() for b, p, mix in method.client_mix}})
+        candidates.append(row)
+        if ok:
+            qualifying.append(row)
+        print(f"   {label}: TPOT {_fmt(row['tpot'])} score {row['tpot']['score']:.3f}, balanced "
+              f"{_fmt(row['balanced'])} score {row['balanced']['score']:.3f}, folds won {wins} {row['tpot']['folds']}, "
+              f"band {row['band_coverage']}, TTFT = v6 per row: {same_ttft}{' -> qualifies' if ok else ''}", flush=True)
+    winner = min(qualifying, key=lambda r: r["tpot"]["score"]) if qualifying else None
+    chosen = winner["variant"] if winner else "v6"
+    print(f"   chosen (ROUND8_TPOT_RULE): {chosen} ({time.perf_counter() - t0:.0f} s)")
+    return {"rule": ROUND8_TPOT_RULE, "reference": reference, "raw_client": raw, "candidates": candidates,
+            "chosen": chosen, "A_rows": len(test), "P_rows": len(train),
+            "models": {m: {"rows": sum(r["model"] == m for r in test), "moe": moe[next(r["aic_model"] for r in test
+                                                                                     if r["model"] == m)]}
+                       for m in sorted({r["model"] for r in test})}}
+
+
 def _band_fold(test: list[dict[str, Any]], phase: str) -> tuple[float, float]:
     """(coverage, median ln(hi/lo)) of one left-out model's rows."""
     rows = [r["band"][phase] for r in test if r.get("band") and r["band"][phase]["lo"] > 0]
@@ -1612,6 +1750,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "leave-one-model-out on this run's calibration rows")
     ap.add_argument("--round7b", action="store_true",
                     help="with --compare-round7: ROUND7B_RULE's comparison (the SGLang TTFT candidates decoupled)")
+    ap.add_argument("--compare-round8-tpot", metavar="PREFIX[,PREFIX]",
+                    help="ROUND8_TPOT_RULE: v6 with each candidate TPOT phase, trained on these files' calibration "
+                         "records (the 465-row prefix), by leave-one-model-out on this run's calibration rows")
     args = ap.parse_args(argv)
     if args.recalibrate:
         args.from_json = args.recalibrate

@@ -112,12 +112,20 @@ class PhaseMethod:
     # model's rows), so every model, not every row, weighs the same; with `within`: only pairs of one
     # model's rows, each model's pairs weighing 1 in total (not the median of six per-model slopes)
     balanced: bool = False
+    # round 8: no correction at all (every offset 1, no term): only the phase's band is fitted, on the raw residuals
+    raw: bool = False
+    # round 8: each offset (slice, backend, phase) a weighted median of its rows, every model weighing 1 in total,
+    # instead of the median of per-model medians (both give each model one vote; this one reads within-model spread)
+    balanced_offsets: bool = False
 
     def label(self) -> str:
+        if self.raw:
+            return ("client " if self.replay == "client" else "") + "raw"
         return (("client " if self.replay == "client" else "") + f"s={self.slope_shrink:.3g}"
                 + (" centred" if self.centred else "")
                 + (f" +{self.extra}" if self.extra else "") + ("" if self.slices else " backend-only")
-                + (" within-model" if self.within else "") + (" balanced" if self.balanced else ""))
+                + (" within-model" if self.within else "") + (" balanced" if self.balanced else "")
+                + (" balanced-offsets" if self.balanced_offsets else ""))
 
     @property
     def is_reference(self) -> bool:
@@ -345,11 +353,23 @@ def _model_median(members: list[dict[str, Any]]) -> float:
     return statistics.median(statistics.median(v) for v in per.values())
 
 
-def _shrunk(members: list[dict[str, Any]], parent: float) -> float:
+def _balanced_median(members: list[dict[str, Any]]) -> float:
+    """PhaseMethod.balanced_offsets: the weighted median of the rows' residuals, each model weighing 1 in total."""
+    counts: dict[Any, int] = defaultdict(int)
+    for m in members:
+        counts[m.get("model")] += 1
+    return weighted_quantile([m["residual"] for m in members], [1.0 / counts[m.get("model")] for m in members], 0.5)
+
+
+def _offset_median(members: list[dict[str, Any]], pm: "PhaseMethod | None" = None) -> float:
+    return _balanced_median(members) if pm is not None and pm.balanced_offsets else _model_median(members)
+
+
+def _shrunk(members: list[dict[str, Any]], parent: float, pm: "PhaseMethod | None" = None) -> float:
     if not members:
         return parent
     n = len({m.get("model") for m in members})  # evidence counts in models, not rows
-    return (n * _model_median(members) + SHRINK_K * parent) / (n + SHRINK_K)
+    return (n * _offset_median(members, pm) + SHRINK_K * parent) / (n + SHRINK_K)
 
 
 def load_x(concurrency_per_engine: float | None) -> float:
@@ -506,8 +526,10 @@ def _terms(rows: list[dict[str, Any]], method: Method) -> dict[str, list[dict[st
         phase_terms = []
         pm = method.phase(phase)
         for name, shrink in ((LOAD, pm.slope_shrink), (pm.extra, 1.0)):
-            if not name:
+            if not name or (pm.raw and name != LOAD):
                 continue
+            if pm.raw:
+                shrink = 0.0
             have = [r for r in members if name in r["x"]]
             if not shrink:
                 b = 0.0
@@ -557,11 +579,13 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
         by_backend[(r["backend"], r["phase"])].append(r)
         if method.phase(r["phase"]).slices:
             by_slice[(r["system"], r["backend"], r["phase"])].append(r)
-    phase_m = {p: _model_median(v) for p, v in by_phase.items()}
-    backend_m = {k: _shrunk(v, phase_m[k[1]]) for k, v in by_backend.items()}
+    # a raw phase (PhaseMethod.raw) keeps every offset at 1: its residuals are already uncorrected
+    phase_m = {p: 0.0 if method.phase(p).raw else _offset_median(v, method.phase(p)) for p, v in by_phase.items()}
+    backend_m = {k: 0.0 if method.phase(k[1]).raw else _shrunk(v, phase_m[k[1]], method.phase(k[1]))
+                 for k, v in by_backend.items()}
     slices: dict[str, Any] = {}
     for (system, backend, phase), members in sorted(by_slice.items()):
-        m = _shrunk(members, backend_m[(backend, phase)])
+        m = 0.0 if method.phase(phase).raw else _shrunk(members, backend_m[(backend, phase)], method.phase(phase))
         slices[f"{system}/{backend}/{phase}"] = {"factor": round(math.exp(m), 6), "rows": len(members)}
     profile: dict[str, Any] = {
         "format": PROFILE_FORMAT, "method": method.describe(), "method_name": method.name, "fitted": fitted,
