@@ -654,6 +654,10 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             profile["provenance"]["client_mix_choice"] = (
                 "leave-one-model-out on the calibration split only (bench_fidelity.py --compare-round7 --round7b, "
                 "bench/results/fidelity_calibration_round7.json and _round7b.json, 2026-12-05): " + ROUND7B_RULE)
+        if calibration.CHOSEN.tpot.raw:
+            profile["provenance"]["tpot_choice"] = (
+                "leave-one-model-out on the calibration split only (bench_fidelity.py --compare-round8-tpot, "
+                "bench/results/fidelity_calibration_round8_tpot.json, 2026-12-05): " + ROUND8_TPOT_RULE)
         write_json(args.fit_calibration, profile)
         print(f"wrote calibration profile {args.fit_calibration} ({len(profile['rows_used'])} calibration rows)")
         lomo = leave_one_model_out(cal_records, calibration.CHOSEN)

@@ -134,3 +134,24 @@ def test_the_comparison_refuses_held_out_rows():
     held = [{**rows[0], "split": "heldout"}]
     with pytest.raises(SystemExit, match="calibration rows only"):
         bf.compare_round8_tpot(rows + held, rows)
+
+
+def test_the_packaged_profile_is_v7_v6s_ttft_and_an_uncorrected_tpot():
+    import json
+
+    from spica_pipeline.resources import calibration as loader
+
+    profile, _ = loader.load_profile("auto")
+    v6 = json.loads(loader.PACKAGED.with_name("replay-v6.json").read_text())
+    assert loader.PACKAGED.name == "replay-v7.json" and cal.CHOSEN is cal.V7 and profile is not None
+    assert profile["method_name"] == "v7" and profile["rows_used"] == v6["rows_used"]
+    assert ttft_entries(profile) == ttft_entries(v6) and profile["client_mix"] == v6["client_mix"]
+    assert ttft_entries(profile["sweep_fallback"]) == ttft_entries(v6["sweep_fallback"])
+    tpot = [v for k, v in profile["slices"].items() if k.endswith("/tpot")] + [profile["phase"]["tpot"]]
+    assert tpot and all(v["factor"] == 1.0 for v in tpot)
+    assert all(t["coefficient"] == 0.0 for t in profile["terms"]["tpot"])
+    assert "round 8 (TPOT)" in profile["provenance"]["tpot_choice"]
+    out = cal.calibrate({"mean_ttft_ms": 60.0, "mean_tpot_ms": 12.0}, profile, system="h200_sxm", backend="vllm",
+                        concurrency=8, osl=512, client={"ttft": 100.0, "tpot": 10.0})
+    assert out["calibrated_mean_tpot_ms"] == pytest.approx(10.0)  # the client replay's TPOT, band around it
+    assert out["band_tpot_lo"] < 1.0 < out["band_tpot_hi"]

@@ -251,7 +251,8 @@ class Method:
                 "phase a Theil-Sen slope b of r on x = log2(concurrency per engine) [then a Theil-Sen slope of r - b x "
                 "on the extra feature]; per (system, backend, phase) [backend-only: per (backend, phase)] m = median over "
                 "models of per-model medians of the detrended r, shrunk to (backend, phase) then (phase) with K=3 "
-                "pseudo-models; correction exp(m + s b x [+ extra term]); band = P10-P90 of leave-one-model-out "
+                "pseudo-models; correction exp(m + s b x [+ extra term]) (a 'raw' phase: no correction, factor 1, "
+                "only its band); band = P10-P90 of leave-one-model-out "
                 "calibrated residuals, widened sqrt(1+K/n), x1.5 for a slice without rows"
                 + ("" if self.ttft_band.is_reference and self.tpot_band.is_reference else
                    f" (band pools: TTFT {self.ttft_band.label()}, TPOT {self.tpot_band.label()}; 'backend'/'phase': every "
@@ -293,7 +294,12 @@ V5 = replace(V4, name="v5", ttft_band=BandMethod("backend", balanced=True),
 # leave-one-model-out on the calibration split only (bench/results/fidelity_calibration_round7b.json, 02:13Z),
 # fitted on v5's 465 rows (ROUND7_RULE step 1 kept them: bench/results/fidelity_calibration_round7.json)
 V6 = replace(V5, name="v6", client_mix=(("sglang", "ttft", ClientMix(0.5)),), decoupled=True)
-CHOSEN = V6
+# replay-v7: v6 with no TPOT correction (the benchmark-client replay's TPOT as it is; only the phase's band, v6's band
+# method on the raw residuals), chosen by bench_fidelity.ROUND8_TPOT_RULE (committed 2026-12-05T04:58Z, e5b2260, before
+# any candidate was scored) by leave-one-model-out on the calibration split only
+# (bench/results/fidelity_calibration_round8_tpot.json, 05:11Z); TTFT entries v6's; fitted on v6's 465 rows
+V7 = replace(V6, name="v7", tpot=PhaseMethod(0.0, replay="client", raw=True))
+CHOSEN = V7
 METHOD = CHOSEN.describe()
 
 # report key -> (phase, exponent): calibrated = raw x factor**exponent
