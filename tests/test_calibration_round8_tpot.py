@@ -136,17 +136,18 @@ def test_the_comparison_refuses_held_out_rows():
         bf.compare_round8_tpot(rows + held, rows)
 
 
-def test_the_packaged_profile_is_v7_v6s_ttft_and_an_uncorrected_tpot():
+def test_the_packaged_profile_is_v8_v7s_ttft_and_an_uncorrected_tpot():
     import json
 
     from spica_pipeline.resources import calibration as loader
 
     profile, _ = loader.load_profile("auto")
-    v6 = json.loads(loader.PACKAGED.with_name("replay-v6.json").read_text())
-    assert loader.PACKAGED.name == "replay-v7.json" and cal.CHOSEN is cal.V7 and profile is not None
-    assert profile["method_name"] == "v7" and profile["rows_used"] == v6["rows_used"]
-    assert ttft_entries(profile) == ttft_entries(v6) and profile["client_mix"] == v6["client_mix"]
-    assert ttft_entries(profile["sweep_fallback"]) == ttft_entries(v6["sweep_fallback"])
+    v7 = json.loads(loader.PACKAGED.with_name("replay-v7.json").read_text())  # the default when round 8 TPOT landed
+    assert loader.PACKAGED.name == "replay-v8.json" and cal.CHOSEN is cal.V8 and profile is not None
+    assert cal.V8.ttft == cal.V7.ttft and cal.V8.client_mix == cal.V7.client_mix
+    assert profile["method_name"] == "v8" and profile["rows_used"] == v7["rows_used"]
+    assert ttft_entries(profile) == ttft_entries(v7) and profile["client_mix"] == v7["client_mix"]
+    assert ttft_entries(profile["sweep_fallback"]) == ttft_entries(v7["sweep_fallback"])
     tpot = [v for k, v in profile["slices"].items() if k.endswith("/tpot")] + [profile["phase"]["tpot"]]
     assert tpot and all(v["factor"] == 1.0 for v in tpot)
     assert all(t["coefficient"] == 0.0 for t in profile["terms"]["tpot"])

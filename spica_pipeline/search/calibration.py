@@ -73,10 +73,35 @@ class ClientMix:
 
     weight: float | None = 1.0
     max_passes: float | None = None
+    # round 8: the weight beyond max_passes (0: the sweep's value, round 7's gate; 1: the client replay's)
+    above_weight: float = 0.0
+    # round 8: the weight where the candidate's attention was timed with its own perf data (no bf16 fallback,
+    # attention_fallback); None: `weight` either way. The fallback's slower attention is what the blend damps.
+    native_weight: float | None = None
 
     def label(self) -> str:
         w = "fitted" if self.weight is None else f"{self.weight:g}"
-        return f"client^{w}" + (f" if passes <= {self.max_passes:g} else sweep" if self.max_passes is not None else "")
+        above = "sweep" if self.above_weight == 0 else f"client^{self.above_weight:g}"
+        return (f"client^{w}" + (f" if passes <= {self.max_passes:g} else {above}" if self.max_passes is not None else "")
+                + (f" (native attention data: client^{self.native_weight:g})" if self.native_weight is not None else ""))
+
+    def entry(self) -> dict[str, Any]:
+        """The profile's client_mix entry (round 8's keys only when set, so earlier profiles refit identically)."""
+        out: dict[str, Any] = {"weight": self.weight, "max_passes": self.max_passes, "chunk_tokens": CHUNK_TOKENS}
+        if self.above_weight != 0.0:
+            out["above_weight"] = self.above_weight
+        if self.native_weight is not None:
+            out["native_weight"] = self.native_weight
+        return out
+
+
+# how search/perf_data.fallback_note says a candidate's attention was timed with other (bf16) data
+FALLBACK_NOTE_MARK = "timed with the nearest available data"
+
+
+def attention_fallback(fidelity_note: str | None) -> bool:
+    """Whether a candidate's fidelity note says its attention was timed with the nearest (bf16) perf data."""
+    return FALLBACK_NOTE_MARK in str(fidelity_note or "")
 
 
 def prefill_passes(concurrency_per_engine: float | None, isl: float | None, attention_dp: float | None = 1,
@@ -89,10 +114,14 @@ def prefill_passes(concurrency_per_engine: float | None, isl: float | None, atte
         chunk_tokens or CHUNK_TOKENS)
 
 
-def mix_weight(mix: Mapping[str, Any], passes: float | None) -> float:
-    """A profile's client_mix entry's weight on the client replay for a candidate with `passes`."""
+def mix_weight(mix: Mapping[str, Any], passes: float | None, fallback: bool | None = None) -> float:
+    """A profile's client_mix entry's weight on the client replay for a candidate with `passes` first-wave prefill
+    passes and, when known, whether its attention was timed with fallback data (unknown: the entry's `weight`)."""
     cap = mix.get("max_passes")
-    return 0.0 if cap is not None and passes is not None and passes > cap else float(mix["weight"])
+    if cap is not None and passes is not None and passes > cap:
+        return float(mix.get("above_weight", 0.0))
+    native = mix.get("native_weight")
+    return float(native) if native is not None and fallback is False else float(mix["weight"])
 
 
 @dataclass(frozen=True)
@@ -294,12 +323,19 @@ V5 = replace(V4, name="v5", ttft_band=BandMethod("backend", balanced=True),
 # leave-one-model-out on the calibration split only (bench/results/fidelity_calibration_round7b.json, 02:13Z),
 # fitted on v5's 465 rows (ROUND7_RULE step 1 kept them: bench/results/fidelity_calibration_round7.json)
 V6 = replace(V5, name="v6", client_mix=(("sglang", "ttft", ClientMix(0.5)),), decoupled=True)
-# replay-v7: v6 with no TPOT correction (the benchmark-client replay's TPOT as it is; only the phase's band, v6's band
+# replay-v7: v6 with that blend only where the candidate's attention was timed with the bf16 fallback data (the perf
+# database lacks its own: DeepSeek's fp8 MLA on SGLang); with its own data an SGLang candidate's TTFT is corrected on
+# the client replay again, as v5 did. Chosen by bench_fidelity.ROUND8_TTFT_RULE (committed 2026-12-05T04:51Z,
+# 20f33a4, before any candidate was scored) by leave-one-model-out on the 1,135 stored calibration rows
+# (bench/results/fidelity_calibration_round8_ttft.json, 04:53Z); fitted on v5's 465 rows; vLLM TTFT and TPOT as v6
+V7 = replace(V6, name="v7", client_mix=(("sglang", "ttft", ClientMix(0.5, native_weight=1.0)),))
+# replay-v8: v7 with no TPOT correction (the benchmark-client replay's TPOT as it is; only the phase's band, v6's band
 # method on the raw residuals), chosen by bench_fidelity.ROUND8_TPOT_RULE (committed 2026-12-05T04:58Z, e5b2260, before
-# any candidate was scored) by leave-one-model-out on the calibration split only
-# (bench/results/fidelity_calibration_round8_tpot.json, 05:11Z); TTFT entries v6's; fitted on v6's 465 rows
-V7 = replace(V6, name="v7", tpot=PhaseMethod(0.0, replay="client", raw=True))
-CHOSEN = V7
+# any candidate was scored; reference V6) by leave-one-model-out on the calibration split only
+# (bench/results/fidelity_calibration_round8_tpot.json, 05:11Z); TTFT entries v7's (the default when it landed);
+# fitted on v6's 465 rows
+V8 = replace(V7, name="v8", tpot=PhaseMethod(0.0, replay="client", raw=True))
+CHOSEN = V8
 METHOD = CHOSEN.describe()
 
 # report key -> (phase, exponent): calibrated = raw x factor**exponent
@@ -409,6 +445,11 @@ def record_passes(record: Mapping[str, Any]) -> float | None:
     return prefill_passes(engine_concurrency(record, "ttft"), record.get("isl"), role.get("attention_dp") or 1)
 
 
+def record_attention_fallback(record: Mapping[str, Any]) -> bool:
+    """Whether a bench record's attention was timed with the bf16 fallback data (its fidelity note)."""
+    return attention_fallback(record.get("fidelity_note"))
+
+
 def record_features(record: Mapping[str, Any], phase: str) -> dict[str, float]:
     return features(engine_concurrency(record, phase), record.get("isl"), record.get("osl"))
 
@@ -429,7 +470,7 @@ def mixed_replayed(record: Mapping[str, Any], phase: str, mix: ClientMix) -> flo
     """A bench record's replayed value under a resolved ClientMix: sweep x (client / sweep)^w."""
     if mix.weight is None:
         raise ValueError("resolve a fitted ClientMix weight first (resolve_mix)")
-    w = mix_weight({"weight": mix.weight, "max_passes": mix.max_passes}, record_passes(record))
+    w = mix_weight(mix.entry(), record_passes(record), record_attention_fallback(record))
     sweep = replayed(record, phase, "sweep")
     if w == 0.0 or sweep is None or sweep <= 0:
         return sweep
@@ -601,8 +642,7 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
         "phase": {p: {"factor": round(math.exp(m), 6), "rows": len(by_phase[p])} for p, m in sorted(phase_m.items())},
         "replay": {p: method.phase(p).replay for p in PHASES},
     }
-    mixes = {f"{b}/{p}": {"weight": mix.weight, "max_passes": mix.max_passes, "chunk_tokens": CHUNK_TOKENS}
-             for b, p, mix in method.client_mix if method.phase_for(p, b).replay == "client"}
+    mixes = {f"{b}/{p}": mix.entry() for b, p, mix in method.client_mix if method.phase_for(p, b).replay == "client"}
     if mixes:
         profile["format"], profile["client_mix"] = MIX_FORMAT, mixes
     # bands from calibrated residuals (each row corrected by a profile fitted without the row's
@@ -659,21 +699,25 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
 def _fit_decoupled(records: list[Mapping[str, Any]], *, fitted: str, source: str, method: Method,
                    lomo_bands: bool) -> dict[str, Any]:
     """Method.decoupled: the fit without the mix, with each client_mix (backend, phase)'s slices, backend entry
-    and load term ("<backend>/<phase>") from the pooled fit with it (format 4)."""
+    and load term ("<backend>/<phase>") from the pooled fit with that mix alone (format 4; round 8: alone, so a
+    second entry cannot move the first's through the shared parent or slope; one entry, as v6: the same fit)."""
     profile = fit(records, fitted=fitted, source=source, method=replace(method, client_mix=(), decoupled=False),
                   lomo_bands=lomo_bands)
-    mixed = fit(records, fitted=fitted, source=source, method=replace(method, decoupled=False), lomo_bands=lomo_bands)
-    for backend, phase, _ in method.client_mix:
+    for entry in method.client_mix:
+        backend, phase, _ = entry
         key = f"{backend}/{phase}"
+        mixed = fit(records, fitted=fitted, source=source, method=replace(method, client_mix=(entry,), decoupled=False),
+                    lomo_bands=lomo_bands)
         if key not in mixed["backend"]:
             continue
         profile["slices"] = {k: v for k, v in profile["slices"].items() if k.split("/")[1:] != [backend, phase]}
         profile["slices"].update({k: v for k, v in mixed["slices"].items() if k.split("/")[1:] == [backend, phase]})
         profile["backend"][key] = mixed["backend"][key]
         profile["terms"][key] = mixed["terms"][phase]
+        if mixed.get("client_mix"):
+            profile["format"] = MIX_FORMAT
+            profile.setdefault("client_mix", {}).update(mixed["client_mix"])
     profile["slices"] = dict(sorted(profile["slices"].items()))
-    if mixed.get("client_mix"):
-        profile["format"], profile["client_mix"] = MIX_FORMAT, mixed["client_mix"]
     profile["method"], profile["method_name"] = method.describe(), method.name
     return profile
 
@@ -787,9 +831,11 @@ def validate(profile: Any) -> dict[str, Any]:
                 raise ProfileError(f"client_mix.{key}: keys are '<backend>/<phase>' of a client-basis phase")
             cap = mix.get("max_passes") if isinstance(mix, dict) else None
             if not isinstance(mix, dict) or not _number(mix.get("weight")) or not 0 <= mix["weight"] <= 1 \
-                    or (cap is not None and not _number(cap)) or not _number(mix.get("chunk_tokens", CHUNK_TOKENS)):
+                    or (cap is not None and not _number(cap)) or not _number(mix.get("chunk_tokens", CHUNK_TOKENS)) \
+                    or not all(_number(w) and 0 <= w <= 1 for w in (mix.get("above_weight", 0.0),
+                                                                    mix.get("native_weight", 0.0))):
                 raise ProfileError(f"client_mix.{key} must be {{weight: 0-1, max_passes: number|null, "
-                                   f"chunk_tokens}}, got {mix!r}")
+                                   f"chunk_tokens, optional above_weight / native_weight: 0-1}}, got {mix!r}")
     band_method = profile.get("band_method")
     if band_method is not None:  # how the bands were built (provenance; lookups read only the bands)
         if not isinstance(band_method, dict) or set(band_method) != set(PHASES):
@@ -864,7 +910,7 @@ def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: 
               per_request: list[dict[str, Any]] | None = None,
               sla: Mapping[str, float] | None = None,
               client: Mapping[str, float | None] | None = None,
-              prefill_passes: float | None = None) -> dict[str, Any]:
+              prefill_passes: float | None = None, attention_fallback: bool | None = None) -> dict[str, Any]:
     """`calibrated_<key>` for every calibrated key present, the goal metrics at calibrated TTFT/TPOT
     (`_calibrated_goal`), and `band_<phase>_lo/hi` multipliers.
 
@@ -878,8 +924,9 @@ def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: 
     phase's factor on this report is then that over the report's own mean, so every key of the phase
     and the goal metrics follow it. Without a client value such a phase uses the profile's
     `sweep_fallback` (the same method fitted on the sweep replay). A phase with a `client_mix` entry for
-    the backend (format 4) corrects sweep x (client / sweep)^w instead, w from the entry and
-    `prefill_passes` (the candidate's first-wave prefill passes, calibration.prefill_passes).
+    the backend (format 4) corrects sweep x (client / sweep)^w instead, w from the entry,
+    `prefill_passes` (the candidate's first-wave prefill passes, calibration.prefill_passes) and
+    `attention_fallback` (its attention timed with bf16 fallback data, attention_fallback; None: unknown).
     """
     out: dict[str, Any] = {}
     per_phase = concurrency if isinstance(concurrency, Mapping) else {p: concurrency for p in PHASES}
@@ -891,7 +938,7 @@ def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: 
         if basis == "client" and seen is not None and seen > 0 and own is not None and own > 0:
             info = lookup(profile, system, backend, p, per_phase.get(p), isl=isl, osl=osl)
             mix = (profile.get("client_mix") or {}).get(f"{backend}/{p}")
-            w = 1.0 if mix is None else mix_weight(mix, prefill_passes)
+            w = 1.0 if mix is None else mix_weight(mix, prefill_passes, attention_fallback)
             info = {**info, "factor": info["factor"] * (seen / own) ** w}
             out[f"client_mean_{p}_ms"] = seen
         elif basis == "client":
