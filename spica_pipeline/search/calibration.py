@@ -141,12 +141,20 @@ class PhaseMethod:
     # model's rows), so every model, not every row, weighs the same; with `within`: only pairs of one
     # model's rows, each model's pairs weighing 1 in total (not the median of six per-model slopes)
     balanced: bool = False
+    # round 8: no correction at all (every offset 1, no term): only the phase's band is fitted, on the raw residuals
+    raw: bool = False
+    # round 8: each offset (slice, backend, phase) a weighted median of its rows, every model weighing 1 in total,
+    # instead of the median of per-model medians (both give each model one vote; this one reads within-model spread)
+    balanced_offsets: bool = False
 
     def label(self) -> str:
+        if self.raw:
+            return ("client " if self.replay == "client" else "") + "raw"
         return (("client " if self.replay == "client" else "") + f"s={self.slope_shrink:.3g}"
                 + (" centred" if self.centred else "")
                 + (f" +{self.extra}" if self.extra else "") + ("" if self.slices else " backend-only")
-                + (" within-model" if self.within else "") + (" balanced" if self.balanced else ""))
+                + (" within-model" if self.within else "") + (" balanced" if self.balanced else "")
+                + (" balanced-offsets" if self.balanced_offsets else ""))
 
     @property
     def is_reference(self) -> bool:
@@ -272,7 +280,8 @@ class Method:
                 "phase a Theil-Sen slope b of r on x = log2(concurrency per engine) [then a Theil-Sen slope of r - b x "
                 "on the extra feature]; per (system, backend, phase) [backend-only: per (backend, phase)] m = median over "
                 "models of per-model medians of the detrended r, shrunk to (backend, phase) then (phase) with K=3 "
-                "pseudo-models; correction exp(m + s b x [+ extra term]); band = P10-P90 of leave-one-model-out "
+                "pseudo-models; correction exp(m + s b x [+ extra term]) (a 'raw' phase: no correction, factor 1, "
+                "only its band); band = P10-P90 of leave-one-model-out "
                 "calibrated residuals, widened sqrt(1+K/n), x1.5 for a slice without rows"
                 + ("" if self.ttft_band.is_reference and self.tpot_band.is_reference else
                    f" (band pools: TTFT {self.ttft_band.label()}, TPOT {self.tpot_band.label()}; 'backend'/'phase': every "
@@ -320,7 +329,13 @@ V6 = replace(V5, name="v6", client_mix=(("sglang", "ttft", ClientMix(0.5)),), de
 # 20f33a4, before any candidate was scored) by leave-one-model-out on the 1,135 stored calibration rows
 # (bench/results/fidelity_calibration_round8_ttft.json, 04:53Z); fitted on v5's 465 rows; vLLM TTFT and TPOT as v6
 V7 = replace(V6, name="v7", client_mix=(("sglang", "ttft", ClientMix(0.5, native_weight=1.0)),))
-CHOSEN = V7
+# replay-v8: v7 with no TPOT correction (the benchmark-client replay's TPOT as it is; only the phase's band, v6's band
+# method on the raw residuals), chosen by bench_fidelity.ROUND8_TPOT_RULE (committed 2026-12-05T04:58Z, e5b2260, before
+# any candidate was scored; reference V6) by leave-one-model-out on the calibration split only
+# (bench/results/fidelity_calibration_round8_tpot.json, 05:11Z); TTFT entries v7's (the default when it landed);
+# fitted on v6's 465 rows
+V8 = replace(V7, name="v8", tpot=PhaseMethod(0.0, replay="client", raw=True))
+CHOSEN = V8
 METHOD = CHOSEN.describe()
 
 # report key -> (phase, exponent): calibrated = raw x factor**exponent
@@ -380,11 +395,23 @@ def _model_median(members: list[dict[str, Any]]) -> float:
     return statistics.median(statistics.median(v) for v in per.values())
 
 
-def _shrunk(members: list[dict[str, Any]], parent: float) -> float:
+def _balanced_median(members: list[dict[str, Any]]) -> float:
+    """PhaseMethod.balanced_offsets: the weighted median of the rows' residuals, each model weighing 1 in total."""
+    counts: dict[Any, int] = defaultdict(int)
+    for m in members:
+        counts[m.get("model")] += 1
+    return weighted_quantile([m["residual"] for m in members], [1.0 / counts[m.get("model")] for m in members], 0.5)
+
+
+def _offset_median(members: list[dict[str, Any]], pm: "PhaseMethod | None" = None) -> float:
+    return _balanced_median(members) if pm is not None and pm.balanced_offsets else _model_median(members)
+
+
+def _shrunk(members: list[dict[str, Any]], parent: float, pm: "PhaseMethod | None" = None) -> float:
     if not members:
         return parent
     n = len({m.get("model") for m in members})  # evidence counts in models, not rows
-    return (n * _model_median(members) + SHRINK_K * parent) / (n + SHRINK_K)
+    return (n * _offset_median(members, pm) + SHRINK_K * parent) / (n + SHRINK_K)
 
 
 def load_x(concurrency_per_engine: float | None) -> float:
@@ -546,8 +573,10 @@ def _terms(rows: list[dict[str, Any]], method: Method) -> dict[str, list[dict[st
         phase_terms = []
         pm = method.phase(phase)
         for name, shrink in ((LOAD, pm.slope_shrink), (pm.extra, 1.0)):
-            if not name:
+            if not name or (pm.raw and name != LOAD):
                 continue
+            if pm.raw:
+                shrink = 0.0
             have = [r for r in members if name in r["x"]]
             if not shrink:
                 b = 0.0
@@ -597,11 +626,13 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
         by_backend[(r["backend"], r["phase"])].append(r)
         if method.phase(r["phase"]).slices:
             by_slice[(r["system"], r["backend"], r["phase"])].append(r)
-    phase_m = {p: _model_median(v) for p, v in by_phase.items()}
-    backend_m = {k: _shrunk(v, phase_m[k[1]]) for k, v in by_backend.items()}
+    # a raw phase (PhaseMethod.raw) keeps every offset at 1: its residuals are already uncorrected
+    phase_m = {p: 0.0 if method.phase(p).raw else _offset_median(v, method.phase(p)) for p, v in by_phase.items()}
+    backend_m = {k: 0.0 if method.phase(k[1]).raw else _shrunk(v, phase_m[k[1]], method.phase(k[1]))
+                 for k, v in by_backend.items()}
     slices: dict[str, Any] = {}
     for (system, backend, phase), members in sorted(by_slice.items()):
-        m = _shrunk(members, backend_m[(backend, phase)])
+        m = 0.0 if method.phase(phase).raw else _shrunk(members, backend_m[(backend, phase)], method.phase(phase))
         slices[f"{system}/{backend}/{phase}"] = {"factor": round(math.exp(m), 6), "rows": len(members)}
     profile: dict[str, Any] = {
         "format": PROFILE_FORMAT, "method": method.describe(), "method_name": method.name, "fitted": fitted,
