@@ -63,7 +63,7 @@ def configuration(branch: str, config: str) -> str:
 def agreement(auto: dict[str, float], raw: dict[str, float]) -> dict[str, Any]:
     """How the calibrated ranking agrees with the raw one on the configurations both evaluated."""
     import numpy as np
-    from scipy.stats import spearmanr
+    from scipy.stats import spearmanr  # type: ignore[import-untyped]
 
     keys = sorted(set(auto) & set(raw))
     a = np.array([auto[k] for k in keys])

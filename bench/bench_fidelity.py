@@ -1287,6 +1287,19 @@ def _both_replays(r: dict[str, Any]) -> bool:
     return bool((r.get("ours") or {}).get("ttft") and (r.get("sweep") or {}).get("ttft"))
 
 
+def _round_rows(records: list[dict[str, Any]], prefix: list[dict[str, Any]],
+                flag: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A round's (test, train) rows: calibration rows only (else exit), those with both replays; every training
+    (prefix) row must be among the test rows, so a fold is scored on the rows it was not fitted on plus the rest."""
+    _calibration_rows_only(records + prefix, flag)
+    test = [r for r in records if _both_replays(r)]
+    train = [r for r in prefix if _both_replays(r)]
+    missing = sorted({r["id"] for r in train} - {r["id"] for r in test})
+    if missing:
+        raise SystemExit(f"{flag}: prefix rows not among the run's records: {missing[:3]}")
+    return test, train
+
+
 def _lomo_scored(train: list[dict[str, Any]], test: list[dict[str, Any]], method) -> list[dict[str, Any]]:
     """ROUND7_RULE's leave one model out: per model, `method` fitted on the other models' `train` rows and
     applied to that model's `test` rows (copies)."""
@@ -1356,12 +1369,7 @@ def compare_round7b(records: list[dict[str, Any]], prefix: list[dict[str, Any]])
 
     from spica_pipeline.search import calibration
 
-    _calibration_rows_only(records + prefix, "--compare-round7b")
-    test = [r for r in records if _both_replays(r)]
-    train = [r for r in prefix if _both_replays(r)]
-    missing = sorted({r["id"] for r in train} - {r["id"] for r in test})
-    if missing:
-        raise SystemExit(f"--compare-round7b: prefix rows not among the run's records: {missing[:3]}")
+    test, train = _round_rows(records, prefix, "--compare-round7b")
     base = calibration.V5
     t0 = time.perf_counter()
     ref_scored = _lomo_scored(train, test, base)
@@ -1397,13 +1405,7 @@ def compare_round7(records: list[dict[str, Any]], prefix: list[dict[str, Any]]) 
 
     from spica_pipeline.search import calibration
 
-    _calibration_rows_only(records + prefix, "--compare-round7")
-    test = [r for r in records if _both_replays(r)]
-    ids = {r["id"] for r in test}
-    train_p = [r for r in prefix if _both_replays(r)]
-    missing = sorted({r["id"] for r in train_p} - ids)
-    if missing:
-        raise SystemExit(f"--compare-round7: prefix rows not among the run's records: {missing[:3]}")
+    test, train_p = _round_rows(records, prefix, "--compare-round7")
     base = calibration.V5
     t0 = time.perf_counter()
     ref = _round7_row(_lomo_scored(train_p, test, base), "v5 as shipped (trained on P)")
@@ -1526,12 +1528,7 @@ def compare_round8_tpot(records: list[dict[str, Any]], prefix: list[dict[str, An
     from spica_pipeline.search import calibration
     from spica_pipeline.search.model_hw import model_facts
 
-    _calibration_rows_only(records + prefix, "--compare-round8-tpot")
-    test = [r for r in records if _both_replays(r)]
-    train = [r for r in prefix if _both_replays(r)]
-    missing = sorted({r["id"] for r in train} - {r["id"] for r in test})
-    if missing:
-        raise SystemExit(f"--compare-round8-tpot: prefix rows not among the run's records: {missing[:3]}")
+    test, train = _round_rows(records, prefix, "--compare-round8-tpot")
     moe = {m: bool(model_facts(m).is_moe) for m in {r["aic_model"] for r in test}}
     t0 = time.perf_counter()
     ref_scored = _round8_tpot_scored(train, test, calibration.V6)
@@ -1757,9 +1754,7 @@ def compare_round8_ttft(records: list[dict[str, Any]], prefix: list[dict[str, An
     """ROUND8_TTFT_RULE: each backend's TTFT ClientMix candidates against v6, trained on P, LOMO on all test rows."""
     from spica_pipeline.search import calibration
 
-    _calibration_rows_only(records + prefix, "--compare-round8-ttft")
-    test = [r for r in records if _both_replays(r)]
-    train = [r for r in prefix if _both_replays(r)]
+    test, train = _round_rows(records, prefix, "--compare-round8-ttft")
     base = calibration.V6
     t0 = time.perf_counter()
     ref_scored = _lomo_scored(train, test, base)
@@ -1771,7 +1766,8 @@ def compare_round8_ttft(records: list[dict[str, Any]], prefix: list[dict[str, An
                   f"{b} {_fmt(v)} folds {v['folds']}" for b, v in row["backend"].items()) + note, flush=True)
 
     show(reference)
-    candidates, winners = [], {}
+    candidates: list[dict[str, Any]] = []
+    winners: dict[str, Any] = {}
     for label, backend, mix in round8_ttft_candidates():
         method = round8_ttft_method(base, [(backend, mix)], f"v6-{label.replace(' ', '-')}")
         scored = _lomo_scored(train, test, method)
