@@ -40,6 +40,7 @@ BENCHES: dict[str, tuple[str, list[str], list[str], bool, int]] = {
     "executors": ("bench_executors.py", [], ["--quick"], True, 1800),
     "time_to_quality": ("bench_time_to_quality.py", [], ["--quick"], True, 4 * 3600),
     "fidelity": ("bench_fidelity.py", ["--split", "all"], ["--quick"], True, 3 * 3600),
+    "calibration_cost": ("bench_calibration_cost.py", [], [], True, 1800),
 }
 
 

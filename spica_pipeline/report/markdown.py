@@ -77,9 +77,10 @@ QUALITY_NOTE = ("SLA met: share of completed requests within goal.sla (– witho
                 "tok/s/user is the replay's mean over requests of each request's own output speed "
                 "(`mean_output_token_throughput_per_user`), not 1/TPOT.")
 FIDELITY_CLAIM = ("Numbers are from Dynamo Replay (simulation) with aiconfigurator-core step timings; they are "
-                  "estimates, not measurements, and no error band is claimed here. How far they are from real "
-                  "GPUs is measured by `bench/bench_fidelity.py` against aiconfigurator-core's silicon "
-                  "measurements.")
+                  "estimates, not measurements. The P10–P90 bands are the spread of the calibration profile's "
+                  "leave-one-model-out residuals on its calibration models, not a guarantee for this model. How far numbers and bands are from "
+                  "real GPUs, on models the profile never saw, is measured by `bench/bench_fidelity.py` against "
+                  "aiconfigurator-core's silicon measurements (docs/fidelity.md, \"Current state\").")
 
 
 def _fidelity_lines(ranked: list[tuple[Any, Any]]) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from spica_pipeline.errors import ConfigError, one_line
 
-PACKAGED = Path(__file__).resolve().parent.parent / "calibration" / "replay-v6.json"
+PACKAGED = Path(__file__).resolve().parent.parent / "calibration" / "replay-v8.json"
 
 _memo: dict[tuple[str, int, int], tuple[dict[str, Any], str]] = {}
 

@@ -297,7 +297,8 @@ def _calibrate(report: dict[str, Any], request: EvalRequest, derived: dict[str, 
                                         concurrency=engines, extra_widen=widen,
                                         isl=workload.get("isl"), osl=workload.get("osl"),
                                         closed_loop=closed_loop, per_request=per_request,
-                                        sla=request.goal.sla_thresholds(), client=client, prefill_passes=passes))
+                                        sla=request.goal.sla_thresholds(), client=client, prefill_passes=passes,
+                                        attention_fallback=calibration.attention_fallback(derived.get("fidelity_note"))))
 
 
 def _rebuild_evaluator(cls: type, fields: dict[str, Any]) -> "ReplayEvaluator":

@@ -73,10 +73,35 @@ class ClientMix:
 
     weight: float | None = 1.0
     max_passes: float | None = None
+    # round 8: the weight beyond max_passes (0: the sweep's value, round 7's gate; 1: the client replay's)
+    above_weight: float = 0.0
+    # round 8: the weight where the candidate's attention was timed with its own perf data (no bf16 fallback,
+    # attention_fallback); None: `weight` either way. The fallback's slower attention is what the blend damps.
+    native_weight: float | None = None
 
     def label(self) -> str:
         w = "fitted" if self.weight is None else f"{self.weight:g}"
-        return f"client^{w}" + (f" if passes <= {self.max_passes:g} else sweep" if self.max_passes is not None else "")
+        above = "sweep" if self.above_weight == 0 else f"client^{self.above_weight:g}"
+        return (f"client^{w}" + (f" if passes <= {self.max_passes:g} else {above}" if self.max_passes is not None else "")
+                + (f" (native attention data: client^{self.native_weight:g})" if self.native_weight is not None else ""))
+
+    def entry(self) -> dict[str, Any]:
+        """The profile's client_mix entry (round 8's keys only when set, so earlier profiles refit identically)."""
+        out: dict[str, Any] = {"weight": self.weight, "max_passes": self.max_passes, "chunk_tokens": CHUNK_TOKENS}
+        if self.above_weight != 0.0:
+            out["above_weight"] = self.above_weight
+        if self.native_weight is not None:
+            out["native_weight"] = self.native_weight
+        return out
+
+
+# how search/perf_data.fallback_note says a candidate's attention was timed with other (bf16) data
+FALLBACK_NOTE_MARK = "timed with the nearest available data"
+
+
+def attention_fallback(fidelity_note: str | None) -> bool:
+    """Whether a candidate's fidelity note says its attention was timed with the nearest (bf16) perf data."""
+    return FALLBACK_NOTE_MARK in str(fidelity_note or "")
 
 
 def prefill_passes(concurrency_per_engine: float | None, isl: float | None, attention_dp: float | None = 1,
@@ -89,10 +114,14 @@ def prefill_passes(concurrency_per_engine: float | None, isl: float | None, atte
         chunk_tokens or CHUNK_TOKENS)
 
 
-def mix_weight(mix: Mapping[str, Any], passes: float | None) -> float:
-    """A profile's client_mix entry's weight on the client replay for a candidate with `passes`."""
+def mix_weight(mix: Mapping[str, Any], passes: float | None, fallback: bool | None = None) -> float:
+    """A profile's client_mix entry's weight on the client replay for a candidate with `passes` first-wave prefill
+    passes and, when known, whether its attention was timed with fallback data (unknown: the entry's `weight`)."""
     cap = mix.get("max_passes")
-    return 0.0 if cap is not None and passes is not None and passes > cap else float(mix["weight"])
+    if cap is not None and passes is not None and passes > cap:
+        return float(mix.get("above_weight", 0.0))
+    native = mix.get("native_weight")
+    return float(native) if native is not None and fallback is False else float(mix["weight"])
 
 
 @dataclass(frozen=True)
@@ -112,12 +141,20 @@ class PhaseMethod:
     # model's rows), so every model, not every row, weighs the same; with `within`: only pairs of one
     # model's rows, each model's pairs weighing 1 in total (not the median of six per-model slopes)
     balanced: bool = False
+    # round 8: no correction at all (every offset 1, no term): only the phase's band is fitted, on the raw residuals
+    raw: bool = False
+    # round 8: each offset (slice, backend, phase) a weighted median of its rows, every model weighing 1 in total,
+    # instead of the median of per-model medians (both give each model one vote; this one reads within-model spread)
+    balanced_offsets: bool = False
 
     def label(self) -> str:
+        if self.raw:
+            return ("client " if self.replay == "client" else "") + "raw"
         return (("client " if self.replay == "client" else "") + f"s={self.slope_shrink:.3g}"
                 + (" centred" if self.centred else "")
                 + (f" +{self.extra}" if self.extra else "") + ("" if self.slices else " backend-only")
-                + (" within-model" if self.within else "") + (" balanced" if self.balanced else ""))
+                + (" within-model" if self.within else "") + (" balanced" if self.balanced else "")
+                + (" balanced-offsets" if self.balanced_offsets else ""))
 
     @property
     def is_reference(self) -> bool:
@@ -243,7 +280,8 @@ class Method:
                 "phase a Theil-Sen slope b of r on x = log2(concurrency per engine) [then a Theil-Sen slope of r - b x "
                 "on the extra feature]; per (system, backend, phase) [backend-only: per (backend, phase)] m = median over "
                 "models of per-model medians of the detrended r, shrunk to (backend, phase) then (phase) with K=3 "
-                "pseudo-models; correction exp(m + s b x [+ extra term]); band = P10-P90 of leave-one-model-out "
+                "pseudo-models; correction exp(m + s b x [+ extra term]) (a 'raw' phase: no correction, factor 1, "
+                "only its band); band = P10-P90 of leave-one-model-out "
                 "calibrated residuals, widened sqrt(1+K/n), x1.5 for a slice without rows"
                 + ("" if self.ttft_band.is_reference and self.tpot_band.is_reference else
                    f" (band pools: TTFT {self.ttft_band.label()}, TPOT {self.tpot_band.label()}; 'backend'/'phase': every "
@@ -285,7 +323,19 @@ V5 = replace(V4, name="v5", ttft_band=BandMethod("backend", balanced=True),
 # leave-one-model-out on the calibration split only (bench/results/fidelity_calibration_round7b.json, 02:13Z),
 # fitted on v5's 465 rows (ROUND7_RULE step 1 kept them: bench/results/fidelity_calibration_round7.json)
 V6 = replace(V5, name="v6", client_mix=(("sglang", "ttft", ClientMix(0.5)),), decoupled=True)
-CHOSEN = V6
+# replay-v7: v6 with that blend only where the candidate's attention was timed with the bf16 fallback data (the perf
+# database lacks its own: DeepSeek's fp8 MLA on SGLang); with its own data an SGLang candidate's TTFT is corrected on
+# the client replay again, as v5 did. Chosen by bench_fidelity.ROUND8_TTFT_RULE (committed 2026-12-05T04:51Z,
+# 20f33a4, before any candidate was scored) by leave-one-model-out on the 1,135 stored calibration rows
+# (bench/results/fidelity_calibration_round8_ttft.json, 04:53Z); fitted on v5's 465 rows; vLLM TTFT and TPOT as v6
+V7 = replace(V6, name="v7", client_mix=(("sglang", "ttft", ClientMix(0.5, native_weight=1.0)),))
+# replay-v8: v7 with no TPOT correction (the benchmark-client replay's TPOT as it is; only the phase's band, v6's band
+# method on the raw residuals), chosen by bench_fidelity.ROUND8_TPOT_RULE (committed 2026-12-05T04:58Z, e5b2260, before
+# any candidate was scored; reference V6) by leave-one-model-out on the calibration split only
+# (bench/results/fidelity_calibration_round8_tpot.json, 05:11Z); TTFT entries v7's (the default when it landed);
+# fitted on v6's 465 rows
+V8 = replace(V7, name="v8", tpot=PhaseMethod(0.0, replay="client", raw=True))
+CHOSEN = V8
 METHOD = CHOSEN.describe()
 
 # report key -> (phase, exponent): calibrated = raw x factor**exponent
@@ -345,11 +395,23 @@ def _model_median(members: list[dict[str, Any]]) -> float:
     return statistics.median(statistics.median(v) for v in per.values())
 
 
-def _shrunk(members: list[dict[str, Any]], parent: float) -> float:
+def _balanced_median(members: list[dict[str, Any]]) -> float:
+    """PhaseMethod.balanced_offsets: the weighted median of the rows' residuals, each model weighing 1 in total."""
+    counts: dict[Any, int] = defaultdict(int)
+    for m in members:
+        counts[m.get("model")] += 1
+    return weighted_quantile([m["residual"] for m in members], [1.0 / counts[m.get("model")] for m in members], 0.5)
+
+
+def _offset_median(members: list[dict[str, Any]], pm: "PhaseMethod | None" = None) -> float:
+    return _balanced_median(members) if pm is not None and pm.balanced_offsets else _model_median(members)
+
+
+def _shrunk(members: list[dict[str, Any]], parent: float, pm: "PhaseMethod | None" = None) -> float:
     if not members:
         return parent
     n = len({m.get("model") for m in members})  # evidence counts in models, not rows
-    return (n * _model_median(members) + SHRINK_K * parent) / (n + SHRINK_K)
+    return (n * _offset_median(members, pm) + SHRINK_K * parent) / (n + SHRINK_K)
 
 
 def load_x(concurrency_per_engine: float | None) -> float:
@@ -383,6 +445,11 @@ def record_passes(record: Mapping[str, Any]) -> float | None:
     return prefill_passes(engine_concurrency(record, "ttft"), record.get("isl"), role.get("attention_dp") or 1)
 
 
+def record_attention_fallback(record: Mapping[str, Any]) -> bool:
+    """Whether a bench record's attention was timed with the bf16 fallback data (its fidelity note)."""
+    return attention_fallback(record.get("fidelity_note"))
+
+
 def record_features(record: Mapping[str, Any], phase: str) -> dict[str, float]:
     return features(engine_concurrency(record, phase), record.get("isl"), record.get("osl"))
 
@@ -403,7 +470,7 @@ def mixed_replayed(record: Mapping[str, Any], phase: str, mix: ClientMix) -> flo
     """A bench record's replayed value under a resolved ClientMix: sweep x (client / sweep)^w."""
     if mix.weight is None:
         raise ValueError("resolve a fitted ClientMix weight first (resolve_mix)")
-    w = mix_weight({"weight": mix.weight, "max_passes": mix.max_passes}, record_passes(record))
+    w = mix_weight(mix.entry(), record_passes(record), record_attention_fallback(record))
     sweep = replayed(record, phase, "sweep")
     if w == 0.0 or sweep is None or sweep <= 0:
         return sweep
@@ -506,8 +573,10 @@ def _terms(rows: list[dict[str, Any]], method: Method) -> dict[str, list[dict[st
         phase_terms = []
         pm = method.phase(phase)
         for name, shrink in ((LOAD, pm.slope_shrink), (pm.extra, 1.0)):
-            if not name:
+            if not name or (pm.raw and name != LOAD):
                 continue
+            if pm.raw:
+                shrink = 0.0
             have = [r for r in members if name in r["x"]]
             if not shrink:
                 b = 0.0
@@ -557,11 +626,13 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
         by_backend[(r["backend"], r["phase"])].append(r)
         if method.phase(r["phase"]).slices:
             by_slice[(r["system"], r["backend"], r["phase"])].append(r)
-    phase_m = {p: _model_median(v) for p, v in by_phase.items()}
-    backend_m = {k: _shrunk(v, phase_m[k[1]]) for k, v in by_backend.items()}
+    # a raw phase (PhaseMethod.raw) keeps every offset at 1: its residuals are already uncorrected
+    phase_m = {p: 0.0 if method.phase(p).raw else _offset_median(v, method.phase(p)) for p, v in by_phase.items()}
+    backend_m = {k: 0.0 if method.phase(k[1]).raw else _shrunk(v, phase_m[k[1]], method.phase(k[1]))
+                 for k, v in by_backend.items()}
     slices: dict[str, Any] = {}
     for (system, backend, phase), members in sorted(by_slice.items()):
-        m = _shrunk(members, backend_m[(backend, phase)])
+        m = 0.0 if method.phase(phase).raw else _shrunk(members, backend_m[(backend, phase)], method.phase(phase))
         slices[f"{system}/{backend}/{phase}"] = {"factor": round(math.exp(m), 6), "rows": len(members)}
     profile: dict[str, Any] = {
         "format": PROFILE_FORMAT, "method": method.describe(), "method_name": method.name, "fitted": fitted,
@@ -571,8 +642,7 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
         "phase": {p: {"factor": round(math.exp(m), 6), "rows": len(by_phase[p])} for p, m in sorted(phase_m.items())},
         "replay": {p: method.phase(p).replay for p in PHASES},
     }
-    mixes = {f"{b}/{p}": {"weight": mix.weight, "max_passes": mix.max_passes, "chunk_tokens": CHUNK_TOKENS}
-             for b, p, mix in method.client_mix if method.phase_for(p, b).replay == "client"}
+    mixes = {f"{b}/{p}": mix.entry() for b, p, mix in method.client_mix if method.phase_for(p, b).replay == "client"}
     if mixes:
         profile["format"], profile["client_mix"] = MIX_FORMAT, mixes
     # bands from calibrated residuals (each row corrected by a profile fitted without the row's
@@ -629,21 +699,25 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
 def _fit_decoupled(records: list[Mapping[str, Any]], *, fitted: str, source: str, method: Method,
                    lomo_bands: bool) -> dict[str, Any]:
     """Method.decoupled: the fit without the mix, with each client_mix (backend, phase)'s slices, backend entry
-    and load term ("<backend>/<phase>") from the pooled fit with it (format 4)."""
+    and load term ("<backend>/<phase>") from the pooled fit with that mix alone (format 4; round 8: alone, so a
+    second entry cannot move the first's through the shared parent or slope; one entry, as v6: the same fit)."""
     profile = fit(records, fitted=fitted, source=source, method=replace(method, client_mix=(), decoupled=False),
                   lomo_bands=lomo_bands)
-    mixed = fit(records, fitted=fitted, source=source, method=replace(method, decoupled=False), lomo_bands=lomo_bands)
-    for backend, phase, _ in method.client_mix:
+    for entry in method.client_mix:
+        backend, phase, _ = entry
         key = f"{backend}/{phase}"
+        mixed = fit(records, fitted=fitted, source=source, method=replace(method, client_mix=(entry,), decoupled=False),
+                    lomo_bands=lomo_bands)
         if key not in mixed["backend"]:
             continue
         profile["slices"] = {k: v for k, v in profile["slices"].items() if k.split("/")[1:] != [backend, phase]}
         profile["slices"].update({k: v for k, v in mixed["slices"].items() if k.split("/")[1:] == [backend, phase]})
         profile["backend"][key] = mixed["backend"][key]
         profile["terms"][key] = mixed["terms"][phase]
+        if mixed.get("client_mix"):
+            profile["format"] = MIX_FORMAT
+            profile.setdefault("client_mix", {}).update(mixed["client_mix"])
     profile["slices"] = dict(sorted(profile["slices"].items()))
-    if mixed.get("client_mix"):
-        profile["format"], profile["client_mix"] = MIX_FORMAT, mixed["client_mix"]
     profile["method"], profile["method_name"] = method.describe(), method.name
     return profile
 
@@ -757,9 +831,11 @@ def validate(profile: Any) -> dict[str, Any]:
                 raise ProfileError(f"client_mix.{key}: keys are '<backend>/<phase>' of a client-basis phase")
             cap = mix.get("max_passes") if isinstance(mix, dict) else None
             if not isinstance(mix, dict) or not _number(mix.get("weight")) or not 0 <= mix["weight"] <= 1 \
-                    or (cap is not None and not _number(cap)) or not _number(mix.get("chunk_tokens", CHUNK_TOKENS)):
+                    or (cap is not None and not _number(cap)) or not _number(mix.get("chunk_tokens", CHUNK_TOKENS)) \
+                    or not all(_number(w) and 0 <= w <= 1 for w in (mix.get("above_weight", 0.0),
+                                                                    mix.get("native_weight", 0.0))):
                 raise ProfileError(f"client_mix.{key} must be {{weight: 0-1, max_passes: number|null, "
-                                   f"chunk_tokens}}, got {mix!r}")
+                                   f"chunk_tokens, optional above_weight / native_weight: 0-1}}, got {mix!r}")
     band_method = profile.get("band_method")
     if band_method is not None:  # how the bands were built (provenance; lookups read only the bands)
         if not isinstance(band_method, dict) or set(band_method) != set(PHASES):
@@ -834,7 +910,7 @@ def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: 
               per_request: list[dict[str, Any]] | None = None,
               sla: Mapping[str, float] | None = None,
               client: Mapping[str, float | None] | None = None,
-              prefill_passes: float | None = None) -> dict[str, Any]:
+              prefill_passes: float | None = None, attention_fallback: bool | None = None) -> dict[str, Any]:
     """`calibrated_<key>` for every calibrated key present, the goal metrics at calibrated TTFT/TPOT
     (`_calibrated_goal`), and `band_<phase>_lo/hi` multipliers.
 
@@ -848,8 +924,9 @@ def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: 
     phase's factor on this report is then that over the report's own mean, so every key of the phase
     and the goal metrics follow it. Without a client value such a phase uses the profile's
     `sweep_fallback` (the same method fitted on the sweep replay). A phase with a `client_mix` entry for
-    the backend (format 4) corrects sweep x (client / sweep)^w instead, w from the entry and
-    `prefill_passes` (the candidate's first-wave prefill passes, calibration.prefill_passes).
+    the backend (format 4) corrects sweep x (client / sweep)^w instead, w from the entry,
+    `prefill_passes` (the candidate's first-wave prefill passes, calibration.prefill_passes) and
+    `attention_fallback` (its attention timed with bf16 fallback data, attention_fallback; None: unknown).
     """
     out: dict[str, Any] = {}
     per_phase = concurrency if isinstance(concurrency, Mapping) else {p: concurrency for p in PHASES}
@@ -861,7 +938,7 @@ def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: 
         if basis == "client" and seen is not None and seen > 0 and own is not None and own > 0:
             info = lookup(profile, system, backend, p, per_phase.get(p), isl=isl, osl=osl)
             mix = (profile.get("client_mix") or {}).get(f"{backend}/{p}")
-            w = 1.0 if mix is None else mix_weight(mix, prefill_passes)
+            w = 1.0 if mix is None else mix_weight(mix, prefill_passes, attention_fallback)
             info = {**info, "factor": info["factor"] * (seen / own) ** w}
             out[f"client_mean_{p}_ms"] = seen
         elif basis == "client":

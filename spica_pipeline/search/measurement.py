@@ -216,8 +216,8 @@ def sla_token_share(records: Iterable[dict[str, Any]], start: float, end: float,
     window meeting it), with each request's latencies scaled: goodput = output throughput x share."""
     done = _done(records)
     scales = {"ttft_scale": ttft_scale, "itl_scale": itl_scale, "e2e_scale": e2e_scale}
-    total = sum(_tokens_in(r, start, end) for r in done)
-    good = sum(_tokens_in(r, start, end) for r in done if _meets(r, sla, **scales))
+    total = math.fsum(_tokens_in(r, start, end) for r in done)
+    good = math.fsum(_tokens_in(r, start, end) for r in done if _meets(r, sla, **scales))
     inside = sum(1 for r in done if r["arrival_time_ms"] >= start and r["terminal_time_ms"] <= end
                  and _meets(r, sla, **scales))
     return (good / total if total > 0 else 0.0), inside
@@ -265,7 +265,7 @@ def steady_state(records: Iterable[dict[str, Any]], kind: str, *,
     if span_s > 0:
         finishing = [r for r in done if start < r["terminal_time_ms"] <= end]
         metrics["request_throughput_rps"] = len(finishing) / span_s
-        metrics["output_throughput_tok_s"] = sum(_tokens_in(r, start, end) for r in done) / span_s
+        metrics["output_throughput_tok_s"] = math.fsum(_tokens_in(r, start, end) for r in done) / span_s
         metrics["input_throughput_tok_s"] = sum(int(r.get("input_length") or 0) for r in done
                                                 if start < _first_token(r) <= end) / span_s
         metrics["total_throughput_tok_s"] = metrics["output_throughput_tok_s"] + metrics["input_throughput_tok_s"]
@@ -273,7 +273,7 @@ def steady_state(records: Iterable[dict[str, Any]], kind: str, *,
             good = [r for r in done if _meets(r, sla)]
             metrics["goodput_completed_requests"] = float(sum(1 for r in inside if _meets(r, sla)))
             metrics["goodput_request_throughput_rps"] = sum(1 for r in good if start < r["terminal_time_ms"] <= end) / span_s
-            metrics["goodput_output_throughput_tok_s"] = sum(_tokens_in(r, start, end) for r in good) / span_s
+            metrics["goodput_output_throughput_tok_s"] = math.fsum(_tokens_in(r, start, end) for r in good) / span_s
     return Window(kind, float(start), float(end), len(inside), len(done), metrics)
 
 
