@@ -261,7 +261,37 @@ def run_one(name: str, config, prepared, evaluator, algorithm: str, seed: int, o
         hit = reach.get(level)
         run[f"evals_to_{pct}"] = hit[0] if hit else None
         run[f"wall_s_to_{pct}"] = round(hit[1], 2) if hit else None
+    if algorithm == "ours":
+        run.update(ask_costs(records, 2 if config.goal.is_pareto else 1))
     return run
+
+
+def ask_costs(records, objectives: int) -> dict[str, Any]:
+    """Per model-answered ask of a run (search/study.py `_model_answered`): [position of its first
+    trial, batch size, measured seconds, search/cost.py's predicted seconds, padding bucket], in
+    order; plus the seconds of the other asks (neighbourhood / quasi-random). The position is the
+    ask's history + pending rows (the driver asks suggestion k with k earlier trials)."""
+    from spica_pipeline.search import cost
+    from spica_pipeline.search.study import _model_answered
+
+    asks: dict[int, list[tuple[int, Any]]] = {}
+    for index, r in enumerate(records):
+        asks.setdefault(r.round, []).append((index, r))
+    model, every, other = [], [], 0.0
+    for rows in asks.values():
+        position, count = rows[0][0], len(rows)
+        seconds = sum(r.optimizer_seconds or 0.0 for _, r in rows)
+        designers = [r.designer or "" for _, r in rows]
+        every.append([position, count, round(seconds, 3), "".join(d[:1] for d in designers)])
+        if _model_answered(designers):
+            model.append([position, count, round(seconds, 3),
+                          round(cost.predicted_ask_seconds(position, count, objectives), 3),
+                          cost.suggest_bucket(position + count)])
+        else:
+            other += seconds
+    return {"model_asks": model, "model_ask_s": round(sum(a[2] for a in model), 3),
+            "model_ask_predicted_s": round(sum(a[3] for a in model), 3), "other_ask_s": round(other, 3),
+            "asks": every}
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -39,6 +39,39 @@ then it must pass (1)-(4) again against the baseline on fresh development seeds 
 before), else nothing is adopted. Held-out seeds 300-304 are run once, timed, after landing, on
 whatever is adopted (possibly nothing), and reported as measured; seeds 0-4, 30-34, 40-44, 50-54,
 90-99 and 200-239 are not used to choose."""
+ROUND_I_RULE = """Round I adoption rule (written 2026-12-05 10:52 UTC, before any round-I variant ran and before
+held-out seeds 500-504 were run by anyone).
+Diagnosis it rests on (main 5ebaafc, timed, dev seeds 0-4, pareto_disagg, 10:45-10:49 UTC,
+bench/results/time_to_quality_round_i/diag_pareto_0-4_main*.json, per ask: measured vs
+search/cost.py's prediction): asks a model answered cost 0.25-0.51 s against 0.45-0.46 s predicted
+(steady state: the table does not under-predict; a bucket's first compile in the process 2.4-2.6 s
+wall, the process's cold first GP call 4.5-5.4 s); the excess is GP asks whose every suggestion
+was a look-alike replaced by the neighbourhood designer (recorded NNNN): the GP ran (0.3-0.6 s
+each, 2.4-2.6 s when it compiled a bucket) but, since round H's `_model_answered`, such an ask is
+not charged; they are 85-100 % of the optimizer seconds besides the charged asks (0.8-5.1 s a run).
+Baseline: main at 5ebaafc (switches below off).
+Candidates, in this order (each a new switch, off by default):
+  C1 study.CHARGE_MODEL_RAN: an ask is charged its predicted model seconds whenever the model ran
+     (the sampler asked the model-based designer and it did not answer with a seed batch), whoever
+     answered its trials; recorded in the journal with the ask, so a resume charges the same.
+     Seed batches stay uncharged (round H).
+  C2 = C1 + cost.CHARGE_BUCKET_COMPILE: the first model ask of a study whose padding bucket R is
+     above the floor (64, 128, ...) and new to that study is charged R's compile too
+     (bench/results/vizier_after_first.json max_suggest_cpu_s_after_first, the trial count whose
+     suggest(8) first reaches R: one objective 5.556 s at 64, 6.042 s at 128; two 5.828 / 6.528;
+     the largest beyond), in the choice and in the charge. Run only if C1 fails test (1).
+Tests (all must pass):
+  (1) timed, `bench_time_to_quality.py --spaces pareto_disagg --algorithms ours --seeds 5 --workers 2
+      --max-wall-s 120 --no-warm-up` (dev seeds 0-4, heavy lock): median optimizer share of wall
+      <= 25 %;
+  (2) the same run: median evaluations to 99 % <= 23 (main's, round H's refresh and this diagnosis);
+  (3) simulated, bench/sim_time_to_quality.py, dev seeds 60-79,100-139, all five spaces, against
+      the baseline on the same seeds on the current truths: no space's median evaluations to 99 %
+      higher, and every run reaches 99 %.
+The first candidate in order that passes is adopted (switch on by default); if none passes, nothing
+is adopted and the Pareto optimizer share stays reported as over target. Held-out seeds 500-504 are
+run once after that, on the landed code, and reported as measured; seeds 0-4 here are dev seeds
+(used to choose); 30-34, 40-44, 50-54, 90-99, 300-304 are spent and not used."""
 from pathlib import Path
 os.environ.setdefault("DYN_LOG", "warn")
 ROOT = Path(__file__).resolve().parent.parent
