@@ -85,6 +85,21 @@ from spica_pipeline.resources.pool import Completion, EvaluationBackend  # noqa:
 from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, canonical_json, spec_hash  # noqa: E402
 from spica_pipeline.search.study import MemoryJournal, TrialCounter  # noqa: E402
 
+# TTQ_STUDY_<NAME> / TTQ_COST_<NAME>=<python literal>: override a module constant of search/study.py /
+# search/cost.py (candidate switches, e.g. round I's CHARGE_MODEL_RAN); recorded in the output's "overrides"
+OVERRIDES = {k: v for k, v in os.environ.items() if k.startswith(("TTQ_STUDY_", "TTQ_COST_"))}
+for _k, _v in OVERRIDES.items():
+    import ast
+
+    import spica_pipeline.search.cost as _cost_module
+    import spica_pipeline.search.study as _study_module
+
+    _module = _study_module if _k.startswith("TTQ_STUDY_") else _cost_module
+    _name = _k.split("_", 2)[2]
+    if not hasattr(_module, _name):
+        raise SystemExit(f"{_k}: no constant {_name} in {_module.__name__}")
+    setattr(_module, _name, ast.literal_eval(_v))
+
 SPACES_DIR = ROOT / "bench" / "spaces"
 CACHE_DIR = ROOT / "bench" / ".cache"
 RESULTS = ROOT / "bench" / "results"
@@ -270,7 +285,10 @@ def ask_costs(records, objectives: int) -> dict[str, Any]:
     """Per model-answered ask of a run (search/study.py `_model_answered`): [position of its first
     trial, batch size, measured seconds, search/cost.py's predicted seconds, padding bucket], in
     order; plus the seconds of the other asks (neighbourhood / quasi-random). The position is the
-    ask's history + pending rows (the driver asks suggestion k with k earlier trials)."""
+    ask's history + pending rows (the driver asks suggestion k with k earlier trials). Judged from
+    the recorded designers: a model ask whose every suggestion was replaced by the neighbourhood
+    designer (charged since round I, study.CHARGE_MODEL_RAN) counts under "other" here.
+    "asks": every ask, [position, batch, seconds, first letter of each trial's designer]."""
     from spica_pipeline.search import cost
     from spica_pipeline.search.study import _model_answered
 
@@ -489,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
         "first_seed": args.first_seed,
         "spica_seeds": spica_seeds, "max_wall_s": args.max_wall_s, "spaces": {}, "details": {},
     }
+    if OVERRIDES:
+        result["overrides"] = OVERRIDES
     previous: dict[str, Any] = {}
     if args.merge and out.exists():  # one results file built by several bounded invocations
         previous = json.loads(out.read_text())

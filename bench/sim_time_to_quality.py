@@ -195,6 +195,6 @@ if __name__ == "__main__":
             print(f"{name:15s} {a:20s} med99={statistics.median(e99):5.1f} mean99={statistics.mean(e99):5.1f} reached={reached}/{len(seeds)} e99={e99} e95={e95}", flush=True)
     if dump:
         Path(dump).write_text(json.dumps({"argv": sys.argv[1:], "env": {k: v for k, v in os.environ.items()
-                                                                        if k.startswith("SIM_")},
+                                                                        if k.startswith(("SIM_", "TTQ_"))},
                                           "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                           "spaces": per_seed}, indent=1))

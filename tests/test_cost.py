@@ -62,3 +62,62 @@ def test_an_ask_is_charged_as_a_model_ask_only_when_a_model_answered_a_trial():
     assert not _model_answered(["QUASI_RANDOM_SEARCH"] * 4)  # seed batch kept
     assert _model_answered(["DEFAULT", NEIGHBOURHOOD, "DEFAULT", NEIGHBOURHOOD])  # look-alikes replaced
     assert _model_answered(["GP_UCB_PE"])
+
+
+class _ReplacingSampler:
+    """A model whose every suggestion comes back answered by the neighbourhood designer (all
+    look-alikes replaced): the model ran (`last_model_ran`), no trial names it."""
+
+    def __new__(cls, ran, **kw):
+        from test_async_dispatch import DesignerSampler
+
+        class Sampler(DesignerSampler):
+            def suggest_pending(self, count, history, pending, cheap):
+                out, designer = super().suggest_pending(count, history, pending, cheap)
+                self.last_model_ran = ran and not cheap
+                return out, designer if cheap else "NEIGHBOURHOOD"
+
+        return Sampler(**kw)
+
+
+def _replacing_run(ran, journal=None, backend=None):
+    from test_async_dispatch import SimBackend
+    from test_study import build, score
+
+    from spica_pipeline.search.study import StudySettings, run_branch_study
+
+    sampler = _ReplacingSampler(ran, seed=4, menu=range(2000))
+    settings = StudySettings(per_round=4, max_rounds=20, workers=2, replay_estimate_s=0.2)
+    result = run_branch_study("agg", sampler, build, None, score, settings, journal=journal,
+                              backend=backend or SimBackend(2))
+    return result, sampler
+
+
+def test_a_model_ask_is_charged_when_the_model_ran_whoever_answered_its_trials():
+    """Round I (study.CHARGE_MODEL_RAN): a model batch whose every suggestion was replaced still
+    ran the model, so it is charged: the model keeps to its share of predicted wall time."""
+    from spica_pipeline.search import study
+
+    assert study.CHARGE_MODEL_RAN
+    charged, sampler = _replacing_run(ran=True)
+    model = sum(cost.predicted_ask_seconds(h + p, 4) for h, p, cheap in sampler.asks if not cheap and h)
+    assert 0 < model <= 0.25 * (model + len(charged.records) * 0.2 / 2)
+    # the same answers from a sampler that says no model ran: uncharged, so the model is asked more
+    _, free = _replacing_run(ran=False)
+    assert sum(not c for *_, c in sampler.asks) < sum(not c for *_, c in free.asks)
+
+
+def test_the_model_ran_flag_is_journalled_so_a_resume_charges_the_same():
+    import pytest
+    from test_async_dispatch import SimBackend, rows
+
+    from spica_pipeline.search.study import MemoryJournal
+
+    clean, _ = _replacing_run(ran=True)
+    for kill_after in (3, 11, 25):
+        journal = MemoryJournal()
+        with pytest.raises(KeyboardInterrupt):
+            _replacing_run(ran=True, journal=journal, backend=SimBackend(2, kill_after=kill_after))
+        resumed, _ = _replacing_run(ran=True, journal=journal)
+        assert rows(resumed) == rows(clean)
+    assert any(e.get("model_ran") for entries, _ in journal.suggestions.values() for e in entries)

@@ -141,6 +141,7 @@ class StudySampler:
         self.encoding = encoding
         self.local = local
         self.look_alikes_seen = 0  # model-based suggestions found to be look-alikes (diagnostics)
+        self.last_model_ran = False  # whether the last `suggest_pending` ran a model-based designer
 
     def suggest(self, count: int, history: list[HistoryItem]) -> list[dict[str, Any]]:
         if self.study is None:
@@ -159,6 +160,8 @@ class StudySampler:
         out = [dict(p) for p in self.study.suggest(count, items, pending,
                                                    algorithm="QUASI_RANDOM_SEARCH" if cheap else None)]
         designer = self.study.last_designer
+        # a seed batch (SEED_BATCH, quasi-random) and the model-free designers run no model
+        self.last_model_ran = bool(out) and not cheap and designer not in MODEL_FREE_ALGORITHMS
         if not cheap and self.local is not None and out and designer == SEED_BATCH:
             from spica_pipeline.search import neighbourhood
 

@@ -26,6 +26,13 @@ from spica_pipeline.search.ledger import TrialRecord
 from spica_pipeline.search.shapes import ParallelConfig
 
 ATTEMPT_FACTOR = 11  # a round asks for its batch plus up to 10x replacements (spec §6.4)
+# Charge an ask its predicted model seconds whenever the model ran (the sampler says so,
+# `last_model_ran`; journalled with the ask, so a resume charges the same), whoever answered its
+# trials: a model batch whose every suggestion was a look-alike replaced by the neighbourhood
+# designer ran the GP too. Adopted in round I (2026-12-05, bench/sim_time_to_quality.py
+# ROUND_I_RULE, candidate C1). False, or a sampler or journal entry that does not say: judged from
+# the recorded designers (`_model_answered`, round H).
+CHARGE_MODEL_RAN = True
 COST_AWARE_MODES: tuple[str, ...] = get_args(CostAware)
 
 
@@ -322,25 +329,28 @@ class _BranchLoop:
             "branch": self.branch, "round": round_no, "ask": ask_no, "count": count,
             "history": [[h.parameters, h.metrics, h.infeasible_reason] for h in self.history],
         }))
-        suggestions, seconds, designers = self._ask(key, count, list(self.history), [], False)
+        suggestions, seconds, designers, _ = self._ask(key, count, list(self.history), [], False)
         self.designers = designers
         return suggestions, seconds
 
     def _ask(self, key: str, count: int, history: list[HistoryItem], pending: list[dict[str, Any]],
              cheap: bool, local: Callable[[int], tuple[list[dict[str, Any]], str]] | None = None,
-             ) -> tuple[list[dict[str, Any]], float, list[str]]:
-        """(suggestions, seconds, designer of each): journalled under `key`, so a resume reads back
-        the very answer (and designers) the interrupted run got. `local(count)`, when given, answers
-        first (the cost-aware fill's neighbourhood designer); the sampler fills the rest, told the
-        local proposals as pending."""
+             ) -> tuple[list[dict[str, Any]], float, list[str], bool | None]:
+        """(suggestions, seconds, designer of each, whether a model-based designer ran: None when
+        unknown): journalled under `key`, so a resume reads back the very answer (and designers)
+        the interrupted run got. `local(count)`, when given, answers first (the cost-aware fill's
+        neighbourhood designer); the sampler fills the rest, told the local proposals as pending."""
         cached = self.journal.get_suggestions(key)
         if cached is not None:
-            if cached and not all(set(e) == {"designer", "parameters"} for e in cached):
-                return [dict(e) for e in cached], 0.0, [""] * len(cached)  # written before designers were recorded
-            return [e["parameters"] for e in cached], 0.0, [e["designer"] for e in cached]
+            if cached and not all({"designer", "parameters"} <= set(e) for e in cached):
+                return [dict(e) for e in cached], 0.0, [""] * len(cached), None  # written before designers were recorded
+            flags = {e.get("model_ran") for e in cached}
+            recorded = flags.pop() if len(flags) == 1 else None  # written before it was recorded: None
+            return [e["parameters"] for e in cached], 0.0, [e["designer"] for e in cached], recorded
         start = time.perf_counter()
         suggestions: list[dict[str, Any]] = []
         designers: list[str] = []
+        model_ran: bool | None = False
         if local is not None:
             near, name = local(count)
             suggestions, designers = [dict(p) for p in near[:count]], [name] * min(count, len(near))
@@ -350,8 +360,11 @@ class _BranchLoop:
             named: str | list[str]
             if ask is not None:  # one designer for the batch, or one per suggestion
                 more, named = ask(rest, history, pending + suggestions, cheap)
+                said = getattr(self.sampler, "last_model_ran", None)
+                model_ran = None if said is None else bool(said)
             else:
                 more, named = self.sampler.suggest(rest, history), getattr(self.sampler, "designer", "sampler")
+                model_ran = None
             if isinstance(named, str):
                 named = [named] * len(more)
             elif len(named) != len(more):
@@ -359,10 +372,13 @@ class _BranchLoop:
             suggestions += [dict(p) for p in more]
             designers += list(named)
         seconds = time.perf_counter() - start
-        self.journal.put_suggestions(key, [{"designer": d, "parameters": p} for d, p in zip(designers, suggestions)],
-                                     seconds)
+        entries: list[dict[str, Any]] = [{"designer": d, "parameters": p} for d, p in zip(designers, suggestions)]
+        if model_ran is not None:
+            for e in entries:
+                e["model_ran"] = model_ran
+        self.journal.put_suggestions(key, entries, seconds)
         self.result.optimizer_seconds += seconds
-        return suggestions, seconds, designers
+        return suggestions, seconds, designers, model_ran
 
     def _new_record(self, round_no: int, source: str, proposal: Proposal, opt_share: float,
                     designer: str) -> tuple[TrialRecord, EvalRequest | None]:
@@ -623,8 +639,9 @@ class _AsyncDriver:
         }))
         local = self._local(need) if cheap else None
         t0 = st.clock()
-        suggestions, seconds, designers = loop._ask(key, count, history, pending, cheap, local)
-        if not cheap and _model_answered(designers):
+        suggestions, seconds, designers, model_ran = loop._ask(key, count, history, pending, cheap, local)
+        charged = model_ran if CHARGE_MODEL_RAN and model_ran is not None else _model_answered(designers)
+        if not cheap and charged:
             self.predicted_model_s += ask_s  # journal hit or not: the prediction is the same
             if seconds:  # a fresh model-based ask (not a journal hit)
                 self.model_seconds += st.clock() - t0
@@ -768,7 +785,10 @@ def _model_answered(designers: Sequence[str]) -> bool:
     answers: a model's quasi-random seed batch handed to it (neighbourhood.SEED_BATCH_TO_LOCAL)
     ran no model and was charged as a model ask before 2026-12-05 (round H). A judgement from the
     recorded designers only, so a resume charges the same; one consequence: a model batch whose
-    every suggestion was a look-alike replaced by the neighbourhood designer is not charged either."""
+    every suggestion was a look-alike replaced by the neighbourhood designer is not charged either,
+    although the model ran (round I: the Pareto optimizer share over 25 %). So since round I it is
+    the fallback only, for a sampler or journal that does not say whether the model ran
+    (CHARGE_MODEL_RAN)."""
     from spica_pipeline.search.neighbourhood import NEIGHBOURHOOD
 
     return any(d not in _CHEAP_DESIGNERS and d != NEIGHBOURHOOD for d in designers)
