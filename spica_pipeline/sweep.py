@@ -416,6 +416,7 @@ def write_results(output_dir: Path, config: SmartSearchConfig, plans: list[Branc
                   timings: Timings) -> tuple["MergeResult", dict[str, Path]]:
     """Stage 6: merge the branch ledgers by goal and write every artifact; returns (merge, paths)."""
     from spica_pipeline.report import merge_for_config, write_outputs
+    from spica_pipeline.resources.calibration import heldout_check
 
     merge = merge_for_config(ledger, config)
     paths = write_outputs(
@@ -427,6 +428,7 @@ def write_results(output_dir: Path, config: SmartSearchConfig, plans: list[Branc
         top_n=config.deploy.top_n,
         deploy_options=deploy_options(config),
         config_json=config.model_dump(mode="json"),
+        heldout_check=heldout_check(config.evaluation.calibration),
     )
     return merge, paths
 

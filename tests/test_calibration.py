@@ -281,7 +281,12 @@ def test_a_calibrated_sweep_ranks_on_calibrated_goodput_and_says_so(tmp_path):
     candidates = pd.read_parquet(out / "candidates.parquet")
     assert list(candidates["score"]) == pytest.approx(list(candidates["calibrated_goodput_output_throughput_tok_s"]))
     assert (candidates["goodput_output_throughput_tok_s"] != candidates["score"]).any()  # raw beside it
-    assert "Ranked on **calibrated** numbers" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "Ranked on **calibrated** numbers" in report
+    # the packaged profile's recorded held-out check, for the shown backend (tests/test_heldout_check.py)
+    assert "## Accuracy on unseen models (held-out check)" in report and "`replay-v8.json`" in report
+    assert "| vllm | 429 |" in report and "| sglang |" not in report
+    assert "# held-out check of these numbers: vllm TTFT median error" in (out / "deploy" / "1" / "dgd.yaml").read_text()
 
 
 def test_sla_attainment_is_a_share_of_the_window_it_was_counted_in():

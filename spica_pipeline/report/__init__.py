@@ -35,6 +35,7 @@ def write_outputs(
     branch_notes: Mapping[str, str] | None = None,
     deploy_options: Any = None,
     config_json: Mapping[str, Any] | None = None,
+    heldout_check: Mapping[str, Any] | None = None,
 ) -> dict[str, Path]:
     """Write every artifact; returns name -> path. Each file is replaced atomically, so a reader
     never sees a half-written one and a crash leaves the previous run's file intact.
@@ -43,6 +44,8 @@ def write_outputs(
     top_n / deploy_options: deploy/<rank>/ for the ranking's head (a front: every point up to top_n),
     rendered with report.dgd.DeployOptions (None: defaults).
     config_json: the validated config as JSON; when given, recommendation.json (SweepResult) is written.
+    heldout_check: the recorded held-out check of the numbers ranked on (resources/calibration.heldout_check),
+    shown per backend in report.md and deploy/<rank>/.
     """
     from spica_pipeline.report.deploy import write_deploy_folder
     from spica_pipeline.report.markdown import render_report
@@ -61,7 +64,8 @@ def write_outputs(
     for rank, cand in enumerate(m.top(top_n), start=1):
         written = write_deploy_folder(
             out / "deploy" / str(rank), cand, rank, target=m.target, options=deploy_options,
-            description=describe_candidate(cand, m.target, m.objectives), sla=goal_summary.get("sla"))
+            description=describe_candidate(cand, m.target, m.objectives), sla=goal_summary.get("sla"),
+            heldout_check=heldout_check)
         paths[f"deploy_{rank}"] = written.get("dgd") or written["dgd_invalid"]
         paths[f"deploy_record_{rank}"] = written["record"]
     _drop_stale_deploy_folders(out / "deploy", keep=len(m.top(top_n)))
@@ -73,6 +77,6 @@ def write_outputs(
     files = {k: str(p.relative_to(out)) for k, p in paths.items()}
     files["report"] = "report.md"
     text = render_report(m, ledger_df, goal_summary=goal_summary, workload_summary=workload_summary,
-                         timings=timings, files=files, branch_notes=branch_notes)
+                         timings=timings, files=files, branch_notes=branch_notes, heldout_check=heldout_check)
     paths["report"] = atomic_write_text(out / "report.md", text)
     return paths

@@ -45,8 +45,12 @@ def _role(cfg: Mapping[str, Any], role: str, shape_prefix: str) -> dict[str, Any
     return {"count": count, "gpus_per_worker": gpus_per_worker, "parallel": parallel, "engine_args": engine}
 
 
-def deployment_dict(c: Candidate, rank: int, *, target: str | None = None) -> dict[str, Any]:
-    """The deployment document for one candidate; `config` carries the full flat sample verbatim."""
+def deployment_dict(c: Candidate, rank: int, *, target: str | None = None,
+                    heldout_check: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The deployment document for one candidate; `config` carries the full flat sample verbatim.
+    heldout_check: the numbers' recorded held-out check (report/accuracy.py), shown for its backend."""
+    from spica_pipeline.report.accuracy import backend_check
+
     cfg = c.config
     mode = cfg.get("deployment_mode", c.branch)
     if mode == "disagg":
@@ -83,6 +87,7 @@ def deployment_dict(c: Candidate, rank: int, *, target: str | None = None) -> di
         "load": {k: cfg[k] for k in LOAD_KEYS if k in cfg},
         "expected": {"goal": target, "score": c.score, "objectives": c.objectives, "metrics": c.metrics,
                      **({"spread": c.spread} if c.spread else {}), **_bands(c, target)},
+        **({"heldout_check": found} if (found := backend_check(heldout_check, cfg.get("backend"))) else {}),
         "config": dict(cfg),
     }
 
@@ -98,15 +103,21 @@ def _bands(c: Candidate, target: str | None) -> dict[str, Any]:
             "bands_note": "calibrated replay values; P10-P90 of calibration residuals (docs/fidelity.md)"}
 
 
-def deployment_yaml(c: Candidate, rank: int, *, target: str | None = None) -> str:
+def deployment_yaml(c: Candidate, rank: int, *, target: str | None = None,
+                    heldout_check: Mapping[str, Any] | None = None) -> str:
     header = (f"# Spica candidate #{rank}: the simulation record of this pick (not a Kubernetes object; "
               "dgd.yaml is).\n"
               "# `workers` lists engine arguments per role; `config` is the exact sample replay simulated.\n")
-    return header + yaml.safe_dump(deployment_dict(c, rank, target=target), sort_keys=False, default_flow_style=False)
+    doc = deployment_dict(c, rank, target=target, heldout_check=heldout_check)
+    return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
 
 
-def dgd_yaml(c: Candidate, rank: int, doc: Mapping[str, Any], *, target: str | None = None) -> str:
-    """The manifest with a header saying where it came from and what replay predicted for it."""
+def dgd_yaml(c: Candidate, rank: int, doc: Mapping[str, Any], *, target: str | None = None,
+             heldout_check: Mapping[str, Any] | None = None) -> str:
+    """The manifest with a header saying where it came from, what replay predicted for it and how far
+    such predictions were off on unseen models (the recorded held-out check)."""
+    from spica_pipeline.report.accuracy import header_line
+
     lines = [f"# Spica pick #{rank} ({c.branch}, spec {c.spec_hash}): {doc['metadata']['name']}",
              "# Generated from the replayed sample; validated against the vendored DGD CRD schema subset",
              "# and backend flag lists (spica_pipeline/report/dgd_data/SOURCES.md).",
@@ -121,6 +132,9 @@ def dgd_yaml(c: Candidate, rank: int, doc: Mapping[str, Any], *, target: str | N
         lines.append(f"# fidelity note: {c.config['fidelity_note']}")
     if target is not None and c.score is not None:
         lines.append(f"# goal {target}: score {c.score:.6g}")
+    accuracy = header_line(heldout_check, c.config.get("backend"))
+    if accuracy:
+        lines.append(accuracy)
     return "\n".join(lines) + "\n" + yaml.safe_dump(dict(doc), sort_keys=False, default_flow_style=False, width=1000)
 
 
@@ -156,7 +170,8 @@ def fleet_config(cfg: Mapping[str, Any], fleet_replicas: Any) -> dict[str, Any]:
 
 def write_deploy_folder(out_dir: Any, c: Candidate, rank: int, *, target: str | None, description: str,
                         options: Any = None, planner_target: str | None = None,
-                        sla: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                        sla: Mapping[str, Any] | None = None,
+                        heldout_check: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """deploy/<rank>/{dgd.yaml, simulation_record.yaml, README.md}; returns name -> path.
 
     A manifest that fails validation is a bug in the writer: it is not written as dgd.yaml; its
@@ -171,7 +186,8 @@ def write_deploy_folder(out_dir: Any, c: Candidate, rank: int, *, target: str | 
 
     d = Path(out_dir)
     paths: dict[str, Any] = {}
-    paths["record"] = atomic_write_text(d / "simulation_record.yaml", deployment_yaml(c, rank, target=target))
+    record = deployment_yaml(c, rank, target=target, heldout_check=heldout_check)
+    paths["record"] = atomic_write_text(d / "simulation_record.yaml", record)
     atomic_write_text(d / "README.md", readme_text(c, rank, description))
     cfg = c.config
     planner_config = None
@@ -185,5 +201,5 @@ def write_deploy_folder(out_dir: Any, c: Candidate, rank: int, *, target: str | 
     if problems:
         paths["dgd_invalid"] = atomic_write_text(d / "dgd.invalid.txt", "\n".join(problems) + "\n")
     else:
-        paths["dgd"] = atomic_write_text(d / "dgd.yaml", dgd_yaml(c, rank, doc, target=target))
+        paths["dgd"] = atomic_write_text(d / "dgd.yaml", dgd_yaml(c, rank, doc, target=target, heldout_check=heldout_check))
     return paths

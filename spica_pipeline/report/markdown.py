@@ -7,6 +7,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from spica_pipeline.config.goal import Target
+from spica_pipeline.report import accuracy
 from spica_pipeline.report.merge import MergeResult
 from spica_pipeline.report.tables import (
     candidate_bands, describe_candidate, fmt_value, goal_value, plot_axes, router_spread_pct, sla_attainment,
@@ -134,7 +135,10 @@ def render_report(
     timings: Mapping[str, Any],
     files: Mapping[str, str] | None = None,
     branch_notes: Mapping[str, str] | None = None,
+    heldout_check: Mapping[str, Any] | None = None,
 ) -> str:
+    """report.md. heldout_check: the recorded held-out check of the numbers ranked on
+    (resources/calibration.heldout_check; None: none recorded)."""
     lines = ["# Spica sweep report", "", "## Goal", *_kv_lines(goal_summary), "",
              "## Workload", *_kv_lines(workload_summary), ""]
 
@@ -211,10 +215,15 @@ def render_report(
                          "tok/s/user", *QUALITY_HEADER, *BAND_HEADER, "configuration"], rows)
         lines += ["", "# = `deploy/<rank>/`. " + QUALITY_NOTE + " " + BAND_NOTE, ""]
 
+    shown = merge.candidates if merge.is_pareto else merge.candidates[:TOP_RANKED]
     if merge.is_pareto:
         lines += _fidelity_lines([(merge.rank_of(c), c) for c in merge.candidates])
     else:
-        lines += _fidelity_lines(list(enumerate(merge.candidates[:TOP_RANKED], 1)))
+        lines += _fidelity_lines(list(enumerate(shown, 1)))
+    if best is not None:
+        calibrated = scoring.ranked_on(best.metrics, merge.target, merge.objectives or None) == "calibrated"
+        lines += accuracy.report_lines(heldout_check, (c.config.get("backend") for c in shown), calibrated,
+                                       models=(c.config.get("model_name") for c in shown))
 
     lines += ["## Time", ""]
     opt, rep = _seconds(ledger, "optimizer_seconds"), _seconds(ledger, "replay_seconds")

@@ -2,6 +2,11 @@
 
 A profile is JSON written by `bench/bench_fidelity.py --fit-calibration` (format and method in
 search/calibration.py). A missing or corrupt file is a ConfigError naming the path (exit 2).
+
+Each packaged profile's one held-out check (its errors on the models it was never fitted on, from
+`bench/bench_fidelity.py --split heldout`) is recorded in `calibration/heldout_checks.json` by
+`bench/record_heldout_check.py`, keyed by the profile file's digest, so report.md and the deploy
+records can say how far that profile was off on unseen models, and a changed file says nothing.
 """
 
 import hashlib
@@ -12,6 +17,8 @@ from typing import Any
 from spica_pipeline.errors import ConfigError, one_line
 
 PACKAGED = Path(__file__).resolve().parent.parent / "calibration" / "replay-v8.json"
+HELDOUT_CHECKS = PACKAGED.parent / "heldout_checks.json"
+RAW = "none"  # the held-out check of uncalibrated sweep numbers (`evaluation.calibration: none`)
 
 _memo: dict[tuple[str, int, int], tuple[dict[str, Any], str]] = {}
 
@@ -47,3 +54,16 @@ def load_profile(setting: str | None) -> tuple[dict[str, Any] | None, str | None
     out = (profile, hashlib.sha256(raw).hexdigest()[:16])
     _memo[key] = out
     return out
+
+
+def heldout_check(setting: str | None, checks: Path = HELDOUT_CHECKS) -> dict[str, Any] | None:
+    """The recorded held-out check of the profile `setting` resolves to (`none`: the raw sweep
+    replay's), or None when that exact file was never checked (a user profile, an edited copy)."""
+    try:
+        recorded = json.loads(checks.read_text())["checks"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if resolve(setting) is None:
+        return recorded.get(RAW)
+    _, digest = load_profile(setting)
+    return recorded.get(digest or "")
