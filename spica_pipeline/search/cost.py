@@ -30,8 +30,8 @@ Constants and where they come from (2 cores):
     A bucket's first suggest compiles its programs (5.6-6.5 s CPU at 64 and 128 rows in that file's
     `max_suggest_cpu_s_after_first`); like the process's first call, that is not charged (paid once
     per process, not per study). Measured in a sweep (round I, 2026-12-05 10:45-10:49 UTC,
-    pareto_disagg, docs/performance.md): steady asks 0.25-0.51 s wall against 0.45-0.46 s predicted,
-    so the table does not under-predict; what ran over the share were model asks left uncharged
+    pareto_disagg, docs/performance.md): asks past the compiles 0.25-0.88 s wall against 0.45-0.99 s
+    predicted (32-128 rows), so the table does not under-predict; what ran over the share were model asks left uncharged
     (study.CHARGE_MODEL_RAN).
   * A replay: the exhaustive truths of bench_time_to_quality (2026-12-04, load average 2-5) took a
     median 0.20 ms per request on goodput_agg (135 replays of 240 requests, median 47 ms) and 0.32 ms
