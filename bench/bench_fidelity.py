@@ -301,6 +301,7 @@ class RowJob:
     build_only: bool
     client_osl_jitter: str | None  # BACKEND=J[,...]: a bench-only override of the client replay's OSL spread
     fallback_scaling: bool  # the fallback's prefill attention scaled (FALLBACK_SCALING_RULE)
+    gemm_per_tensor: str | None = None  # BACKEND:SYSTEM[,...] or "none": overrides perf_data.GEMM_PER_TENSOR
 
 
 _job: RowJob | None = None
@@ -322,6 +323,12 @@ def start_rows(job: RowJob) -> None:
         from spica_pipeline.resources import attention_scaling
 
         os.environ[attention_scaling.FALLBACK_SCALING_ENV] = "1"
+    if job.gemm_per_tensor is not None:
+        from spica_pipeline.search import perf_data
+
+        perf_data.GEMM_PER_TENSOR = frozenset(
+            tuple(item.strip().split(":", 1)) for item in job.gemm_per_tensor.split(",")  # type: ignore[misc]
+            if item.strip() and item.strip() != "none")
     _job, _evaluator = job, ReplayEvaluator(cache_dir=job.cache_dir)
 
 
@@ -574,7 +581,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
                 earlier.setdefault(r["id"], r)
     job = RowJob(args.cache_dir, args.request_ratio, not args.no_aic, args.stability, args.client,
                  args.client_gap_cycles, not args.no_sweep, args.build_only, args.client_osl_jitter,
-                 bool(args.fallback_scaling))
+                 bool(args.fallback_scaling), args.gemm_per_tensor)
     records: list[dict[str, Any]] = []
     started = time.perf_counter()
 
@@ -592,6 +599,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             "client_gap_cycles": args.client_gap_cycles,
             "client_osl_jitter": args.client_osl_jitter,
             "fallback_scaling": bool(args.fallback_scaling),
+            "gemm_per_tensor": args.gemm_per_tensor,
             "replays_from": args.from_json,
             "calibration_profile": args.fit_calibration or args.calibration,
             "quick": bool(args.quick),
@@ -1908,6 +1916,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fallback-effect", action="store_true",
                     help="FALLBACK_EFFECT_RULE: raw error of rows timed with the bf16 attention fallback against "
                          "rows with native data (round 5 step 1, calibration rows only)")
+    ap.add_argument("--gemm-per-tensor", metavar="BACKEND:SYSTEM[,...]|none", default=None,
+                    help="time fp8_block checkpoints' dense GEMMs with per-tensor fp8 data on these (backend, system) "
+                         "pairs instead of the packaged choice (perf_data.GEMM_PER_TENSOR; ROUND9_GEMM_RULE)")
     ap.add_argument("--fallback-scaling", action="store_true",
                     help="replay with the fallback's prefill attention scaled by the perf data's fp8/bf16 ratio "
                          "(sets SPICA_FALLBACK_ATTENTION_SCALING=1; FALLBACK_SCALING_RULE); recorded in the JSON")

@@ -110,9 +110,14 @@ class TimingTable:
 
 
 def _model_key(identity: EngineIdentity) -> str:
-    """In-process memo key of a built AIC model: the identity and the fallback scaling setting."""
-    return json.dumps({**asdict(identity), "fallback_scaling": attention_scaling.fallback_scaling_key(identity)},
-                      sort_keys=True)
+    """In-process memo key of a built AIC model: the identity, the fallback scaling and GEMM data settings."""
+    return json.dumps({**asdict(identity), "fallback_scaling": attention_scaling.fallback_scaling_key(identity),
+                       "gemm_data": gemm_data_key(identity)}, sort_keys=True)
+
+
+def gemm_data_key(identity: EngineIdentity) -> str:
+    """What a cache key must name about the dense GEMM data (search/perf_data.GEMM_PER_TENSOR)."""
+    return "own" if perf_data.gemm_substitute(identity) is None else "fp8_per_tensor"
 
 
 class _AicStep:
@@ -206,7 +211,8 @@ def timing_table(identity: EngineIdentity, *, max_num_batched_tokens: int = 8192
     """
     top = max(int(max_num_batched_tokens), PREFILL_MIN_TOP)
     key = _digest("timing", {**asdict(identity), "prefill_top": top, "grid": timing_grid(),
-                             "fallback_scaling": attention_scaling.fallback_scaling_key(identity)})
+                             "fallback_scaling": attention_scaling.fallback_scaling_key(identity),
+                             "gemm_data": gemm_data_key(identity)})
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     path = root / "timing" / f"{key}.npz"
     meta = path.with_suffix(".json")

@@ -157,6 +157,17 @@ def model_facts(model_name: str) -> ModelFacts:
     )
 
 
+@lru_cache(maxsize=256)
+def checkpoint_quant(model_name: str) -> str | None:
+    """The checkpoint's own weight quantization in AIC's mode names (e.g. fp8_block), None for bf16."""
+    from aiconfigurator_core.sdk.utils import get_model_config_from_model_path
+
+    with QuietAIC():
+        parsed = get_model_config_from_model_path(model_name)
+    algo = (parsed.get("raw_config") or {}).get("quant_algo")
+    return str(algo) if algo else None
+
+
 @lru_cache(maxsize=64)
 def hardware_facts(hardware_sku: str) -> HardwareFacts:
     """GPUs per node and VRAM per GPU of an AIC system spec."""

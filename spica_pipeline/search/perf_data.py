@@ -7,6 +7,12 @@ kv_quant: "fp8" }`. The nearest available data is bf16 attention: first the atte
 alone, then attention and KV together (timing only; the KV capacity keeps the real KV dtype).
 Every substitution comes back as a `fidelity_note`; nothing is substituted silently.
 
+Some data is there but not usable: vLLM's fp8_block GEMM collection is flat in the token count on
+the systems in `GEMM_PER_TENSOR` (a 4096x4096 GEMM 0.16-0.30 ms from 1 to 8,192 tokens on B200/B300,
+where per-tensor fp8 and the SGLang/TRT-LLM DeepGEMM fp8_block collections take ~0.01 ms at <= 64),
+so an fp8_block checkpoint's dense GEMMs are timed with the per-tensor fp8 data there (the MoE keeps
+its own data), chosen per system on calibration rows (docs/fidelity.md, round 9).
+
 `timed_model` is the one routine for this: the timing tables (resources/timing.py) and the backend
 check before sampling (search/branches.py) both build their AIC model through it.
 """
@@ -19,7 +25,7 @@ from typing import Any
 
 from spica_pipeline.errors import PerfModelError
 from spica_pipeline.search.engine_args import EngineIdentity
-from spica_pipeline.search.model_hw import QuietAIC
+from spica_pipeline.search.model_hw import QuietAIC, checkpoint_quant
 
 _MISSING_ATTENTION = re.compile(r"(context|generation) (MLA|attention)[\w ]* data missing")
 _KEY = re.compile(r'fmha_quant: "(\w+)", kv_quant: "(\w+)"')
@@ -37,6 +43,25 @@ def is_missing_data(exc: BaseException | None) -> bool:
 def is_missing_attention_data(exc: BaseException) -> bool:
     """AIC's 'no attention data for this dtype' refusal (the case a bf16 fallback can serve)."""
     return type(exc).__name__ == "PerfDataNotAvailableError" and bool(_MISSING_ATTENTION.search(str(exc)))
+
+
+# (backend, system) whose fp8_block dense-GEMM data is replaced by the per-tensor fp8 data
+# (bench_fidelity.ROUND9_GEMM_RULE; docs/fidelity.md "Round 9")
+GEMM_PER_TENSOR: frozenset[tuple[str, str]] = frozenset()
+
+
+def gemm_substitute(identity: EngineIdentity) -> EngineIdentity | None:
+    """The identity timed instead of `identity` when its dense GEMMs are fp8_block on a (backend,
+    system) of GEMM_PER_TENSOR (None: timed as is). The MoE dtype is left to the checkpoint."""
+    if (identity.backend, identity.system) not in GEMM_PER_TENSOR:
+        return None
+    gemm = identity.weight_dtype or checkpoint_quant(identity.model)
+    return replace(identity, weight_dtype="fp8") if gemm == "fp8_block" else None
+
+
+def gemm_note(identity: EngineIdentity) -> str:
+    return (f"{identity.backend} {identity.version} fp8_block GEMM data on {identity.system} is flat in the token "
+            f"count (a measurement floor); dense GEMMs timed with the per-tensor fp8 data")
 
 
 def attention_fallbacks(identity: EngineIdentity) -> list[EngineIdentity]:
@@ -73,6 +98,15 @@ def timed_model(identity: EngineIdentity, build: Callable[[EngineIdentity], Any]
 def timed_model_used(identity: EngineIdentity, build: Callable[[EngineIdentity], Any],
                      probe: Callable[[Any], None]) -> tuple[Any, str | None, EngineIdentity]:
     """`timed_model` plus the identity whose data was used (`identity` itself when exact)."""
+    substitute = gemm_substitute(identity)
+    if substitute is not None:
+        model, note, used = _attention_timed(substitute, build, probe)
+        return model, "; ".join(n for n in (gemm_note(identity), note) if n), used
+    return _attention_timed(identity, build, probe)
+
+
+def _attention_timed(identity: EngineIdentity, build: Callable[[EngineIdentity], Any],
+                     probe: Callable[[Any], None]) -> tuple[Any, str | None, EngineIdentity]:
     try:
         model = build(identity)
         probe(model)
