@@ -967,6 +967,22 @@ ROUND9_GEMM_RULE = (
     "rows are SGLang), so the held-out split is unchanged by construction and not re-read to choose. The "
     "calibration profile (replay-v8) is not refitted in this round."
 )
+ROUND9_DP_RULE = (
+    "round 9 (row mapping, attention DP on vLLM), fixed 2026-12-05 14:26 UTC before any row was replayed with the "
+    "new mapping. Finding it rests on (calibration rows only, silicon numbers, no replay): every vLLM agg row with "
+    "attention_dp_size = tp_size > 1 and moe_ep_size = tp x dp (MiniMax-M2.5: tp2 dp2 ep4, tp4 dp4 ep16; both "
+    "sources, db-dump and the dated CSVs) has a twin row at the same system, precision, ISL/OSL and concurrency "
+    "with tp, no attention DP and moe_ep = tp; over the 55 twin pairs the silicon TPOT ratio is within 1.5 % on 53 "
+    "(median 1.00) and TTFT within 6 % on 51: the same deployment measured twice. Read as tp x dp GPUs with "
+    "moe_ep = tp x dp (AIC's convention), such a row becomes 4x-16x the GPUs with a cross-node expert all-to-all "
+    "(tp4 dp4: 16 GPUs), and replays TTFT at 2-7x and TPOT at 2.4-5x silicon (fidelity_full_v5.json). Candidate: "
+    "silicon.map_row maps such a vLLM row to tp, attention_dp 1, moe_tp 1, moe_ep tp, max_num_seqs = the row's "
+    "per-rank batch x dp, with a fidelity_note. Adopted iff, over the calibration rows it remaps (replayed with "
+    "the round's GEMM choice both ways), the raw client-replay TTFT MdAPE and TPOT MdAPE are both lower than "
+    "with the current mapping. The rule is one of shape, applied to every split: the held-out rows of this form "
+    "(Kimi-K2.5 tp4 dp4 ep16, 30 rows) are remapped too, and the held-out split is re-read once after the round's "
+    "choices land, never to choose."
+)
 ROUND8_TPOT_RULE = (
     "round 8 (TPOT), fixed 2026-12-05 before any candidate was scored (numbers seen: the lead's brief's v6 TPOT "
     "numbers quoted above and the docs' earlier TPOT diagnosis); calibration split only. Rows: training P = the 465 "
