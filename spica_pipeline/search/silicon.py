@@ -188,6 +188,7 @@ class SiliconCase:
     row: SiliconRow
     aic_model: str
     roles: dict[str, Shape]
+    note: str | None = None  # how the recorded shape was read, when not literally (a fidelity_note)
 
     @property
     def split(self) -> str:
@@ -299,7 +300,26 @@ def map_row(row: SiliconRow, *, models: Iterable[str], databases: Mapping[str, M
         if isinstance(shape, str):
             return Inexpressible(row, shape)
         roles[name] = shape
-    return SiliconCase(row, aic_model, roles)
+    note = None
+    if row.backend == "vllm" and any(_ep_twin(s) for s in roles.values()):
+        roles = {k: _ep_twin(s) or s for k, s in roles.items()}
+        note = EP_TWIN_NOTE
+    return SiliconCase(row, aic_model, roles, note)
+
+
+# vLLM rows recorded with attention_dp = tp > 1 and moe_ep = tp x dp measure the same deployment as
+# their twin rows with tp GPUs, no attention DP and moe_ep = tp: 55 calibration twin pairs (MiniMax-M2.5,
+# both sources) agree within 1.5 % on TPOT in 53 (bench_fidelity.ROUND9_DP_RULE, docs/fidelity.md round 9)
+EP_TWIN_NOTE = ("the row's attention_dp = tp with moe_ep = tp x dp is read as its twin deployment: tp GPUs, "
+                "no attention DP, experts expert-parallel over tp (the twins' silicon numbers agree)")
+
+
+def _ep_twin(shape: Shape) -> Shape | None:
+    """The twin reading of a vLLM role shape recorded as tp = attention_dp > 1, moe_ep = tp x dp, else None."""
+    tp, dp = shape.tp, shape.attention_dp
+    if dp <= 1 or dp != tp or shape.moe_tp != 1 or shape.moe_ep != tp * dp:
+        return None
+    return Shape(tp, shape.pp, 1, 1, tp, shape.workers, shape.max_num_seqs * dp)
 
 
 def reason_kind(reason: str) -> str:
@@ -319,7 +339,7 @@ _HEADS = "should be divisible by tp_size"
 
 
 def _replace_roles(case: SiliconCase, change: Callable[[Shape], Shape]) -> SiliconCase:
-    return SiliconCase(case.row, case.aic_model, {k: change(v) for k, v in case.roles.items()})
+    return SiliconCase(case.row, case.aic_model, {k: change(v) for k, v in case.roles.items()}, case.note)
 
 
 def nearest_deployments(case: SiliconCase, reason: str) -> list[tuple[SiliconCase, float, str]]:
