@@ -45,9 +45,13 @@ def is_missing_attention_data(exc: BaseException) -> bool:
     return type(exc).__name__ == "PerfDataNotAvailableError" and bool(_MISSING_ATTENTION.search(str(exc)))
 
 
-# (backend, system) whose fp8_block dense-GEMM data is replaced by the per-tensor fp8 data
-# (bench_fidelity.ROUND9_GEMM_RULE; docs/fidelity.md "Round 9")
-GEMM_PER_TENSOR: frozenset[tuple[str, str]] = frozenset()
+# (backend, system) whose fp8_block dense-GEMM data is replaced by the per-tensor fp8 data, chosen per
+# system on the calibration split's fp8_block checkpoints on vLLM (MiniMax-M2.5, Qwen3-235B-A22B-FP8;
+# bench_fidelity.ROUND9_GEMM_RULE, b200 by ROUND9B_GEMM_RULE; docs/fidelity.md "Round 9"). Raw TPOT MdAPE
+# there, floored -> per-tensor data: b200 157 % -> 18 %, b300 164 % -> 18 %, h100 50 % -> 26 %
+# (bench/results/round9/round9_gemm_comparison.json, 2026-12-05); h200 stays (its calibrated TTFT lost 6 points).
+GEMM_PER_TENSOR: frozenset[tuple[str, str]] = frozenset({("vllm", "b200_sxm"), ("vllm", "b300_sxm"),
+                                                          ("vllm", "h100_sxm")})
 
 
 def gemm_substitute(identity: EngineIdentity) -> EngineIdentity | None:
