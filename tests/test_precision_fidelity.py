@@ -2,6 +2,7 @@
 that include every input, and a backend AIC cannot time dropped before sampling."""
 
 import json
+from dataclasses import replace
 import sys
 
 import pydantic
@@ -154,6 +155,30 @@ def test_exact_data_has_no_note_and_other_errors_are_not_substituted():
     build, probe, built = _fake_aic(everything)
     with pytest.raises(PerfDataNotAvailableError):  # no fallback serves it: the original error
         perf_data.timed_model(DS, build, probe)
+
+
+def test_floored_fp8_block_gemm_data_is_timed_with_per_tensor_data_and_noted(monkeypatch):
+    """Round 9: vLLM's fp8_block GEMM data on the chosen systems is a flat floor; dense GEMMs use fp8 data."""
+    monkeypatch.setattr(perf_data, "GEMM_PER_TENSOR", frozenset({("vllm", "b200_sxm")}))
+    monkeypatch.setattr(perf_data, "checkpoint_quant", lambda model: {"block": "fp8_block", "fp4": "nvfp4"}.get(model))
+    block = EngineIdentity("block", "b200_sxm", "vllm", "0.24.0", tp=4, moe_tp=4)
+    build, probe, built = _fake_aic(set())
+    model, note = perf_data.timed_model(block, build, probe)
+    assert model == replace(block, weight_dtype="fp8") and model.moe_dtype is None  # the MoE keeps its data
+    assert note == ("vllm 0.24.0 fp8_block GEMM data on b200_sxm is flat in the token count (a measurement "
+                    "floor); dense GEMMs timed with the per-tensor fp8 data")
+    for exact in (replace(block, model="fp4"), replace(block, system="h200_sxm"), replace(block, backend="sglang"),
+                  replace(block, weight_dtype="bfloat16")):
+        assert perf_data.gemm_substitute(exact) is None and perf_data.timed_model(exact, build, probe) == (exact, None)
+    assert perf_data.gemm_substitute(replace(block, model="fp4", weight_dtype="fp8_block")) is not None  # pinned
+
+
+def test_timing_key_names_the_gemm_data(no_aic_tables, tmp_path, monkeypatch):
+    block = EngineIdentity("block", "b200_sxm", "vllm", "1")
+    monkeypatch.setattr(perf_data, "checkpoint_quant", lambda model: "fp8_block")
+    first = timing.timing_table(block, cache_dir=tmp_path).key
+    monkeypatch.setattr(perf_data, "GEMM_PER_TENSOR", frozenset())
+    assert timing.timing_table(block, cache_dir=tmp_path).key != first
 
 
 def test_fidelity_note_reaches_derived():

@@ -138,10 +138,26 @@ def test_every_shipped_row_is_classified():
 
 def test_batch_size_is_per_attention_dp_rank():
     glm = {"model_path": "zhipuai/GLM-5", "precision": "fp8", "tp_size": "2", "attention_dp_size": "2",
-           "moe_tp_size": "1", "moe_ep_size": "4", "batch_size": "32", "silicon_data_source": "silicon_concurrency=64"}
+           "moe_tp_size": "1", "moe_ep_size": "4", "batch_size": "32", "silicon_data_source": "silicon_concurrency=64",
+           "backend": "sglang"}
     case = mapped(**glm)
     assert case.roles["agg"].max_num_seqs == 32  # 32 per rank x 2 ranks = the 64 clients
-    assert case.sample("0.24.0")["agg_max_num_seqs"] == 32
+    assert case.sample("0.5.16")["agg_max_num_seqs"] == 32 and case.note is None
+
+
+def test_vllm_attention_dp_equal_to_tp_with_ep_over_both_is_read_as_its_twin():
+    """Round 9: such rows measure the same deployment as tp GPUs, no attention DP, moe_ep = tp."""
+    twin = {"model_path": "zhipuai/GLM-5", "precision": "fp8", "tp_size": "4", "attention_dp_size": "4",
+            "moe_tp_size": "1", "moe_ep_size": "16", "batch_size": "4", "silicon_data_source": "silicon_concurrency=16"}
+    case = mapped(**twin)
+    shape = case.roles["agg"]
+    assert (shape.tp, shape.attention_dp, shape.moe_tp, shape.moe_ep, shape.max_num_seqs) == (4, 1, 1, 4, 16)
+    assert case.used_gpus == 4 and case.note == silicon.EP_TWIN_NOTE
+    near = silicon.nearest_deployments(case, "no KV budget")  # a nearest deployment keeps the note
+    assert near and all(c.note == silicon.EP_TWIN_NOTE for c, _, _ in near)
+    for other in ({"backend": "sglang"}, {"attention_dp_size": "2", "moe_ep_size": "8"}):
+        kept = mapped(**{**twin, **other})  # SGLang's convention, or dp != tp: read literally
+        assert kept.note is None and kept.roles["agg"].attention_dp > 1
 
 
 def test_nearest_deployment_for_a_refused_moe_split_is_expert_parallel():

@@ -162,8 +162,11 @@ def checkpoint_quant(model_name: str) -> str | None:
     """The checkpoint's own weight quantization in AIC's mode names (e.g. fp8_block), None for bf16."""
     from aiconfigurator_core.sdk.utils import get_model_config_from_model_path
 
-    with QuietAIC():
-        parsed = get_model_config_from_model_path(model_name)
+    try:
+        with QuietAIC():
+            parsed = get_model_config_from_model_path(model_name)
+    except Exception:  # not a model AIC ships: nothing to substitute; building its timing says why
+        return None
     algo = (parsed.get("raw_config") or {}).get("quant_algo")
     return str(algo) if algo else None
 
