@@ -996,6 +996,19 @@ ROUND9B_GEMM_RULE = (
     "then applied to. Rule: a system that failed round 9 only by its raw-TTFT guard is adopted iff its calibrated "
     "TTFT MdAPE and P90 are both lower. No held-out row is affected either way (ROUND9_GEMM_RULE)."
 )
+ROUND9C_REFIT_RULE = (
+    "round 9c (profile refit), fixed 2026-12-05 14:39 UTC before the refit was scored. Round 9 changed the replay "
+    "of 555 calibration rows (MiniMax-M2.5 and Qwen3-235B-A22B-FP8 on vLLM) that replay-v8 was partly fitted on "
+    "(its vLLM TTFT factor absorbed the floored GEMM data: calibrated TTFT bias -1 % -> -12 % over the 1,135 rows, "
+    "TPOT band coverage 76 % -> 93 %). Candidate v9 = calibration.V8's method unchanged, refitted on the same "
+    "465-row prefix (--max-rows 480) with round 9's replays first (fidelity_round9_final.json, then v8's three "
+    "source files). Scored against replay-v8.json as shipped on the calibration rows outside the fit prefix "
+    "(round-9 replays: fidelity_round9_final.json, then fidelity_full_v5.json; neither profile saw them). "
+    "Adopted iff (1) its TTFT score (MdAPE / 20 % + P90 / 50 %) is lower, (2) its TPOT score is not higher, and "
+    "(3) its TPOT and TTFT band coverage are each no farther from the nominal 80 % than v8's. Adopted: "
+    "replay-v9.json becomes the default, the 631 held-out rows are re-read once after that commit and its "
+    "held-out check recorded; never used to choose."
+)
 ROUND8_TPOT_RULE = (
     "round 8 (TPOT), fixed 2026-12-05 before any candidate was scored (numbers seen: the lead's brief's v6 TPOT "
     "numbers quoted above and the docs' earlier TPOT diagnosis); calibration split only. Rows: training P = the 465 "
