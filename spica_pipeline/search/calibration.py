@@ -335,7 +335,11 @@ V7 = replace(V6, name="v7", client_mix=(("sglang", "ttft", ClientMix(0.5, native
 # (bench/results/fidelity_calibration_round8_tpot.json, 05:11Z); TTFT entries v7's (the default when it landed);
 # fitted on v6's 465 rows
 V8 = replace(V7, name="v8", tpot=PhaseMethod(0.0, replay="client", raw=True))
-CHOSEN = V8
+# replay-v9: v8's method unchanged, refitted on its 465 rows with round 9's replays (vLLM fp8_block dense GEMMs
+# timed with per-tensor data on b200/b300/h100, search/perf_data.GEMM_PER_TENSOR); adopted by
+# bench_fidelity.ROUND9C_REFIT_RULE (docs/fidelity.md "Round 9")
+V9 = replace(V8, name="v9")
+CHOSEN = V9
 METHOD = CHOSEN.describe()
 
 # report key -> (phase, exponent): calibrated = raw x factor**exponent
