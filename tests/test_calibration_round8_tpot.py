@@ -136,14 +136,14 @@ def test_the_comparison_refuses_held_out_rows():
         bf.compare_round8_tpot(rows + held, rows)
 
 
-def test_the_packaged_profile_is_v8_v7s_ttft_and_an_uncorrected_tpot():
+def test_the_shipped_v8_is_v7s_ttft_and_an_uncorrected_tpot():
     import json
 
     from spica_pipeline.resources import calibration as loader
 
-    profile, _ = loader.load_profile("auto")
+    profile, _ = loader.load_profile(str(loader.PACKAGED.with_name("replay-v8.json")))
     v7 = json.loads(loader.PACKAGED.with_name("replay-v7.json").read_text())  # the default when round 8 TPOT landed
-    assert loader.PACKAGED.name == "replay-v8.json" and cal.CHOSEN is cal.V8 and profile is not None
+    assert profile is not None
     assert cal.V8.ttft == cal.V7.ttft and cal.V8.client_mix == cal.V7.client_mix
     assert profile["method_name"] == "v8" and profile["rows_used"] == v7["rows_used"]
     assert ttft_entries(profile) == ttft_entries(v7) and profile["client_mix"] == v7["client_mix"]
@@ -156,3 +156,20 @@ def test_the_packaged_profile_is_v8_v7s_ttft_and_an_uncorrected_tpot():
                         concurrency=8, osl=512, client={"ttft": 100.0, "tpot": 10.0})
     assert out["calibrated_mean_tpot_ms"] == pytest.approx(10.0)  # the client replay's TPOT, band around it
     assert out["band_tpot_lo"] < 1.0 < out["band_tpot_hi"]
+
+
+def test_the_packaged_profile_is_v9_v8s_method_refitted_on_round_9s_replays():
+    """Round 9c: the default is v8's method unchanged, fitted on v8's rows (plus one the twin mapping made
+    feasible) with the round-9 replays."""
+    import json
+
+    from spica_pipeline.resources import calibration as loader
+
+    profile, _ = loader.load_profile("auto")
+    v8 = json.loads(loader.PACKAGED.with_name("replay-v8.json").read_text())
+    assert loader.PACKAGED.name == "replay-v9.json" and cal.CHOSEN is cal.V9 and profile is not None
+    assert replace(cal.V9, name="v8") == cal.V8 and profile["method_name"] == "v9"
+    assert set(v8["rows_used"]) <= set(profile["rows_used"]) and len(profile["rows_used"]) == len(v8["rows_used"]) + 1
+    assert "round9/fidelity_round9_final.json" in profile["source"]
+    tpot = [v for k, v in profile["slices"].items() if k.endswith("/tpot")] + [profile["phase"]["tpot"]]
+    assert tpot and all(v["factor"] == 1.0 for v in tpot)
