@@ -190,3 +190,23 @@ def test_sglang_signature_needs_ttft_over_and_tpot_under_pooled_and_in_half_the_
     assert not absent["present"] and absent["models_with_signature"] == []
     with pytest.raises(SystemExit, match="held-out"):
         bench_fidelity.sglang_signature([{**over_under[0], "split": "heldout"}, *over_under[1:]])
+
+
+def _r9(id_, system, ttft, tpot, cal_ttft=None, silicon=(100.0, 10.0)):
+    return {"id": id_, "status": "feasible", "system": system, "aic_model": "MiniMaxAI/MiniMax-M2.5", "backend": "vllm",
+            "silicon": {"ttft": silicon[0], "tpot": silicon[1]}, "ours": {"ttft": ttft, "tpot": tpot},
+            "calibrated": {"ttft": cal_ttft or ttft, "tpot": tpot}, "shape": {"agg": {"attention_dp": 1}}}
+
+
+def test_round9_gemm_rule_needs_a_tpot_gain_and_no_ttft_loss_per_system():
+    """ROUND9_GEMM_RULE per system: >= 20 rows, TPOT MdAPE -5 points, neither TTFT MdAPE +5 points."""
+    import bench_fidelity as bf
+
+    base = [_r9(f"a{i}", "b300_sxm", 100, 30) for i in range(20)] + [_r9(f"b{i}", "b200_sxm", 100, 30) for i in range(20)]
+    cand = ([_r9(f"a{i}", "b300_sxm", 104, 10) for i in range(20)]  # TTFT +4 points: still adopted
+            + [_r9(f"b{i}", "b200_sxm", 112, 10, cal_ttft=100) for i in range(20)])  # raw TTFT +12: not
+    out = bf.compare_round9(base, cand, rows=lambda r: True, group=lambda r: r["system"])
+    assert out["b300_sxm"]["adopted"] and not out["b200_sxm"]["adopted"]
+    assert out["b200_sxm"]["delta_mdape"]["ours_tpot"] == pytest.approx(-2.0)
+    few = bf.compare_round9(base[:19], cand[:19], rows=lambda r: True, group=lambda r: r["system"])
+    assert not few["b300_sxm"]["adopted"]  # 19 rows
