@@ -64,6 +64,7 @@ def gemm_substitute(identity: EngineIdentity) -> EngineIdentity | None:
 
 
 def gemm_note(identity: EngineIdentity) -> str:
+    """One line for the trial: which data was not used, and what timed the GEMMs instead."""
     return (f"{identity.backend} {identity.version} fp8_block GEMM data on {identity.system} is flat in the token "
             f"count (a measurement floor); dense GEMMs timed with the per-tensor fp8 data")
 
