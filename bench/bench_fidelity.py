@@ -715,6 +715,11 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             for r in json.loads(Path(path).read_text())["records"]:
                 prefix8.setdefault(r["id"], r)
         final["round8_ttft_comparison"] = compare_round8_ttft(fit_records(records), fit_records(list(prefix8.values())))
+    if args.compare_refit:
+        from spica_pipeline.resources.calibration import load_profile
+
+        old_profile, _ = load_profile(args.compare_refit)
+        final["refit_comparison"] = compare_refit(fit_records(records), old_profile, profile)
     if args.compare_round8_tpot:
         prefix8_tpot: dict[str, dict[str, Any]] = {}
         for path in args.compare_round8_tpot.split(","):
@@ -1987,6 +1992,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--compare-round8-tpot", metavar="PREFIX[,PREFIX]",
                     help="ROUND8_TPOT_RULE: v6 with each candidate TPOT phase, trained on these files' calibration "
                          "records (the 465-row prefix), by leave-one-model-out on this run's calibration rows")
+    ap.add_argument("--compare-refit", metavar="OLD_PROFILE",
+                    help="ROUND9C_REFIT_RULE: this run's --calibration profile against OLD_PROFILE on the calibration "
+                         "rows neither was fitted on")
     ap.add_argument("--compare-round9", metavar="BASE,GEMM[,DP]",
                     help="ROUND9_GEMM_RULE and ROUND9_DP_RULE from stored records (no replay): the run as is, "
                          "with --gemm-per-tensor, and with the twin mapping")
@@ -2005,10 +2013,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-FP8_BLOCK_CHECKPOINTS = ("MiniMaxAI/MiniMax-M2.5", "Qwen/Qwen3-235B-A22B-FP8")  # the calibration split's, on vLLM
-ROUND9_SYSTEMS = ("b200_sxm", "b300_sxm", "h100_sxm", "h200_sxm")
-
-
 def _side(records: list[dict[str, Any]], side: str, phase: str) -> dict[str, Any]:
     return error_stats([((r.get(side) or {}).get(phase), r["silicon"][phase]) for r in records])
 
@@ -2018,6 +2022,7 @@ def compare_round9(base: list[dict[str, Any]], cand: list[dict[str, Any]], *, ro
     """ROUND9_GEMM_RULE / ROUND9_DP_RULE: per group, raw client-replay ('ours') TTFT/TPOT and calibrated TTFT
     MdAPE of the same rows (feasible in both runs) before and after; adopted iff TPOT gains >= `points` and
     neither TTFT loses more than `points` (GEMM), or both raw MdAPEs are lower (DP: points=None)."""
+    _calibration_rows_only([*base, *cand], "--compare-round9")
     by_id = {r["id"]: r for r in cand if r.get("status") == "feasible"}
     pairs = [(b, by_id[b["id"]]) for b in base if b.get("status") == "feasible" and b["id"] in by_id and rows(b)]
     out: dict[str, Any] = {}
@@ -2037,11 +2042,42 @@ def compare_round9(base: list[dict[str, Any]], cand: list[dict[str, Any]], *, ro
     return out
 
 
+def compare_refit(records: list[dict[str, Any]], old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """ROUND9C_REFIT_RULE: two profiles on the calibration rows neither was fitted on: calibrated MdAPE / P90
+    / bias, the score (MdAPE / target + P90 / 50 %) and band coverage per phase; `new` adopted iff its TTFT
+    score is lower, its TPOT score not higher and each band coverage no farther from 80 %."""
+    import copy
+
+    _calibration_rows_only(records, "--compare-refit")
+    fitted = set(old["rows_used"]) | set(new["rows_used"])
+    unseen = [r for r in records if r.get("status") == "feasible" and r["id"] not in fitted]
+    out: dict[str, Any] = {}
+    for name, profile in (("old", old), ("new", new)):
+        rows = [copy.deepcopy(r) for r in unseen]
+        apply_profile(rows, profile)
+        out[name] = {"profile": profile.get("method_name"), "rows": len(rows)}
+        for phase, target in (("ttft", 0.2), ("tpot", 0.1)):
+            st = error_stats([(r["calibrated"][phase], r["silicon"][phase]) for r in rows])
+            out[name][phase] = {**st, "score": round(st["mdape"] / target + st["p90"] / 0.5, 4),
+                                "band_coverage": round(sum(r["band"][phase]["inside"] for r in rows) / len(rows), 4)}
+    a, b = out["old"], out["new"]
+    out["adopted"] = (b["ttft"]["score"] < a["ttft"]["score"] and b["tpot"]["score"] <= a["tpot"]["score"]
+                      and all(abs(b[p]["band_coverage"] - 0.8) <= abs(a[p]["band_coverage"] - 0.8)
+                              for p in ("ttft", "tpot")))
+    print(f"refit comparison on {a['rows']} rows outside both fits: TTFT score {a['ttft']['score']} -> "
+          f"{b['ttft']['score']}, TPOT {a['tpot']['score']} -> {b['tpot']['score']}, adopted {out['adopted']}")
+    return out
+
+
 def round9_main(paths: str, out_path: str | None) -> int:
     """--compare-round9 BASE,GEMM[,DP]: the round's comparisons from stored records (no replay)."""
     files = [json.loads(Path(p).read_text())["records"] for p in paths.split(",")]
     base, gemm = files[0], files[1]
-    fp8_block = lambda r: r["aic_model"] in FP8_BLOCK_CHECKPOINTS and r["backend"] == "vllm"  # noqa: E731
+    from spica_pipeline.search.model_hw import checkpoint_quant
+
+    def fp8_block(r: dict[str, Any]) -> bool:  # the rows whose dense GEMMs the substitution can change
+        return r["backend"] == "vllm" and checkpoint_quant(r["aic_model"]) == "fp8_block"
+
     result: dict[str, Any] = {"rule_gemm": ROUND9_GEMM_RULE, "files": paths.split(","),
                               "gemm": compare_round9(base, gemm, rows=fp8_block, group=lambda r: r["system"])}
     others = {r["id"]: r for r in gemm}

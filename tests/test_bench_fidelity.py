@@ -193,7 +193,7 @@ def test_sglang_signature_needs_ttft_over_and_tpot_under_pooled_and_in_half_the_
 
 
 def _r9(id_, system, ttft, tpot, cal_ttft=None, silicon=(100.0, 10.0)):
-    return {"id": id_, "status": "feasible", "system": system, "aic_model": "MiniMaxAI/MiniMax-M2.5", "backend": "vllm",
+    return {"id": id_, "split": "calibration", "status": "feasible", "system": system, "aic_model": "MiniMaxAI/MiniMax-M2.5", "backend": "vllm",
             "silicon": {"ttft": silicon[0], "tpot": silicon[1]}, "ours": {"ttft": ttft, "tpot": tpot},
             "calibrated": {"ttft": cal_ttft or ttft, "tpot": tpot}, "shape": {"agg": {"attention_dp": 1}}}
 
@@ -210,3 +210,13 @@ def test_round9_gemm_rule_needs_a_tpot_gain_and_no_ttft_loss_per_system():
     assert out["b200_sxm"]["delta_mdape"]["ours_tpot"] == pytest.approx(-2.0)
     few = bf.compare_round9(base[:19], cand[:19], rows=lambda r: True, group=lambda r: r["system"])
     assert not few["b300_sxm"]["adopted"]  # 19 rows
+
+
+def test_round9_comparisons_refuse_held_out_rows():
+    import bench_fidelity as bf
+
+    rows = [_r9("a", "b300_sxm", 100, 30), {**_r9("h", "b300_sxm", 100, 30), "split": "heldout"}]
+    with pytest.raises(SystemExit, match="calibration rows only"):
+        bf.compare_round9(rows, rows, rows=lambda r: True, group=lambda r: r["system"])
+    with pytest.raises(SystemExit, match="calibration rows only"):
+        bf.compare_refit(rows, {"rows_used": []}, {"rows_used": []})

@@ -300,11 +300,10 @@ def map_row(row: SiliconRow, *, models: Iterable[str], databases: Mapping[str, M
         if isinstance(shape, str):
             return Inexpressible(row, shape)
         roles[name] = shape
-    note = None
-    if row.backend == "vllm" and any(_ep_twin(s) for s in roles.values()):
-        roles = {k: _ep_twin(s) or s for k, s in roles.items()}
-        note = EP_TWIN_NOTE
-    return SiliconCase(row, aic_model, roles, note)
+    twins = {k: _ep_twin(s) for k, s in roles.items()} if row.backend == "vllm" else {}
+    if not any(twins.values()):
+        return SiliconCase(row, aic_model, roles)
+    return SiliconCase(row, aic_model, {k: twins[k] or s for k, s in roles.items()}, EP_TWIN_NOTE)
 
 
 # vLLM rows recorded with attention_dp = tp > 1 and moe_ep = tp x dp measure the same deployment as
