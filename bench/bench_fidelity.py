@@ -165,7 +165,8 @@ def aic_estimate(case: silicon.SiliconCase, version: str) -> tuple[float, float]
 # ---- one row -----------------------------------------------------------------------------------
 
 
-def build_case(evaluator, case: silicon.SiliconCase, version: str, request_ratio: float) -> dict[str, Any]:
+def build_case(evaluator, case: silicon.SiliconCase, version: str, request_ratio: float,
+               client_lengths: bool = True) -> dict[str, Any]:
     """--build-only: build the row's replay arguments (timing tables, KV capacity) without replaying,
     to count cheaply which rows can evaluate and why the others cannot."""
     from spica_pipeline.errors import InfeasibleKVCapacity, SpicaError
@@ -179,7 +180,8 @@ def build_case(evaluator, case: silicon.SiliconCase, version: str, request_ratio
         derived: dict[str, Any] = {}
         try:
             evaluator.prepare(EvalRequest(c.sample(version, max_num_batched_tokens=MNBT, memory_fraction=fraction),
-                                          c.workload(request_ratio), GOAL, {"closed_loop_client": "together"}),
+                                          c.workload(request_ratio, client_lengths=client_lengths), GOAL,
+                                          {"closed_loop_client": "together"}),
                               derived)
             return "buildable", None, derived
         except InfeasibleKVCapacity as exc:
@@ -206,7 +208,8 @@ def build_case(evaluator, case: silicon.SiliconCase, version: str, request_ratio
 
 def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ratio: float,
                   with_aic: bool, stability: bool = False, client: str = "together",
-                  client_gap_cycles: float | None = None, with_sweep: bool = True) -> dict[str, Any]:
+                  client_gap_cycles: float | None = None, with_sweep: bool = True,
+                  client_lengths: bool = True) -> dict[str, Any]:
     r = case.row
     rec: dict[str, Any] = {
         "id": r.id, "line": r.line, "split": case.split, "model": r.model, "aic_model": case.aic_model,
@@ -214,7 +217,12 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
         "db_version": version, "system": r.system, "mode": r.mode, "isl": r.isl, "osl": r.osl,
         "concurrency": r.concurrency, "shape": {k: vars(v) for k, v in case.roles.items()},
         "silicon": {"ttft": r.ttft_ms, "tpot": r.tpot_ms},
+        "benchmark_client": case.client,
     }
+    lengths = {k: v for k, v in case.workload(request_ratio, client_lengths=client_lengths).items()
+               if k in ("isl", "osl", "isl_jitter", "osl_jitter")}
+    if lengths != {"isl": r.isl, "osl": r.osl}:  # replayed with the client's length spread (silicon.benchmark_client)
+        rec["replayed_lengths"] = lengths
     if case.note:  # the shape was not read literally (silicon.map_row): keep what the row recorded
         rec["recorded_shape"] = {k: vars(r.role(k)) for k in case.roles}
     started = time.perf_counter()
@@ -225,7 +233,7 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
 
     def client_request(c: silicon.SiliconCase, memory_fraction: float = 0.9) -> EvalRequest:
         req = EvalRequest(c.sample(version, max_num_batched_tokens=MNBT, memory_fraction=memory_fraction),
-                          c.workload(request_ratio), GOAL, context)
+                          c.workload(request_ratio, client_lengths=client_lengths), GOAL, context)
         if client == "together" and client_gap_cycles is None:  # exactly the replay a sweep runs for calibration
             req = benchmark_client_request(req, request_ratio)
         return req
@@ -256,7 +264,7 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
             sweep_started = time.perf_counter()
             sweep = evaluator.evaluate(EvalRequest(case.sample(version, max_num_batched_tokens=MNBT,
                                                                memory_fraction=fraction),
-                                                   case.workload(sweep_ratio), GOAL, sweep_ctx))
+                                                   case.workload(sweep_ratio, client_lengths=client_lengths), GOAL, sweep_ctx))
             rec["sweep_seconds"] = round(time.perf_counter() - sweep_started, 3)
         if sweep.status == "feasible" and sweep.report:
             rec["sweep"] = {"ttft": sweep.report.get("mean_ttft_ms"), "tpot": sweep.report.get("mean_tpot_ms"),
@@ -267,7 +275,7 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
             twice_ratio = 2 * used / _known(r.concurrency, "concurrency")
             twice = evaluator.evaluate(EvalRequest(case.sample(version, max_num_batched_tokens=MNBT,
                                                                memory_fraction=fraction),
-                                                   case.workload(twice_ratio), GOAL, sweep_ctx))
+                                                   case.workload(twice_ratio, client_lengths=client_lengths), GOAL, sweep_ctx))
             if twice.status == "feasible" and twice.report:
                 rec["stability"] = {
                     "requests": [used, float(twice.derived.get("request_count") or 0)],
@@ -305,6 +313,7 @@ class RowJob:
     client_osl_jitter: str | None  # BACKEND=J[,...]: a bench-only override of the client replay's OSL spread
     fallback_scaling: bool  # the fallback's prefill attention scaled (FALLBACK_SCALING_RULE)
     gemm_per_tensor: str | None = None  # BACKEND:SYSTEM[,...] or "none": overrides perf_data.GEMM_PER_TENSOR
+    client_lengths: bool = True  # each row's lengths as its benchmark client drew them (ROUND10_CLIENT_RULE)
 
 
 _job: RowJob | None = None
@@ -343,9 +352,10 @@ def replay_row(case: silicon.SiliconCase) -> dict[str, Any]:
     assert job is not None, "start_rows() first"
     version = latest_backend_version(case.row.system, case.row.backend)
     if job.build_only:
-        return build_case(_evaluator, case, version, job.request_ratio)
+        return build_case(_evaluator, case, version, job.request_ratio, job.client_lengths)
     return evaluate_case(_evaluator, case, version, job.request_ratio, job.with_aic, job.stability,
-                         client=job.client, client_gap_cycles=job.client_gap_cycles, with_sweep=job.with_sweep)
+                         client=job.client, client_gap_cycles=job.client_gap_cycles, with_sweep=job.with_sweep,
+                         client_lengths=job.client_lengths)
 
 
 def expected_cost(case: silicon.SiliconCase) -> tuple[bool, int]:
@@ -544,7 +554,8 @@ def print_report(name: str, rep: dict[str, Any]) -> None:
 
 def select(mapped: list, *, split: str, models: list[str] | None, systems: list[str] | None,
            quick: bool, max_rows: int | None, ids: list[str] | None = None, skip_rows: int = 0,
-           max_concurrency: int | None = None, backends: list[str] | None = None) -> list[silicon.SiliconCase]:
+           max_concurrency: int | None = None, backends: list[str] | None = None,
+           clients: list[str] | None = None, modes: list[str] | None = None) -> list[silicon.SiliconCase]:
     cases = [m for m in mapped if isinstance(m, silicon.SiliconCase)]
     if ids:
         cases = [c for c in cases if c.row.id in ids]
@@ -565,6 +576,10 @@ def select(mapped: list, *, split: str, models: list[str] | None, systems: list[
         cases = [c for c in cases if (c.row.concurrency or 0) <= max_concurrency]
     if backends:  # after the prefix, so a backend's rows are the same rows as in the full run
         cases = [c for c in cases if c.row.backend in backends]
+    if clients:  # likewise after the prefix
+        cases = [c for c in cases if c.client in clients]
+    if modes:
+        cases = [c for c in cases if c.row.mode in modes]
     return cases
 
 
@@ -576,7 +591,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
     backends = [b.strip() for b in args.backends.split(",")] if args.backends else None
     cases = select(mapped, split=args.split, models=models, systems=systems, quick=args.quick,
                    max_rows=args.max_rows, ids=ids, skip_rows=args.skip_rows, max_concurrency=args.max_concurrency,
-                   backends=backends)
+                   backends=backends, clients=args.clients.split(",") if args.clients else None,
+                   modes=args.modes.split(",") if args.modes else None)
     earlier: dict[str, dict[str, Any]] = {}
     for path in (args.sweep_from or "").split(","):  # --no-sweep: each row's sweep replay (and AIC) from these
         if path:
@@ -584,7 +600,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
                 earlier.setdefault(r["id"], r)
     job = RowJob(args.cache_dir, args.request_ratio, not args.no_aic, args.stability, args.client,
                  args.client_gap_cycles, not args.no_sweep, args.build_only, args.client_osl_jitter,
-                 bool(args.fallback_scaling), args.gemm_per_tensor)
+                 bool(args.fallback_scaling), args.gemm_per_tensor, not args.fixed_lengths)
     records: list[dict[str, Any]] = []
     started = time.perf_counter()
 
@@ -603,6 +619,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             "client_osl_jitter": args.client_osl_jitter,
             "fallback_scaling": bool(args.fallback_scaling),
             "gemm_per_tensor": args.gemm_per_tensor,
+            "client_lengths": "fixed" if args.fixed_lengths else "the row's benchmark client (silicon.benchmark_client)",
             "replays_from": args.from_json,
             "calibration_profile": args.fit_calibration or args.calibration,
             "quick": bool(args.quick),
@@ -647,9 +664,10 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         # the profile maps what a sweep measures to silicon: per phase its own ("sweep") replay or the
         # benchmark-client replay it runs for a client-basis profile (calibration.PhaseMethod.replay)
         cal_records = fit_records(records)
+        fit_method = getattr(calibration, args.fit_method) if args.fit_method else calibration.CHOSEN
         profile = calibration.fit(cal_records, fitted=time.strftime("%Y-%m-%d", time.gmtime()),
                                   source="bench/bench_fidelity.py " + " ".join(sys.argv[1:] if argv is None else argv),
-                                  method=calibration.CHOSEN)
+                                  method=fit_method)
         profile["provenance"] = {
             "split": "calibration", "models": sorted({r["model"] for r in cal_records}),
             "replay": {phase: REPLAY_DESCRIPTIONS[basis] for phase, basis in profile["replay"].items()},
@@ -671,13 +689,13 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
                 " Round 8 (TTFT): the blend only where the attention was timed with the bf16 fallback data, by "
                 "leave-one-model-out on the 1,135 stored calibration rows (bench_fidelity.py --compare-round8-ttft, "
                 "bench/results/fidelity_calibration_round8_ttft.json, 2026-12-05): " + ROUND8_TTFT_RULE)
-        if calibration.CHOSEN.tpot.raw:
+        if fit_method.tpot.raw:
             profile["provenance"]["tpot_choice"] = (
                 "leave-one-model-out on the calibration split only (bench_fidelity.py --compare-round8-tpot, "
                 "bench/results/fidelity_calibration_round8_tpot.json, 2026-12-05): " + ROUND8_TPOT_RULE)
         write_json(args.fit_calibration, profile)
         print(f"wrote calibration profile {args.fit_calibration} ({len(profile['rows_used'])} calibration rows)")
-        lomo = leave_one_model_out(cal_records, calibration.CHOSEN)
+        lomo = leave_one_model_out(cal_records, fit_method)
     elif args.calibration != "none":
         from spica_pipeline.resources.calibration import load_profile
 
@@ -719,7 +737,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         from spica_pipeline.resources.calibration import load_profile
 
         old_profile, _ = load_profile(args.compare_refit)
-        final["refit_comparison"] = compare_refit(fit_records(records), old_profile, profile)
+        final["refit_comparison"] = compare_refit(fit_records(records), old_profile, profile, args.band_tolerance)
     if args.compare_round8_tpot:
         prefix8_tpot: dict[str, dict[str, Any]] = {}
         for path in args.compare_round8_tpot.split(","):
@@ -1013,6 +1031,36 @@ ROUND9C_REFIT_RULE = (
     "(3) its TPOT and TTFT band coverage are each no farther from the nominal 80 % than v8's. Adopted: "
     "replay-v9.json becomes the default, the 631 held-out rows are re-read once after that commit and its "
     "held-out check recorded; never used to choose."
+)
+ROUND10_CLIENT_RULE = (
+    "round 10 (the rows' benchmark client), fixed 2026-12-05 16:47 UTC before any row was replayed with it. Facts it "
+    "rests on (documentation, not errors): InferenceMAX / InferenceX (SemiAnalysis) runs every fixed-length scenario "
+    "with its copy of vLLM's benchmark_serving.py at RANDOM_RANGE_RATIO 0.8 (.github/workflows/benchmark-tmpl.yml; "
+    "benchmarks/*.sh: --dataset-name random --random-range-ratio 0.8 --num-prompts 10c --max-concurrency c "
+    "--request-rate inf --ignore-eos), which draws each request's ISL and OSL uniformly among the integers in "
+    "[int(0.8 L), L] (utils/bench_serving/benchmark_serving.py sample_random_requests); its scenarios are ISL/OSL "
+    "1024/1024, 1024/8192 and 8192/1024. The silicon file's db-dump rows (InferenceX workflow runs, ids such as "
+    "dsr1_h200_sglang_..._cfg81), its dated CSV dumps and its kimi / qwen3.5 gap-analysis CSVs hold exactly those "
+    "scenarios; the aic-auto-gap-analysis files (AIC's own runners, fixed lengths) hold others. Seen before writing "
+    "this (calibration rows only): DeepSeek-R1/V3 SGLang h200 1k/1k silicon TTFT is flat in concurrency (259-419 ms "
+    "at c4-c64) while our lockstep client replay grows with it (171-1,643 ms); the held-out SGLang TTFT "
+    "over-prediction is known from earlier rounds and plays no part in any choice below. (a) Mapping: a row is an "
+    "InferenceMAX row iff its source is not an aic-auto-gap-analysis file and its (ISL, OSL) is one of the three "
+    "scenarios (silicon.benchmark_client); it is replayed as that client: ISL and OSL uniform over [int(0.8 L), L] "
+    "(the workload's mean x (1 -+ jitter), the mean rounded, the top at L), every client at t=0, 10c requests, every "
+    "request counted; measurement.CLIENT_OSL_JITTER then does not apply (the workload has its own spread). Every "
+    "other row is replayed as before. (a) is adopted as the rows' documented protocol, not by its errors; its effect "
+    "on the calibration rows' raw client replay is reported (--compare-round10), the InferenceMAX rows by backend "
+    "and mode; the other rows are unchanged by construction. (b) Profile, calibration split only: candidates fitted "
+    "on v9's prefix (--max-rows 480) with the round-10 replays first: C1 = calibration.V10 (V9's method refitted), "
+    "C2 = calibration.V10_NO_MIX (no SGLang TTFT client mix: SGLang TTFT corrected on the client replay like vLLM's, "
+    "as v5 did). Reference R = replay-v9.json as shipped. Test rows = the calibration rows outside the fit, with the "
+    "round-10 replays (--compare-refit). A candidate qualifies iff (1) its TTFT score (MdAPE / 20 % + P90 / 50 %) is "
+    "lower than R's, (2) its TPOT score (MdAPE / 10 % + P90 / 50 %) is not higher than R's, and (3) its TTFT and its "
+    "TPOT band coverage are each within 10 points of the nominal 80 % or no farther from it than R's "
+    "(--band-tolerance 0.10). The qualifier with the lower TTFT score becomes replay-v10.json, the default; a tie "
+    "goes to C1. None qualifies: v9 stays the default. Either way the 631 held-out rows are then replayed with (a) "
+    "and read once with the default (its held-out check recorded), never to choose."
 )
 ROUND8_TPOT_RULE = (
     "round 8 (TPOT), fixed 2026-12-05 before any candidate was scored (numbers seen: the lead's brief's v6 TPOT "
@@ -1908,6 +1956,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="leave out the first N rows of the --max-rows prefix (extend an earlier run)")
     ap.add_argument("--max-concurrency", type=int, default=None, help="leave out rows above this concurrency")
     ap.add_argument("--backends", help="comma-separated backends (vllm, sglang), applied after --max-rows")
+    ap.add_argument("--clients", help="comma-separated benchmark clients (inferencemax, aic: silicon.benchmark_client), "
+                                      "applied after --max-rows")
+    ap.add_argument("--modes", help="comma-separated modes (agg, disagg), applied after --max-rows")
+    ap.add_argument("--fixed-lengths", action="store_true",
+                    help="replay every row with its nominal ISL/OSL (before ROUND10_CLIENT_RULE), not as its "
+                         "benchmark client drew them")
+    ap.add_argument("--fit-method", metavar="NAME", default=None,
+                    help="with --fit-calibration: fit this search/calibration.py method (e.g. V10_NO_MIX) instead "
+                         "of calibration.CHOSEN")
     ap.add_argument("--sweep-from", metavar="PATH[,PATH]",
                     help="with --no-sweep (--no-aic): take each row's sweep replay (AIC estimate) from these "
                          "earlier result files (the sweep measurement did not change)")
@@ -1995,6 +2052,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--compare-refit", metavar="OLD_PROFILE",
                     help="ROUND9C_REFIT_RULE: this run's --calibration profile against OLD_PROFILE on the calibration "
                          "rows neither was fitted on")
+    ap.add_argument("--band-tolerance", type=float, default=0.0,
+                    help="with --compare-refit: a band coverage within this of 80 %% passes (ROUND10_CLIENT_RULE: 0.10)")
+    ap.add_argument("--compare-round10", metavar="BASE[,BASE]:NEW[,NEW]",
+                    help="ROUND10_CLIENT_RULE (a) from stored records (no replay): raw client-replay error of the "
+                         "calibration rows in both files, by benchmark client, backend and mode")
     ap.add_argument("--compare-round9", metavar="BASE,GEMM[,DP]",
                     help="ROUND9_GEMM_RULE and ROUND9_DP_RULE from stored records (no replay): the run as is, "
                          "with --gemm-per-tensor, and with the twin mapping")
@@ -2042,10 +2104,12 @@ def compare_round9(base: list[dict[str, Any]], cand: list[dict[str, Any]], *, ro
     return out
 
 
-def compare_refit(records: list[dict[str, Any]], old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """ROUND9C_REFIT_RULE: two profiles on the calibration rows neither was fitted on: calibrated MdAPE / P90
-    / bias, the score (MdAPE / target + P90 / 50 %) and band coverage per phase; `new` adopted iff its TTFT
-    score is lower, its TPOT score not higher and each band coverage no farther from 80 %."""
+def compare_refit(records: list[dict[str, Any]], old: dict[str, Any], new: dict[str, Any],
+                  band_tolerance: float = 0.0) -> dict[str, Any]:
+    """ROUND9C_REFIT_RULE (and ROUND10_CLIENT_RULE (b)): two profiles on the calibration rows neither was fitted on:
+    calibrated MdAPE / P90 / bias, the score (MdAPE / target + P90 / 50 %) and band coverage per phase; `new` adopted
+    iff its TTFT score is lower, its TPOT score not higher and each band coverage no farther from 80 % than `old`'s
+    or within `band_tolerance` of it."""
     import copy
 
     _calibration_rows_only(records, "--compare-refit")
@@ -2062,7 +2126,7 @@ def compare_refit(records: list[dict[str, Any]], old: dict[str, Any], new: dict[
                                 "band_coverage": round(sum(r["band"][phase]["inside"] for r in rows) / len(rows), 4)}
     a, b = out["old"], out["new"]
     out["adopted"] = (b["ttft"]["score"] < a["ttft"]["score"] and b["tpot"]["score"] <= a["tpot"]["score"]
-                      and all(abs(b[p]["band_coverage"] - 0.8) <= abs(a[p]["band_coverage"] - 0.8)
+                      and all(abs(b[p]["band_coverage"] - 0.8) <= max(abs(a[p]["band_coverage"] - 0.8), band_tolerance)
                               for p in ("ttft", "tpot")))
     print(f"refit comparison on {a['rows']} rows outside both fits: TTFT score {a['ttft']['score']} -> "
           f"{b['ttft']['score']}, TPOT {a['tpot']['score']} -> {b['tpot']['score']}, adopted {out['adopted']}")
@@ -2098,10 +2162,48 @@ def round9_main(paths: str, out_path: str | None) -> int:
     return 0
 
 
+def compare_round10(base: list[dict[str, Any]], new: list[dict[str, Any]]) -> dict[str, Any]:
+    """ROUND10_CLIENT_RULE (a), reported, not a choice: the raw client replay ('ours') and the sweep replay of the
+    calibration rows feasible in both runs, before and after, by (benchmark client, backend, mode)."""
+    _calibration_rows_only([*base, *new], "--compare-round10")
+    rows, _ = load_cases()
+    client = {r.id: silicon.benchmark_client(r) for r in rows}
+    after = {r["id"]: r for r in new if r.get("status") == "feasible"}
+    pairs = [(b, after[b["id"]]) for b in base if b.get("status") == "feasible" and b["id"] in after]
+    out: dict[str, Any] = {"rule": ROUND10_CLIENT_RULE, "rows": len(pairs), "groups": {}}
+    keys = sorted({(client[b["id"]], b["backend"], b["mode"]) for b, _ in pairs})
+    for key in [("all", "all", "all"), *keys]:
+        part = [(b, a) for b, a in pairs if key[0] == "all" or (client[b["id"]], b["backend"], b["mode"]) == key]
+        entry: dict[str, Any] = {"rows": len(part)}
+        for side in ("ours", "sweep"):
+            for ph in ("ttft", "tpot"):
+                entry[f"{side}_{ph}"] = {"before": _side([b for b, _ in part], side, ph),
+                                         "after": _side([a for _, a in part], side, ph)}
+        out["groups"][" / ".join(key)] = entry
+        f = lambda st: f"{st['mdape'] * 100:.0f} / {st['p90'] * 100:.0f} / {st['bias'] * 100:+.0f}" \
+            if st.get("mdape") is not None else "-"
+        print(f"{' / '.join(key)} ({len(part)} rows): raw TTFT {f(entry['ours_ttft']['before'])} -> "
+              f"{f(entry['ours_ttft']['after'])}; raw TPOT {f(entry['ours_tpot']['before'])} -> "
+              f"{f(entry['ours_tpot']['after'])}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.compare_round9:
         return round9_main(args.compare_round9, args.json)
+    if args.compare_round10:
+        files: list[list[dict[str, Any]]] = []
+        for group in args.compare_round10.split(":"):  # BASE[,BASE]:NEW[,NEW], first file wins within a side
+            merged: dict[str, dict[str, Any]] = {}
+            for path in group.split(","):
+                for r in json.loads(Path(path).read_text())["records"]:
+                    merged.setdefault(r["id"], r)
+            files.append(list(merged.values()))
+        result = compare_round10(files[0], files[1])
+        if args.json:
+            write_json(args.json, result)
+        return 0
     result = run(args, argv)
     for name, rep in result["splits"].items():
         print_report(name, rep)

@@ -40,7 +40,8 @@ def test_llama_70b_fp8_maps_to_the_fp8_checkpoint_dense_shape():
     s = case.sample("0.24.0")
     assert s["model_name"] == "nvidia/Llama-3.1-70B-Instruct-FP8" and s["replicas"] == 1
     assert s["router_mode"] == "round_robin" and s["agg_max_num_batched_tokens"] == 8192
-    assert case.workload(6) == {"isl": 1024, "osl": 1024, "concurrency": 16, "num_request_ratio": 6}
+    assert case.workload(6, client_lengths=False) == {"isl": 1024, "osl": 1024, "concurrency": 16,
+                                                      "num_request_ratio": 6}
 
 
 @pytest.mark.parametrize("model,precision,expected", [
@@ -158,6 +159,26 @@ def test_vllm_attention_dp_equal_to_tp_with_ep_over_both_is_read_as_its_twin():
     for other in ({"backend": "sglang"}, {"attention_dp_size": "2", "moe_ep_size": "8"}):
         kept = mapped(**{**twin, **other})  # SGLang's convention, or dp != tp: read literally
         assert kept.note is None and kept.roles["agg"].attention_dp > 1
+
+
+def test_inferencemax_rows_are_replayed_with_their_clients_length_spread():
+    """Round 10: InferenceMAX's client draws ISL and OSL uniformly in [int(0.8 L), L]; AIC's runners do not."""
+    assert silicon.range_ratio_lengths(1024, 0.8) == (922, (1024 - 922) / 922)
+    mean, jitter = silicon.range_ratio_lengths(8192, 0.8)
+    assert round(mean * (1 + jitter)) == 8192 and abs(mean * (1 - jitter) - int(0.8 * 8192)) <= 1
+    imx = mapped(silicon_data_source="db-dump/2026-04-27; config_id=81; silicon_concurrency=16; workflow_run_id=1")
+    assert imx.client == silicon.INFERENCEMAX
+    w = imx.workload(10)
+    assert (w["isl"], w["osl"], w["concurrency"]) == (922, 922, 16)
+    assert w["isl_jitter"] == w["osl_jitter"] == pytest.approx(102 / 922)
+    long = mapped(isl="8192", silicon_data_source="source_file=2026-04-06.csv; silicon_concurrency=16")
+    assert long.client == silicon.INFERENCEMAX and long.workload(10)["isl"] == 7372
+    for over in ({"silicon_data_source": "source_file=/x/aic-auto-gap-analysis/data/h100_sxm/vllm/q.csv; "
+                                         "silicon_concurrency=16"},   # AIC's own runner: fixed lengths
+                 {"isl": "4096", "osl": "512"}):                        # not an InferenceMAX scenario
+        case = mapped(**over)
+        assert case.client == silicon.AIC_RUNNER
+        assert "isl_jitter" not in case.workload(10) and case.workload(10)["isl"] == int(over.get("isl", 1024))
 
 
 def test_nearest_deployment_for_a_refused_moe_split_is_expert_parallel():

@@ -339,6 +339,11 @@ V8 = replace(V7, name="v8", tpot=PhaseMethod(0.0, replay="client", raw=True))
 # timed with per-tensor data on b200/b300/h100, search/perf_data.GEMM_PER_TENSOR); adopted by
 # bench_fidelity.ROUND9C_REFIT_RULE (docs/fidelity.md "Round 9")
 V9 = replace(V8, name="v9")
+# round 10 candidates (bench_fidelity.ROUND10_CLIENT_RULE): v9's method refitted on replays that draw each silicon row's
+# lengths as its benchmark client did (silicon.benchmark_client), with and without SGLang TTFT's client mix (a proxy,
+# chosen when the InferenceMAX rows were replayed in lockstep, for clients drifting apart)
+V10 = replace(V9, name="v10")
+V10_NO_MIX = replace(V9, name="v10-no-mix", client_mix=(), decoupled=False)
 CHOSEN = V9
 METHOD = CHOSEN.describe()
 

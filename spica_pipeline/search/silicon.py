@@ -225,10 +225,51 @@ class SiliconCase:
             s[f"{role}_enable_prefix_caching"] = role != "decode"
         return s
 
-    def workload(self, num_request_ratio: float) -> dict[str, Any]:
-        """A synthetic closed loop at the row's concurrency and ISL/OSL."""
-        return {"isl": self.row.isl, "osl": self.row.osl, "concurrency": self.row.concurrency,
-                "num_request_ratio": num_request_ratio}
+    @property
+    def client(self) -> str:
+        return benchmark_client(self.row)
+
+    def workload(self, num_request_ratio: float, *, client_lengths: bool = True) -> dict[str, Any]:
+        """A synthetic closed loop at the row's concurrency and ISL/OSL; with `client_lengths`, each request's
+        lengths drawn as the row's benchmark client drew them (`benchmark_client`)."""
+        out: dict[str, Any] = {"isl": self.row.isl, "osl": self.row.osl, "concurrency": self.row.concurrency,
+                               "num_request_ratio": num_request_ratio}
+        if client_lengths and self.client == INFERENCEMAX and self.row.isl and self.row.osl:
+            out["isl"], out["isl_jitter"] = range_ratio_lengths(self.row.isl, INFERENCEMAX_RANGE_RATIO)
+            out["osl"], out["osl_jitter"] = range_ratio_lengths(self.row.osl, INFERENCEMAX_RANGE_RATIO)
+        return out
+
+
+# ---- the benchmark client that measured a row ------------------------------------------------------
+# InferenceMAX / InferenceX (SemiAnalysis) runs every fixed-length scenario with its copy of vLLM's
+# benchmark_serving.py: `--dataset-name random --random-range-ratio 0.8 --num-prompts 10c --max-concurrency c
+# --request-rate inf --ignore-eos` (.github/workflows/benchmark-tmpl.yml RANDOM_RANGE_RATIO 0.8,
+# benchmarks/*.sh), and draws each request's ISL and OSL uniformly among the integers in [int(0.8 L), L]
+# (utils/bench_serving/benchmark_serving.py `sample_random_requests`). Its scenarios are 1k/1k, 1k/8k, 8k/1k.
+# The silicon file's db-dump rows (InferenceX workflow runs), dated CSV dumps and kimi / qwen3.5 gap-analysis
+# CSVs hold exactly those scenarios; the aic-auto-gap-analysis files are AIC's own runners (fixed lengths).
+# Why it matters: lengths spread over 20 % let clients that started together drift apart, so a wave no longer
+# prefills all c prompts at once (bench_fidelity.ROUND10_CLIENT_RULE, docs/fidelity.md round 10).
+INFERENCEMAX = "inferencemax"
+AIC_RUNNER = "aic"
+INFERENCEMAX_SCENARIOS = frozenset({(1024, 1024), (1024, 8192), (8192, 1024)})
+INFERENCEMAX_RANGE_RATIO = 0.8
+AIC_RUNNER_SOURCE = "aic-auto-gap-analysis"
+
+
+def benchmark_client(row: SiliconRow) -> str:
+    """Which client measured the row: INFERENCEMAX (range-ratio lengths) or AIC_RUNNER (fixed lengths)."""
+    if AIC_RUNNER_SOURCE in row.source:
+        return AIC_RUNNER
+    return INFERENCEMAX if (row.isl, row.osl) in INFERENCEMAX_SCENARIOS else AIC_RUNNER
+
+
+def range_ratio_lengths(length: int, ratio: float) -> tuple[int, float]:
+    """A length uniform over the integers in [int(ratio x L), L] as a workload's (mean, jitter): mean x
+    (1 -+ jitter) spans that range, the mean rounded and the top kept at L."""
+    low = int(length * ratio)
+    mean = round((low + length) / 2)
+    return mean, (length - mean) / mean
 
 
 @dataclass(frozen=True)
