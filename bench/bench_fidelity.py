@@ -1033,7 +1033,7 @@ ROUND9C_REFIT_RULE = (
     "held-out check recorded; never used to choose."
 )
 ROUND10_CLIENT_RULE = (
-    "round 10 (the rows' benchmark client), fixed 2026-12-05 16:47 UTC before any row was replayed with it. Facts it "
+    "round 10 (the rows' benchmark client), fixed 2026-12-05 16:46 UTC before any row was replayed with it. Facts it "
     "rests on (documentation, not errors): InferenceMAX / InferenceX (SemiAnalysis) runs every fixed-length scenario "
     "with its copy of vLLM's benchmark_serving.py at RANDOM_RANGE_RATIO 0.8 (.github/workflows/benchmark-tmpl.yml; "
     "benchmarks/*.sh: --dataset-name random --random-range-ratio 0.8 --num-prompts 10c --max-concurrency c "
