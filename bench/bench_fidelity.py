@@ -689,6 +689,11 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
                 " Round 8 (TTFT): the blend only where the attention was timed with the bf16 fallback data, by "
                 "leave-one-model-out on the 1,135 stored calibration rows (bench_fidelity.py --compare-round8-ttft, "
                 "bench/results/fidelity_calibration_round8_ttft.json, 2026-12-05): " + ROUND8_TTFT_RULE)
+        if fit_method.name.startswith("v10"):
+            profile["provenance"]["round10_choice"] = (
+                "the calibration rows outside the fit, against replay-v9.json (bench_fidelity.py --compare-refit "
+                "--band-tolerance 0.10, bench/results/round10/round10b_refit_V10*.json, 2026-12-05): "
+                + ROUND10_CLIENT_RULE)
         if fit_method.tpot.raw:
             profile["provenance"]["tpot_choice"] = (
                 "leave-one-model-out on the calibration split only (bench_fidelity.py --compare-round8-tpot, "
@@ -769,7 +774,9 @@ REPLAY_DESCRIPTIONS = {
              "search/measurement.py), i.e. what the profile corrects in a sweep",
     "client": "the benchmark-client replay of each row ('ours': every client at t=0, 10 x c requests, every request "
               "counted, each request's OSL uniform in OSL x (1 -+ search/measurement.py CLIENT_OSL_JITTER[backend]), "
-              "vLLM 0.05, SGLang none), which a sweep runs beside its own replay when the profile asks for it",
+              "vLLM 0.05, SGLang none; since round 10 a row measured by InferenceMAX's client with its ISL and OSL "
+              "uniform over [int(0.8 L), L] as that client drew them, silicon.benchmark_client), which a sweep runs "
+              "beside its own replay when the profile asks for it",
 }
 
 
@@ -2198,7 +2205,8 @@ def main(argv: list[str] | None = None) -> int:
             merged: dict[str, dict[str, Any]] = {}
             for path in group.split(","):
                 for r in json.loads(Path(path).read_text())["records"]:
-                    merged.setdefault(r["id"], r)
+                    if r.get("split") == "calibration":  # a file of both splits: its held-out rows are never read
+                        merged.setdefault(r["id"], r)
             files.append(list(merged.values()))
         result = compare_round10(files[0], files[1])
         if args.json:

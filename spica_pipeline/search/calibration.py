@@ -344,7 +344,10 @@ V9 = replace(V8, name="v9")
 # chosen when the InferenceMAX rows were replayed in lockstep, for clients drifting apart)
 V10 = replace(V9, name="v10")
 V10_NO_MIX = replace(V9, name="v10-no-mix", client_mix=(), decoupled=False)
-CHOSEN = V9
+# replay-v10 (the default since round 10): V10_NO_MIX, the only qualifier (C1's TTFT score on the 664 calibration rows
+# outside the fit 2.470 against v9's 2.407; C2's 2.305, TPOT equal, bands 85 % / 87 %), fitted on 471 prefix rows
+# with the round-10 replays (bench/results/round10/round10b_refit_V10*.json, docs/fidelity.md "Round 10")
+CHOSEN = V10_NO_MIX
 METHOD = CHOSEN.describe()
 
 # report key -> (phase, exponent): calibrated = raw x factor**exponent

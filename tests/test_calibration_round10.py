@@ -1,0 +1,23 @@
+"""Fidelity round 10: the packaged profile after replaying each silicon row as its benchmark client measured it."""
+
+import json
+from dataclasses import replace
+
+from spica_pipeline.resources import calibration as loader
+from spica_pipeline.search import calibration as cal
+
+
+def test_the_packaged_profile_is_v10_without_sglangs_client_mix():
+    """ROUND10_CLIENT_RULE (b): C2 qualified (v9's method without the SGLang TTFT blend), fitted on v9's prefix with
+    the round-10 replays; TTFT corrected on the benchmark-client replay for both backends, TPOT uncorrected."""
+    profile, _ = loader.load_profile("auto")
+    assert loader.PACKAGED.name == "replay-v10.json" and cal.CHOSEN is cal.V10_NO_MIX and profile is not None
+    assert profile["method_name"] == "v10-no-mix" and "client_mix" not in profile
+    assert replace(cal.V10_NO_MIX, name="v9", client_mix=cal.V9.client_mix, decoupled=True) == cal.V9
+    assert profile["replay"] == {"ttft": "client", "tpot": "client"}
+    assert "round10/fidelity_round10_cal_agg.json" in profile["source"]
+    assert "ROUND10" not in profile["provenance"]["round10_choice"] and "round 10" in profile["provenance"]["round10_choice"]
+    v9 = json.loads(loader.PACKAGED.with_name("replay-v9.json").read_text())
+    assert len(set(profile["rows_used"]) & set(v9["rows_used"])) >= 460  # the same prefix, a few rows' status moved
+    tpot = [v for k, v in profile["slices"].items() if k.endswith("/tpot")] + [profile["phase"]["tpot"]]
+    assert tpot and all(v["factor"] == 1.0 for v in tpot)
