@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 from spica_pipeline.config.goal import OptimizationGoal  # noqa: E402
 from spica_pipeline.search import silicon  # noqa: E402
 from spica_pipeline.search.evaluation import EvalRequest  # noqa: E402
-from spica_pipeline.search.measurement import benchmark_client_request, quantile  # noqa: E402
+from spica_pipeline.search.measurement import CLIENT_LENGTH_SPREAD, benchmark_client_request, quantile  # noqa: E402
 from spica_pipeline.search.measurement import relative_change  # noqa: E402
 
 GOAL = OptimizationGoal.model_validate({"target": "throughput", "sla": None, "pareto_objectives": None})
@@ -227,6 +227,8 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
         rec["recorded_shape"] = {k: vars(r.role(k)) for k in case.roles}
     started = time.perf_counter()
     context: dict[str, Any] = {"closed_loop_client": client}
+    if not client_lengths or case.client == silicon.AIC_RUNNER:  # its client sent fixed lengths (ROUND10C_SWEEP_RULE)
+        context["client_lengths"] = "fixed"
     if client_gap_cycles is not None:
         context["client_gap_cycles"] = client_gap_cycles
     fraction = 0.9
@@ -310,7 +312,6 @@ class RowJob:
     client_gap_cycles: float | None
     with_sweep: bool
     build_only: bool
-    client_osl_jitter: str | None  # BACKEND=J[,...]: a bench-only override of the client replay's OSL spread
     fallback_scaling: bool  # the fallback's prefill attention scaled (FALLBACK_SCALING_RULE)
     gemm_per_tensor: str | None = None  # BACKEND:SYSTEM[,...] or "none": overrides perf_data.GEMM_PER_TENSOR
     client_lengths: bool = True  # each row's lengths as its benchmark client drew them (ROUND10_CLIENT_RULE)
@@ -325,12 +326,7 @@ def start_rows(job: RowJob) -> None:
     one evaluator. Runs in the bench's own process (--workers 1) and at the start of every worker."""
     global _job, _evaluator
     from spica_pipeline.resources.replay import ReplayEvaluator
-    from spica_pipeline.search import measurement
 
-    for item in (job.client_osl_jitter or "").split(","):
-        if item:
-            backend, _, value = item.partition("=")
-            measurement.CLIENT_OSL_JITTER[backend.strip()] = float(value)
     if job.fallback_scaling:
         from spica_pipeline.resources import attention_scaling
 
@@ -599,7 +595,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             for r in json.loads(Path(path).read_text())["records"]:
                 earlier.setdefault(r["id"], r)
     job = RowJob(args.cache_dir, args.request_ratio, not args.no_aic, args.stability, args.client,
-                 args.client_gap_cycles, not args.no_sweep, args.build_only, args.client_osl_jitter,
+                 args.client_gap_cycles, not args.no_sweep, args.build_only,
                  bool(args.fallback_scaling), args.gemm_per_tensor, not args.fixed_lengths)
     records: list[dict[str, Any]] = []
     started = time.perf_counter()
@@ -616,7 +612,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             "request_ratio": args.request_ratio,
             "client": args.client,
             "client_gap_cycles": args.client_gap_cycles,
-            "client_osl_jitter": args.client_osl_jitter,
+            "client_length_spread": None if args.fixed_lengths else CLIENT_LENGTH_SPREAD,
             "fallback_scaling": bool(args.fallback_scaling),
             "gemm_per_tensor": args.gemm_per_tensor,
             "client_lengths": "fixed" if args.fixed_lengths else "the row's benchmark client (silicon.benchmark_client)",
@@ -773,10 +769,10 @@ REPLAY_DESCRIPTIONS = {
     "sweep": "the sweep measurement of each row (ramped closed-loop clients, steady-state window, "
              "search/measurement.py), i.e. what the profile corrects in a sweep",
     "client": "the benchmark-client replay of each row ('ours': every client at t=0, 10 x c requests, every request "
-              "counted, each request's OSL uniform in OSL x (1 -+ search/measurement.py CLIENT_OSL_JITTER[backend]), "
-              "vLLM 0.05, SGLang none; since round 10 a row measured by InferenceMAX's client with its ISL and OSL "
-              "uniform over [int(0.8 L), L] as that client drew them, silicon.benchmark_client), which a sweep runs "
-              "beside its own replay when the profile asks for it",
+              "counted, a row measured by InferenceMAX's client with its ISL and OSL uniform over [int(0.8 L), L] as "
+              "that client drew them, a row of AIC's own runners with fixed lengths (silicon.benchmark_client; before "
+              "round 10 every row had fixed lengths, vLLM's OSL spread 0.05); a sweep runs the same replay of its own "
+              "workload beside its own, lengths spread 1/9 when the workload sets none (measurement.CLIENT_LENGTH_SPREAD)",
 }
 
 
@@ -1068,6 +1064,26 @@ ROUND10_CLIENT_RULE = (
     "(--band-tolerance 0.10). The qualifier with the lower TTFT score becomes replay-v10.json, the default; a tie "
     "goes to C1. None qualifies: v9 stays the default. Either way the 631 held-out rows are then replayed with (a) "
     "and read once with the default (its held-out check recorded), never to choose."
+)
+ROUND10C_SWEEP_RULE = (
+    "round 10c (the sweep's benchmark-client replay), fixed 2026-12-05 17:13 UTC before any replay with it. Why (a "
+    "consistency fact, not errors): replay-v10's factors were fitted on the benchmark-client replay of rows 87 % of "
+    "which draw ISL and OSL as InferenceMAX's client did (ROUND10_CLIENT_RULE (a)), but a sweep applies them to its "
+    "own benchmark-client replay of the user's workload, which for fixed lengths kept SGLang's clients in lockstep "
+    "(vLLM's drifted apart only through the 0.05 OSL spread v4 fitted as a stand-in for that client): another "
+    "quantity (DeepSeek-V3 SGLang h200 c64 1k/1k: lockstep 1,643 ms, with the client's spread 208 ms, silicon "
+    "419 ms). Changes: (1) product: measurement.benchmark_client_request gives a workload without a spread of its "
+    "own (and with one turn per session) ISL and OSL uniform in L x (1 -+ 1/9) on both backends "
+    "(measurement.CLIENT_LENGTH_SPREAD: InferenceMAX's spread around its mean; the mean stays the workload's), "
+    "replacing CLIENT_OSL_JITTER; (2) bench: a row measured by AIC's own runners (silicon.benchmark_client == aic) "
+    "is replayed with fixed lengths, as that client sent them (context client_lengths = fixed), so its vLLM rows "
+    "lose the 0.05 OSL spread; InferenceMAX rows keep their own spread. Both are adopted as facts. The aic-client "
+    "vLLM calibration rows are re-replayed (their SGLang rows had no spread and are unchanged). (3) Profile: "
+    "replay-v11 = calibration.V11 (V10_NO_MIX's method) refitted on v10's prefix with those replays; it replaces "
+    "replay-v10 iff on the calibration rows outside both fits (--compare-refit replay-v10.json --band-tolerance "
+    "0.10) its TTFT score and its TPOT score are each not higher than v10's and its band coverages meet "
+    "ROUND10_CLIENT_RULE's condition (3); otherwise v10 stays. The held-out replays do not change (every held-out "
+    "row is an InferenceMAX row); they are re-reported once with the default and its check recorded, never to choose."
 )
 ROUND8_TPOT_RULE = (
     "round 8 (TPOT), fixed 2026-12-05 before any candidate was scored (numbers seen: the lead's brief's v6 TPOT "
@@ -2016,9 +2032,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--compare-v4-on", metavar="PATH[,PATH]",
                     help="CHOICE_RULE_V5_ROUND3: v4's method on this run's records against v4 on these files' "
                          "records (the same rows), by leave-one-model-out on calibration rows")
-    ap.add_argument("--client-osl-jitter", metavar="BACKEND=J[,...]",
-                    help="the benchmark-client replay's OSL spread per backend for this run "
-                         "(default search/measurement.py CLIENT_OSL_JITTER); recorded in the JSON")
     ap.add_argument("--diagnose", action="store_true",
                     help="the shipped method's leave-one-model-out TTFT/TPOT error per slice (calibration rows only)")
     ap.add_argument("--sglang-signature", action="store_true",

@@ -356,12 +356,19 @@ def test_benchmark_client_request_is_the_bench_replay():
     out = measurement.benchmark_client_request(req)
     assert out.context == {"router_repeats": 2, "closed_loop_client": "together"}
     assert out.workload["num_request_ratio"] == measurement.CLIENT_REQUEST_RATIO
-    assert out.workload["osl_jitter"] == measurement.CLIENT_OSL_JITTER["vllm"]
+    spread = measurement.CLIENT_LENGTH_SPREAD
+    assert out.workload["isl_jitter"] == out.workload["osl_jitter"] == spread == 1 / 9  # InferenceMAX's spread
     sglang = measurement.benchmark_client_request(EvalRequest({"backend": "sglang"}, req.workload, req.goal))
-    assert "osl_jitter" not in sglang.workload  # SGLang's clients stay in lockstep
+    assert sglang.workload["isl_jitter"] == sglang.workload["osl_jitter"] == spread  # both backends alike
     own = measurement.benchmark_client_request(EvalRequest({"backend": "vllm"}, {**req.workload, "osl_jitter": 0.3},
                                                            req.goal))
-    assert own.workload["osl_jitter"] == 0.3  # the workload's own jitter wins
+    assert own.workload["osl_jitter"] == 0.3 and "isl_jitter" not in own.workload  # the workload's own spread wins
+    fixed = measurement.benchmark_client_request(EvalRequest({"backend": "vllm"}, req.workload, req.goal,
+                                                             {"client_lengths": "fixed"}))
+    assert "osl_jitter" not in fixed.workload and "client_lengths" not in fixed.context  # a fixed-length client
+    turns = measurement.benchmark_client_request(EvalRequest({"backend": "vllm"}, {**req.workload,
+                                                                                   "turns_per_session": 3}, req.goal))
+    assert "osl_jitter" not in turns.workload  # multi-turn sessions cannot take per-request lengths
     assert req.workload["num_request_ratio"] == 6 and "calibration" in req.context  # the original is untouched
 
 

@@ -228,7 +228,8 @@ class ReplayEvaluator(dg.ConfigurableResource, Evaluator):
         out = {"ttft": _numeric(summary.get("mean_ttft_ms")), "tpot": _numeric(summary.get("mean_tpot_ms"))}
         call.derived["benchmark_client"] = {
             "mean_ttft_ms": out["ttft"], "mean_tpot_ms": out["tpot"], "window_rule": derived.get("window_rule"),
-            "request_count": derived.get("request_count"), "osl_jitter": client_request.workload.get("osl_jitter"),
+            "request_count": derived.get("request_count"), "isl_jitter": client_request.workload.get("isl_jitter"),
+            "osl_jitter": client_request.workload.get("osl_jitter"),
             "replay_seconds": round(time.perf_counter() - started, 4)}
         return {k: v for k, v in out.items() if v is not None}
 
