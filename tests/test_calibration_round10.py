@@ -7,16 +7,21 @@ from spica_pipeline.resources import calibration as loader
 from spica_pipeline.search import calibration as cal
 
 
-def test_the_packaged_profile_is_v10_without_sglangs_client_mix():
-    """ROUND10_CLIENT_RULE (b): C2 qualified (v9's method without the SGLang TTFT blend), fitted on v9's prefix with
-    the round-10 replays; TTFT corrected on the benchmark-client replay for both backends, TPOT uncorrected."""
+def test_the_packaged_profile_is_v11_v9s_method_without_sglangs_client_mix():
+    """ROUND10_CLIENT_RULE (b): C2 qualified (v9's method without the SGLang TTFT blend); ROUND10C_SWEEP_RULE refitted
+    it (v11) once AIC's runners' rows replay with fixed lengths; TTFT corrected on the benchmark-client replay for both
+    backends, TPOT uncorrected."""
     profile, _ = loader.load_profile("auto")
-    assert loader.PACKAGED.name == "replay-v10.json" and cal.CHOSEN is cal.V10_NO_MIX and profile is not None
-    assert profile["method_name"] == "v10-no-mix" and "client_mix" not in profile
-    assert replace(cal.V10_NO_MIX, name="v9", client_mix=cal.V9.client_mix, decoupled=True) == cal.V9
+    assert loader.PACKAGED.name == "replay-v11.json" and cal.CHOSEN is cal.V11 and profile is not None
+    assert profile["method_name"] == "v11" and "client_mix" not in profile
+    assert replace(cal.V11, name="v9", client_mix=cal.V9.client_mix, decoupled=True) == cal.V9
+    assert replace(cal.V11, name="v10-no-mix") == cal.V10_NO_MIX
     assert profile["replay"] == {"ttft": "client", "tpot": "client"}
-    assert "round10/fidelity_round10_cal_agg.json" in profile["source"]
+    assert "round10/fidelity_round10c_cal_aic_vllm.json,bench/results/round10/fidelity_round10_cal_agg.json" in profile["source"]
+    assert "round 10c" in profile["provenance"]["round10c_choice"]
     assert "ROUND10" not in profile["provenance"]["round10_choice"] and "round 10" in profile["provenance"]["round10_choice"]
+    v10 = json.loads(loader.PACKAGED.with_name("replay-v10.json").read_text())
+    assert v10["method_name"] == "v10-no-mix" and v10["rows_used"] == profile["rows_used"]
     v9 = json.loads(loader.PACKAGED.with_name("replay-v9.json").read_text())
     assert len(set(profile["rows_used"]) & set(v9["rows_used"])) >= 460  # the same prefix, a few rows' status moved
     tpot = [v for k, v in profile["slices"].items() if k.endswith("/tpot")] + [profile["phase"]["tpot"]]

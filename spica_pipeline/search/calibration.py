@@ -347,10 +347,12 @@ V10_NO_MIX = replace(V9, name="v10-no-mix", client_mix=(), decoupled=False)
 # replay-v10 (the default since round 10): V10_NO_MIX, the only qualifier (C1's TTFT score on the 664 calibration rows
 # outside the fit 2.470 against v9's 2.407; C2's 2.305, TPOT equal, bands 85 % / 87 %), fitted on 471 prefix rows
 # with the round-10 replays (bench/results/round10/round10b_refit_V10*.json, docs/fidelity.md "Round 10")
-# round 10c's candidate (bench_fidelity.ROUND10C_SWEEP_RULE): the same method refitted once AIC's runners' rows replay
-# with fixed lengths, as those runners sent them
+# replay-v11 (the default since round 10c, bench_fidelity.ROUND10C_SWEEP_RULE): the same method refitted once AIC's
+# runners' rows replay with fixed lengths, as those runners sent them, and sweeps spread a fixed-length workload's
+# client replay like the rows the factors were fitted on (measurement.CLIENT_LENGTH_SPREAD); on the 664 calibration rows
+# outside both fits TTFT score 2.664 -> 2.630, TPOT equal (bench/results/round10/round10c_refit_V11.json)
 V11 = replace(V10_NO_MIX, name="v11")
-CHOSEN = V10_NO_MIX
+CHOSEN = V11
 METHOD = CHOSEN.describe()
 
 # report key -> (phase, exponent): calibrated = raw x factor**exponent
