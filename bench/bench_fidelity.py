@@ -1988,8 +1988,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                       "applied after --max-rows")
     ap.add_argument("--modes", help="comma-separated modes (agg, disagg), applied after --max-rows")
     ap.add_argument("--fixed-lengths", action="store_true",
-                    help="replay every row with its nominal ISL/OSL (before ROUND10_CLIENT_RULE), not as its "
-                         "benchmark client drew them")
+                    help="replay every row with its nominal ISL/OSL and no length spread at all, not as its benchmark "
+                         "client drew them (ROUND10_CLIENT_RULE; before round 10 vLLM rows also had a 0.05 OSL spread)")
     ap.add_argument("--fit-method", metavar="NAME", default=None,
                     help="with --fit-calibration: fit this search/calibration.py method (e.g. V10_NO_MIX) instead "
                          "of calibration.CHOSEN")

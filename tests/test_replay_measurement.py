@@ -57,3 +57,15 @@ def test_jitter_replays_a_generated_trace_of_ramped_sessions(fake, tmp_path):  #
     # the same workload gives the same requests (every candidate of a sweep sees one trace)
     again = ReplayEvaluator(cache_dir=str(tmp_path)).evaluate(EvalRequest(agg_sample(tp=4), wl, THROUGHPUT))
     assert fake.calls[1][1] == args and again.derived["jitter_seed"] == out.derived["jitter_seed"]
+
+
+def test_the_replays_own_summary_drops_its_summation_order_noise():
+    """The mocker sums in a hash map's order: two replays of one spec can differ in the last bits of a mean."""
+    from spica_pipeline.resources.replay import order_free
+
+    a = order_free({"mean_tpot_ms": 18.265402285714288, "num_requests": 8, "policy": "lru", "power_w": None,
+                    "inf": float("inf")})
+    b = order_free({"mean_tpot_ms": 18.26540228571429, "num_requests": 8, "policy": "lru", "power_w": None,
+                    "inf": float("inf")})
+    assert a == b and a["mean_tpot_ms"] == 18.2654022857 and a["num_requests"] == 8 and a["policy"] == "lru"
+    assert a["inf"] == float("inf")
