@@ -227,7 +227,7 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
         rec["recorded_shape"] = {k: vars(r.role(k)) for k in case.roles}
     started = time.perf_counter()
     context: dict[str, Any] = {"closed_loop_client": client}
-    if not client_lengths or case.client == silicon.AIC_RUNNER:  # its client sent fixed lengths (ROUND10C_SWEEP_RULE)
+    if not client_lengths:  # every row fixed (an A/B); AIC's runners' rows replay as a sweep replays them (ROUND11)
         context["client_lengths"] = "fixed"
     if client_gap_cycles is not None:
         context["client_gap_cycles"] = client_gap_cycles
@@ -1089,6 +1089,25 @@ ROUND10C_SWEEP_RULE = (
     "0.10) its TTFT score and its TPOT score are each not higher than v10's and its band coverages meet "
     "ROUND10_CLIENT_RULE's condition (3); otherwise v10 stays. The held-out replays do not change (every held-out "
     "row is an InferenceMAX row); they are re-reported once with the default and its check recorded, never to choose."
+)
+ROUND11_BENCH_IS_SWEEP_RULE = (
+    "round 11 (AIC's runners' rows replayed as a sweep replays them), fixed 2026-12-05 17:59 UTC before any replay "
+    "with it; a second look, written AFTER reading ROUND10C_SWEEP_RULE's result for those rows (replayed with fixed "
+    "lengths the 122 vLLM rows' raw TTFT was 33 / 116 / +5 % against 27 / 48 / -26 % with v4's 0.05 OSL spread, and "
+    "the calibrated TTFT of Qwen3-32B and Qwen3-235B-A22B-FP8 went 32 -> 43 % and 24 -> 34 %). The principle it restores "
+    "(v4's: the bench's replay of a row is exactly what a sweep computes for that workload, so the profile's factors are "
+    "fitted on the quantity a sweep applies them to) was broken by 10c's item (2): since 10c a sweep spreads a "
+    "fixed-length workload's lengths by 1/9 (measurement.CLIENT_LENGTH_SPREAD), while the bench replayed AIC's "
+    "runners' rows, fixed-length workloads, with fixed lengths. Change: 10c's item (2) is withdrawn: a row of AIC's "
+    "runners is replayed through measurement.benchmark_client_request like any fixed-length workload (the 1/9 "
+    "spread, both backends); InferenceMAX rows keep their own spread; --fixed-lengths still replays every row fixed. "
+    "Adopted as the principle, whatever its errors; the AIC-runner calibration rows (both backends) are re-replayed and "
+    "their raw errors reported against 10c's fixed-length replays (--compare-round10). Profile: replay-v12 = "
+    "calibration.V12 (V11's method) refitted on v11's prefix with those replays; it replaces replay-v11 iff on the "
+    "calibration rows outside both fits (--compare-refit replay-v11.json --band-tolerance 0.10) its TTFT score and its "
+    "TPOT score are each not higher than v11's and its band coverages meet ROUND10_CLIENT_RULE's condition (3); "
+    "otherwise v11 stays. The held-out replays do not change (every held-out row is an InferenceMAX row); they are "
+    "re-reported once with the default and its check recorded, never to choose."
 )
 ROUND8_TPOT_RULE = (
     "round 8 (TPOT), fixed 2026-12-05 before any candidate was scored (numbers seen: the lead's brief's v6 TPOT "

@@ -352,6 +352,9 @@ V10_NO_MIX = replace(V9, name="v10-no-mix", client_mix=(), decoupled=False)
 # client replay like the rows the factors were fitted on (measurement.CLIENT_LENGTH_SPREAD); on the 664 calibration rows
 # outside both fits TTFT score 2.664 -> 2.630, TPOT equal (bench/results/round10/round10c_refit_V11.json)
 V11 = replace(V10_NO_MIX, name="v11")
+# round 11's candidate (bench_fidelity.ROUND11_BENCH_IS_SWEEP_RULE): the same method refitted once AIC's runners' rows
+# replay as a sweep replays a fixed-length workload (lengths spread 1/9)
+V12 = replace(V11, name="v12")
 CHOSEN = V11
 METHOD = CHOSEN.describe()
 
