@@ -220,3 +220,24 @@ def test_round9_comparisons_refuse_held_out_rows():
         bf.compare_round9(rows, rows, rows=lambda r: True, group=lambda r: r["system"])
     with pytest.raises(SystemExit, match="calibration rows only"):
         bf.compare_refit(rows, {"rows_used": []}, {"rows_used": []})
+
+
+def test_rows_are_replayed_as_their_benchmark_client_drew_lengths(three_rows):
+    """Round 10: the InferenceMAX row draws ISL/OSL over [0.8 L, L]; AIC's runners' rows keep their nominal lengths
+    (a sweep's client replay then spreads them, round 11)."""
+    by_id = {r["id"]: r for r in three_rows["records"]}
+    imx = by_id[ROWS[2]]
+    assert imx["benchmark_client"] == "inferencemax"
+    assert imx["replayed_lengths"]["isl"] == imx["replayed_lengths"]["osl"] == 922
+    for rid in ROWS[:2]:
+        assert by_id[rid]["benchmark_client"] == "aic" and "replayed_lengths" not in by_id[rid]
+
+
+def test_round10_comparisons_refuse_held_out_rows():
+    import bench_fidelity as bf
+
+    rows = [_r9("a", "b300_sxm", 100, 30), {**_r9("h", "b300_sxm", 100, 30), "split": "heldout"}]
+    with pytest.raises(SystemExit, match="calibration rows only"):
+        bf.compare_round10(rows, rows)
+    with pytest.raises(SystemExit, match="calibration rows only"):
+        bf.compare_refit(rows, {"rows_used": []}, {"rows_used": []}, band_tolerance=0.1)
