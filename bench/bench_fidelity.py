@@ -1109,6 +1109,18 @@ ROUND11_BENCH_IS_SWEEP_RULE = (
     "otherwise v11 stays. The held-out replays do not change (every held-out row is an InferenceMAX row); they are "
     "re-reported once with the default and its check recorded, never to choose."
 )
+ROUND12_BAND_RULE = (
+    "round 12 (replay-v12's TTFT band), fixed 2026-12-05 18:08 UTC before any candidate was scored; it follows "
+    "ROUND11_BENCH_IS_SWEEP_RULE's result (v12: TTFT score 2.607 -> 2.130 on the 664 calibration rows outside the "
+    "fits, TPOT equal, but TTFT band coverage 90.5 % there, past the 10-point tolerance). Candidates: calibration.V12 "
+    "with its TTFT band's spread s in (1.0, 0.9, 0.8, 0.7) (BandMethod('backend', balanced=True, spread=s): the band's "
+    "distance from its pool's median x s; offsets, terms and TPOT unchanged, so their errors equal v12's), each "
+    "fitted on v11's prefix with the round-11 replays. Choice (round 6's BAND_RULE principle): the s whose nested "
+    "leave-one-model-out TTFT band coverage on that prefix is closest to the nominal 80 %, ties to the larger s. The "
+    "chosen candidate then faces ROUND11's adoption condition against replay-v11 on the 664 rows outside both fits "
+    "(--compare-refit replay-v11.json --band-tolerance 0.10); adopted: replay-v12.json becomes the default and the "
+    "held-out rows (unchanged replays) are re-reported once with it and its check recorded; otherwise v11 stays."
+)
 ROUND8_TPOT_RULE = (
     "round 8 (TPOT), fixed 2026-12-05 before any candidate was scored (numbers seen: the lead's brief's v6 TPOT "
     "numbers quoted above and the docs' earlier TPOT diagnosis); calibration split only. Rows: training P = the 465 "

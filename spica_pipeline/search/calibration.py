@@ -355,6 +355,10 @@ V11 = replace(V10_NO_MIX, name="v11")
 # round 11's candidate (bench_fidelity.ROUND11_BENCH_IS_SWEEP_RULE): the same method refitted once AIC's runners' rows
 # replay as a sweep replays a fixed-length workload (lengths spread 1/9)
 V12 = replace(V11, name="v12")
+# round 12's candidates (bench_fidelity.ROUND12_BAND_RULE): v12 with its TTFT band drawn closer to the pool median
+V12_BAND_90 = replace(V12, ttft_band=BandMethod("backend", balanced=True, spread=0.9))
+V12_BAND_80 = replace(V12, ttft_band=BandMethod("backend", balanced=True, spread=0.8))
+V12_BAND_70 = replace(V12, ttft_band=BandMethod("backend", balanced=True, spread=0.7))
 CHOSEN = V11
 METHOD = CHOSEN.describe()
 
