@@ -685,12 +685,18 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
                 " Round 8 (TTFT): the blend only where the attention was timed with the bf16 fallback data, by "
                 "leave-one-model-out on the 1,135 stored calibration rows (bench_fidelity.py --compare-round8-ttft, "
                 "bench/results/fidelity_calibration_round8_ttft.json, 2026-12-05): " + ROUND8_TTFT_RULE)
-        if fit_method.name.startswith(("v10", "v11")):
+        if fit_method.name.startswith(("v10", "v11", "v12")):
             profile["provenance"]["round10_choice"] = (
                 "the calibration rows outside the fit, against replay-v9.json (bench_fidelity.py --compare-refit "
                 "--band-tolerance 0.10, bench/results/round10/round10b_refit_V10*.json, 2026-12-05): "
                 + ROUND10_CLIENT_RULE)
-        if fit_method.name == "v11":
+        if fit_method.name == "v12":
+            profile["provenance"]["round12_choice"] = (
+                "AIC's runners' rows replayed as a sweep replays them (ROUND11_BENCH_IS_SWEEP_RULE), then the TTFT band "
+                "spread by nested leave-one-model-out coverage and the adoption test against replay-v11.json "
+                "(bench/results/round10/round11_refit_V12.json, round12_refit_V12_BAND_90.json, 2026-12-05): "
+                + ROUND11_BENCH_IS_SWEEP_RULE + " " + ROUND12_BAND_RULE)
+        if fit_method.name in ("v11", "v12"):
             profile["provenance"]["round10c_choice"] = (
                 "the calibration rows outside the fit, against replay-v10.json (bench_fidelity.py --compare-refit "
                 "--band-tolerance 0.10, bench/results/round10/round10c_refit_V11.json, 2026-12-05): "
