@@ -344,10 +344,10 @@ V9 = replace(V8, name="v9")
 # chosen when the InferenceMAX rows were replayed in lockstep, for clients drifting apart)
 V10 = replace(V9, name="v10")
 V10_NO_MIX = replace(V9, name="v10-no-mix", client_mix=(), decoupled=False)
-# replay-v10 (the default since round 10): V10_NO_MIX, the only qualifier (C1's TTFT score on the 664 calibration rows
+# replay-v10 (the default 17:01-17:15 UTC on 2026-12-05, round 10): V10_NO_MIX, the only qualifier (C1's TTFT score on the 664 calibration rows
 # outside the fit 2.470 against v9's 2.407; C2's 2.305, TPOT equal, bands 85 % / 87 %), fitted on 471 prefix rows
 # with the round-10 replays (bench/results/round10/round10b_refit_V10*.json, docs/fidelity.md "Round 10")
-# replay-v11 (the default since round 10c, bench_fidelity.ROUND10C_SWEEP_RULE): the same method refitted once AIC's
+# replay-v11 (the default 17:15-18:08 UTC, round 10c, bench_fidelity.ROUND10C_SWEEP_RULE): the same method refitted once AIC's
 # runners' rows replay with fixed lengths, as those runners sent them, and sweeps spread a fixed-length workload's
 # client replay like the rows the factors were fitted on (measurement.CLIENT_LENGTH_SPREAD); on the 664 calibration rows
 # outside both fits TTFT score 2.664 -> 2.630, TPOT equal (bench/results/round10/round10c_refit_V11.json)
@@ -361,7 +361,8 @@ V12_BAND_80 = replace(V12, ttft_band=BandMethod("backend", balanced=True, spread
 V12_BAND_70 = replace(V12, ttft_band=BandMethod("backend", balanced=True, spread=0.7))
 # replay-v12 (the default since round 12): V12_BAND_90, the spread whose nested leave-one-model-out TTFT band coverage on
 # the prefix was closest to 80 % (80.3 %; 1.0: 82.8 %, 0.8: 75.4 %, 0.7: 69.2 %); against v11 on the 664 calibration
-# rows outside both fits TTFT score 2.607 -> 2.130, TPOT equal, TTFT band 75 -> 88 % (round10/round12_refit_V12_BAND_90.json)
+# rows outside both fits TTFT score 2.607 -> 2.130, TPOT equal, TTFT band 75 -> 88 % (round10/round12_refit_V12_BAND_90.json);
+# worse than v11 on SGLang rows (calibration TTFT P90 81 -> 125 %), left for a round with a per-backend guard
 CHOSEN = V12_BAND_90
 METHOD = CHOSEN.describe()
 
