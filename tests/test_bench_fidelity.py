@@ -241,3 +241,20 @@ def test_round10_comparisons_refuse_held_out_rows():
         bf.compare_round10(rows, rows)
     with pytest.raises(SystemExit, match="calibration rows only"):
         bf.compare_refit(rows, {"rows_used": []}, {"rows_used": []}, band_tolerance=0.1)
+
+
+def test_fit_skip_leaves_a_clients_rows_out_of_the_fit(tmp_path):
+    """ROUND13_FIT_ROWS_RULE: --fit-skip CLIENT/BACKEND drops those rows from the profile's fit (stored records)."""
+    import bench_fidelity
+
+    stored = RESULTS / "round10" / "fidelity_round11_cal_aic.json"
+    profiles = {}
+    for skip in (None, "aic/sglang"):
+        out = tmp_path / f"p{skip is None}.json"
+        argv = ["--split", "calibration", "--from-json", str(stored), "--fit-calibration", str(out), "--json",
+                str(tmp_path / "r.json")] + (["--fit-skip", skip] if skip else [])
+        assert bench_fidelity.main(argv) == 0
+        profiles[skip] = json.loads(out.read_text())["rows_used"]
+    backend = {r["id"]: r["backend"] for r in json.loads(stored.read_text())["records"]}
+    assert any(backend[i] == "sglang" for i in profiles[None])
+    assert profiles["aic/sglang"] and not any(backend[i] == "sglang" for i in profiles["aic/sglang"])
