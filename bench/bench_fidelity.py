@@ -548,6 +548,18 @@ def print_report(name: str, rep: dict[str, Any]) -> None:
 # ---- main ----------------------------------------------------------------------------------------
 
 
+def records_by_id(paths: str, split: str | None = None) -> dict[str, dict[str, Any]]:
+    """The records of comma-separated result files joined by row id, the first file's wins; with `split`, only that
+    split's records are read (a file of both splits: its other rows stay unread)."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in paths.split(","):
+        if path:
+            for r in json.loads(Path(path).read_text())["records"]:
+                if split is None or r.get("split") == split:
+                    out.setdefault(r["id"], r)
+    return out
+
+
 def select(mapped: list, *, split: str, models: list[str] | None, systems: list[str] | None,
            quick: bool, max_rows: int | None, ids: list[str] | None = None, skip_rows: int = 0,
            max_concurrency: int | None = None, backends: list[str] | None = None,
@@ -589,11 +601,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
                    max_rows=args.max_rows, ids=ids, skip_rows=args.skip_rows, max_concurrency=args.max_concurrency,
                    backends=backends, clients=args.clients.split(",") if args.clients else None,
                    modes=args.modes.split(",") if args.modes else None)
-    earlier: dict[str, dict[str, Any]] = {}
-    for path in (args.sweep_from or "").split(","):  # --no-sweep: each row's sweep replay (and AIC) from these
-        if path:
-            for r in json.loads(Path(path).read_text())["records"]:
-                earlier.setdefault(r["id"], r)
+    earlier = records_by_id(args.sweep_from or "")  # --no-sweep: each row's sweep replay (and AIC) from these
     job = RowJob(args.cache_dir, args.request_ratio, not args.no_aic, args.stability, args.client,
                  args.client_gap_cycles, not args.no_sweep, args.build_only,
                  bool(args.fallback_scaling), args.gemm_per_tensor, not args.fixed_lengths)
@@ -627,10 +635,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         }
 
     if args.from_json:  # re-fit / re-apply a profile to the replays of earlier runs (no replay here)
-        previous: dict[str, dict[str, Any]] = {}
-        for path in args.from_json.split(","):  # several files: their records joined, the first wins
-            for r in json.loads(Path(path).read_text())["records"]:
-                previous.setdefault(r["id"], r)
+        previous = records_by_id(args.from_json)  # several files: their records joined, the first wins
         # in the selection's order, without the calibrated values of whatever profile the file had
         records.extend({k: v for k, v in previous[c.row.id].items() if k not in ("calibrated", "band")}
                        for c in cases if c.row.id in previous)
@@ -737,18 +742,12 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
     if args.diagnose:
         final["diagnosis"] = diagnose(fit_records(records))
     if args.compare_round7:
-        prefix_by_id: dict[str, dict[str, Any]] = {}
-        for path in args.compare_round7.split(","):
-            for r in json.loads(Path(path).read_text())["records"]:
-                prefix_by_id.setdefault(r["id"], r)
+        prefix_by_id = records_by_id(args.compare_round7)
         compare = compare_round7b if args.round7b else compare_round7
         final["round7b_comparison" if args.round7b else "round7_comparison"] = compare(
             fit_records(records), fit_records(list(prefix_by_id.values())))
     if args.compare_round8_ttft:
-        prefix8: dict[str, dict[str, Any]] = {}
-        for path in args.compare_round8_ttft.split(","):
-            for r in json.loads(Path(path).read_text())["records"]:
-                prefix8.setdefault(r["id"], r)
+        prefix8 = records_by_id(args.compare_round8_ttft)
         final["round8_ttft_comparison"] = compare_round8_ttft(fit_records(records), fit_records(list(prefix8.values())))
     if args.compare_refit:
         from spica_pipeline.resources.calibration import load_profile
@@ -756,10 +755,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         old_profile, _ = load_profile(args.compare_refit)
         final["refit_comparison"] = compare_refit(fit_records(records), old_profile, profile, args.band_tolerance)
     if args.compare_round8_tpot:
-        prefix8_tpot: dict[str, dict[str, Any]] = {}
-        for path in args.compare_round8_tpot.split(","):
-            for r in json.loads(Path(path).read_text())["records"]:
-                prefix8_tpot.setdefault(r["id"], r)
+        prefix8_tpot = records_by_id(args.compare_round8_tpot)
         final["round8_tpot_comparison"] = compare_round8_tpot(fit_records(records),
                                                               fit_records(list(prefix8_tpot.values())))
     if args.sglang_signature:
@@ -767,10 +763,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
     if args.fallback_effect:
         final["fallback_effect"] = fallback_effect(fit_records(records))
     if args.compare_v4_on:
-        reference: dict[str, dict[str, Any]] = {}
-        for path in args.compare_v4_on.split(","):
-            for r in json.loads(Path(path).read_text())["records"]:
-                reference.setdefault(r["id"], r)
+        reference = records_by_id(args.compare_v4_on)
         replayed = {r["id"] for r in records}
         final["v4_comparison"] = compare_v4_on(fit_records(records),
                                                fit_records([r for i, r in reference.items() if i in replayed]))
@@ -2208,13 +2201,13 @@ def compare_refit(records: list[dict[str, Any]], old: dict[str, Any], new: dict[
         rows = [copy.deepcopy(r) for r in unseen]
         apply_profile(rows, profile)
         out[name] = {"profile": profile.get("method_name"), "rows": len(rows)}
-        for phase, target in (("ttft", 0.2), ("tpot", 0.1)):
+        for phase in ("ttft", "tpot"):
             st = error_stats([(r["calibrated"][phase], r["silicon"][phase]) for r in rows])
-            out[name][phase] = {**st, "score": round(st["mdape"] / target + st["p90"] / 0.5, 4),
+            out[name][phase] = {**st, "score": _score(st, phase),
                                 "band_coverage": round(sum(r["band"][phase]["inside"] for r in rows) / len(rows), 4)}
             for backend in sorted({r["backend"] for r in rows}):  # ROUND13's per-backend guard reads these
                 bst = error_stats([(r["calibrated"][phase], r["silicon"][phase]) for r in rows if r["backend"] == backend])
-                out[name][phase][f"score_{backend}"] = round(bst["mdape"] / target + bst["p90"] / 0.5, 4)
+                out[name][phase][f"score_{backend}"] = _score(bst, phase)
     a, b = out["old"], out["new"]
     out["adopted"] = (b["ttft"]["score"] < a["ttft"]["score"] and b["tpot"]["score"] <= a["tpot"]["score"]
                       and all(abs(b[p]["band_coverage"] - 0.8) <= max(abs(a[p]["band_coverage"] - 0.8), band_tolerance)
@@ -2284,15 +2277,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare_round9:
         return round9_main(args.compare_round9, args.json)
     if args.compare_round10:
-        files: list[list[dict[str, Any]]] = []
-        for group in args.compare_round10.split(":"):  # BASE[,BASE]:NEW[,NEW], first file wins within a side
-            merged: dict[str, dict[str, Any]] = {}
-            for path in group.split(","):
-                for r in json.loads(Path(path).read_text())["records"]:
-                    if r.get("split") == "calibration":  # a file of both splits: its held-out rows are never read
-                        merged.setdefault(r["id"], r)
-            files.append(list(merged.values()))
-        result = compare_round10(files[0], files[1])
+        # BASE[,BASE]:NEW[,NEW], first file wins within a side; a file of both splits: its held-out rows never read
+        base, new = (list(records_by_id(group, "calibration").values()) for group in args.compare_round10.split(":"))
+        result = compare_round10(base, new)
         if args.json:
             write_json(args.json, result)
         return 0
