@@ -169,10 +169,12 @@ def run_branch(
     on_record: Callable[[TrialRecord], None] | None = None,
     on_round: Callable[[BranchOutcome], None] | None = None,
     deadline: float | None = None,
+    neighbourhood: bool = True,
 ) -> BranchOutcome:
     """One branch study: exhaustive enumeration, or a Vizier study opened here. With `backend` (an
     EvaluationBackend) dispatch is asynchronous; with only `evaluate_wave`, in rounds of waves.
-    `deadline` (time.monotonic seconds): no new trial starts after it."""
+    `deadline` (time.monotonic seconds): no new trial starts after it. `neighbourhood=False`: the
+    Vizier study alone, without this product's neighbourhood designer (the benchmarks' stock baseline)."""
     mode = plan.branch.deployment_mode
     points: Iterable[Proposal] | None = None
     if plan.exhaustive:
@@ -182,7 +184,8 @@ def run_branch(
         seed = branch_seed(config, mode)
         study = vizier.open_study(plan.encoding, study_metrics(config.goal), seed=seed,
                                   algorithm=config.sweep.algorithm)
-        sampler = StudySampler(study, plan.encoding, local_designer(config, plan.encoding, seed))
+        local = local_designer(config, plan.encoding, seed) if neighbourhood else None
+        sampler = StudySampler(study, plan.encoding, local)
     build = candidate_builder(config, load_predictor, evaluation_context(config, load_predictor))
     return run_branch_study(
         mode, sampler, build, evaluate_wave, scorer(config.goal), study_settings(config, deadline),

@@ -58,3 +58,26 @@ def test_a_time_budget_stop_writes_a_valid_anytime_result(tmp_path):
     assert disagg.mode == "exhaustive"  # 3 points <= the default budget of 20 rounds
     assert (tmp_path / "candidates.csv").read_text().count("\n") >= 2
     assert (tmp_path / "ledger.parquet").exists() and (tmp_path / "report.md").exists()
+
+
+@pytest.mark.parametrize("neighbourhood", [True, False])
+def test_the_stock_baseline_study_runs_without_the_neighbourhood_designer(monkeypatch, neighbourhood):
+    """bench_time_to_quality's Spica-style baseline (`neighbourhood=False`) is the Vizier study alone:
+    no seed batch or look-alike goes to this product's neighbourhood designer (SPICA_BASELINE_RULE)."""
+    import spica_pipeline.sweep as sweep
+    from spica_pipeline.search.branch_plan import plan_branch
+
+    data = {**CONFIG, "search_space": {**CONFIG["search_space"], "deployment_mode": ["agg"],
+                                       "agg_max_num_seqs": [256, 512, 1024],
+                                       "agg_max_num_batched_tokens": [8192, 16384, 32768]},
+            "sweep": {**CONFIG["sweep"], "algorithm": "DEFAULT"}}
+    config = SmartSearchConfig.from_dict(data)
+    prepared = sweep.prepare(config)
+    plan = plan_branch(prepared.branches[0], config)
+    assert not plan.exhaustive
+    seen = []
+    monkeypatch.setattr(sweep, "run_branch_study", lambda mode, sampler, *a, **k: seen.append(sampler))
+    sweep.run_branch(plan, config, prepared.load_predictor, evaluate_wave=lambda requests: [],
+                     vizier=VizierClient(), neighbourhood=neighbourhood)
+    (sampler,) = seen
+    assert (sampler.local is not None) is neighbourhood and sampler.study is not None
