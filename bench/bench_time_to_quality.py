@@ -122,6 +122,11 @@ before. Ours, random and quasi-random do not change (the model-free designers ne
 Rerun: Spica-style only, all five spaces, seeds 0-4, --max-wall-s 60, merged into time_to_quality.json; the
 target (ours' median wall to 99 % <= 0.5x Spica-style's, capped runs counted at their wall as lower bounds) is
 read from that run and reported whatever it says."""
+HOLDOUT_600_RULE = """Held-out seeds 600-604 (written 2026-12-05 19:17 UTC; no run has used them). Once, after
+SPICA_BASELINE_RULE's rerun, on main's designer (unchanged since round I) and the replay-v12 truths: all five spaces,
+--first-seed 600 --seeds 5 --workers 2; ours, RANDOM_SEARCH and QUASI_RANDOM_SEARCH with --max-wall-s 120 --no-warm-up,
+then Spica-style with --max-wall-s 60 (--merge), --out bench/results/time_to_quality_holdout600.json. Reported as
+measured against issue 15's targets; not used to choose anything."""
 
 
 class CachedReplayBackend(EvaluationBackend):
