@@ -322,6 +322,13 @@ def test_describe_candidate_in_words():
     text = describe_candidate(c, "e2e_latency", with_value=False)
     assert text.startswith("disagg, vllm 0.24.0, prefill 1 x TP8+EP8 + decode 2 x DP8+EP8 (24 GPUs)")
     assert "kv_router (overlap_score_credit=1.0)" in text and text.endswith("planner throughput_180_5")
+    # picks that differ only in one role's batched tokens do not read alike
+    knobs = {"prefill_max_num_seqs": 16, "decode_max_num_seqs": 512, "decode_max_num_batched_tokens": 8192}
+    lines = {describe_candidate(Candidate.from_report({**moe, **knobs, "prefill_max_num_batched_tokens": t}, report,
+                                                      "e2e_latency", branch="disagg"), "e2e_latency", with_value=False)
+             for t in (8192, 32768)}
+    assert len(lines) == 2 and any("prefill max_num_seqs 16, prefill max_num_batched_tokens 32768, decode max_num_seqs "
+                                   "512, decode max_num_batched_tokens 8192" in line for line in lines)
 
 
 def test_merge_for_config_reads_goal_and_budget(tmp_path):

@@ -138,14 +138,11 @@ def describe_candidate(
     mode = cfg.get("deployment_mode", c.branch or "?")
     backend = " ".join(str(x) for x in (cfg.get("backend"), cfg.get("backend_version")) if x)
     parts = [str(mode), backend or "?", describe_shape({**cfg, "used_gpus": c.used_gpus})]
-    if mode == "disagg":
-        for role in ("prefill", "decode"):
-            if f"{role}_max_num_seqs" in cfg:
-                parts.append(f"{role} max_num_seqs {cfg[f'{role}_max_num_seqs']}")
-    elif "agg_max_num_seqs" in cfg:
-        parts.append(f"max_num_seqs {cfg['agg_max_num_seqs']}")
-        if "agg_max_num_batched_tokens" in cfg:
-            parts.append(f"max_num_batched_tokens {cfg['agg_max_num_batched_tokens']}")
+    # both batching knobs of every role: two picks that differ only in one must not read alike
+    for role, label in (("prefill", "prefill "), ("decode", "decode ")) if mode == "disagg" else (("agg", ""),):
+        for knob in ("max_num_seqs", "max_num_batched_tokens"):
+            if f"{role}_{knob}" in cfg:
+                parts.append(f"{label}{knob} {cfg[f'{role}_{knob}']}")
     precision = precision_of(cfg)
     if precision:
         parts.append("precision " + " ".join(f"{k}={v}" for k, v in precision.items()))
