@@ -269,10 +269,10 @@ def run_one(name: str, config, prepared, evaluator, algorithm: str, seed: int, o
     # running finishes): a capped run that did not reach a level counts its wall time, a lower bound
     deadline = None if max_wall_s is None else time.monotonic() + max_wall_s
     try:
-        if algorithm == "spica":
+        if algorithm == "spica":  # the Vizier study alone (SPICA_BASELINE_RULE)
             outcome = run_branch(plan, cfg, prepared.load_predictor, evaluate_wave=backend.evaluate_wave,
                                  vizier=vizier_for(algorithm), journal=MemoryJournal(), counter=TrialCounter(),
-                                 on_record=on_record, deadline=deadline, neighbourhood=False)  # SPICA_BASELINE_RULE
+                                 on_record=on_record, deadline=deadline, neighbourhood=False)
         else:
             outcome = run_branch(plan, cfg, prepared.load_predictor, evaluate_wave=None, backend=backend,
                                  vizier=vizier_for(algorithm), journal=MemoryJournal(), counter=TrialCounter(),
