@@ -227,8 +227,11 @@ def run_algorithm(config: SmartSearchConfig, prepared: Any, evaluator: CachingEv
         print(f"    {algorithm} seed {seed} round {result.rounds}: {len(result.records)} trials, "
               f"optimizer {result.optimizer_seconds:.1f}s, {time.perf_counter() - started:.0f}s", flush=True)
 
+    # the product's neighbourhood designer serves the default only: a baseline algorithm runs alone
+    # (bench_time_to_quality.SPICA_BASELINE_RULE; this file's results predate that designer, 2026-12-02)
     outcome = run_branch(plan, cfg, prepared.load_predictor, evaluate_wave=evaluator.evaluate_wave, vizier=vizier,
-                         journal=MemoryJournal(), counter=TrialCounter(), on_round=on_round)
+                         journal=MemoryJournal(), counter=TrialCounter(), on_round=on_round,
+                         neighbourhood=algorithm == "DEFAULT")
     wall = time.perf_counter() - started
     records = outcome.records
     series = incumbent_series(records, config)
