@@ -139,7 +139,8 @@ def describe_candidate(
     backend = " ".join(str(x) for x in (cfg.get("backend"), cfg.get("backend_version")) if x)
     parts = [str(mode), backend or "?", describe_shape({**cfg, "used_gpus": c.used_gpus})]
     # both batching knobs of every role: two picks that differ only in one must not read alike
-    for role, label in (("prefill", "prefill "), ("decode", "decode ")) if mode == "disagg" else (("agg", ""),):
+    labels = {"prefill": "prefill ", "decode": "decode "} if mode == "disagg" else {"agg": ""}
+    for role, label in labels.items():
         for knob in ("max_num_seqs", "max_num_batched_tokens"):
             if f"{role}_{knob}" in cfg:
                 parts.append(f"{label}{knob} {cfg[f'{role}_{knob}']}")
