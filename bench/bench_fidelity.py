@@ -425,18 +425,28 @@ def band_coverage(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     return out or None
 
 
+def record_client_lengths(rec: dict[str, Any]) -> str:
+    """How a record's benchmark-client replay drew lengths (calibration.CLIENT_LENGTHS): 'spread' when it
+    recorded a spread (InferenceMAX's rows, AIC's runners' rows as a sweep replays them), else 'fixed'."""
+    lengths = rec.get("replayed_lengths") or {}
+    return "spread" if lengths.get("isl_jitter") or lengths.get("osl_jitter") else "fixed"
+
+
 def apply_profile(records: list[dict[str, Any]], profile: dict[str, Any]) -> None:
-    """Add calibrated values and the band check to every replayed record (in place)."""
+    """Add calibrated values and the band check to every replayed record (in place); a record replayed with
+    fixed lengths takes the profile's fixed-length factors where it has them, as a sweep of a fixed-length
+    client does (ROUND14_CLIENT_PROFILES_RULE)."""
     from spica_pipeline.search import calibration
 
     for rec in records:
         raw = rec.get("sweep") or {}
         if not raw.get("ttft") or not raw.get("tpot"):
             continue
+        factors = calibration.for_client(profile, record_client_lengths(rec)) or profile
         # a sweep with a client-basis profile runs the benchmark-client replay: here that is "ours"
         client = rec.get("ours") if rec.get("window_rule") == "benchmark_client" else None
         cal = calibration.calibrate({"mean_ttft_ms": raw["ttft"], "mean_tpot_ms": raw["tpot"]},
-                                    profile, system=rec["system"], backend=rec["backend"],
+                                    factors, system=rec["system"], backend=rec["backend"],
                                     concurrency={p: calibration.engine_concurrency(rec, p) for p in ("ttft", "tpot")},
                                     isl=rec.get("isl"), osl=rec.get("osl"), client=client,
                                     prefill_passes=calibration.record_passes(rec),
@@ -715,6 +725,17 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             profile["provenance"]["tpot_choice"] = (
                 "leave-one-model-out on the calibration split only (bench_fidelity.py --compare-round8-tpot, "
                 "bench/results/fidelity_calibration_round8_tpot.json, 2026-12-05): " + ROUND8_TPOT_RULE)
+        if args.fixed_lengths_profile:  # ROUND14_CLIENT_PROFILES_RULE: the factors for fixed-length clients beside
+            from spica_pipeline.resources.calibration import load_profile
+
+            fixed, _ = load_profile(args.fixed_lengths_profile)
+            profile[calibration.FIXED_LENGTHS] = fixed
+            profile["provenance"]["fixed_lengths"] = (
+                f"{args.fixed_lengths_profile}: the same method fitted on the prefix rows of AIC's runners replayed with "
+                "fixed lengths (--clients aic --fixed-lengths), applied to a workload with evaluation.client_lengths: "
+                "fixed; chosen against replay-v12.json on the calibration rows outside both fits: "
+                + ROUND14_CLIENT_PROFILES_RULE)
+            calibration.validate(profile)
         write_json(args.fit_calibration, profile)
         print(f"wrote calibration profile {args.fit_calibration} ({len(profile['rows_used'])} calibration rows)")
         lomo = leave_one_model_out(cal_records, fit_method)
@@ -753,7 +774,10 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         from spica_pipeline.resources.calibration import load_profile
 
         old_profile, _ = load_profile(args.compare_refit)
-        final["refit_comparison"] = compare_refit(fit_records(records), old_profile, profile, args.band_tolerance)
+        old_records = (fit_records(list(records_by_id(args.refit_reference_from_json, "calibration").values()))
+                       if args.refit_reference_from_json else None)
+        final["refit_comparison"] = compare_refit(fit_records(records), old_profile, profile, args.band_tolerance,
+                                                  old_records=old_records)
     if args.compare_round8_tpot:
         prefix8_tpot = records_by_id(args.compare_round8_tpot)
         final["round8_tpot_comparison"] = compare_round8_tpot(fit_records(records),
@@ -2155,6 +2179,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--compare-refit", metavar="OLD_PROFILE",
                     help="ROUND9C_REFIT_RULE: this run's --calibration profile against OLD_PROFILE on the calibration "
                          "rows neither was fitted on")
+    ap.add_argument("--fixed-lengths-profile", metavar="PATH",
+                    help="with --fit-calibration: embed this profile as the factors for fixed-length benchmark clients "
+                         "(calibration.FIXED_LENGTHS, ROUND14_CLIENT_PROFILES_RULE)")
+    ap.add_argument("--refit-reference-from-json", metavar="PATHS",
+                    help="with --compare-refit: the reference profile is scored on these records (first file wins) "
+                         "instead of this run's (ROUND14: the spread replays a sweep runs today)")
     ap.add_argument("--fit-skip", metavar="CLIENT/BACKEND[,...]",
                     help="with --fit-calibration: leave the rows of these benchmark clients (silicon.benchmark_client) on "
                          "these backends ('*' = all) out of the fit, e.g. aic/sglang (ROUND13_FIT_ROWS_RULE)")
@@ -2211,19 +2241,24 @@ def compare_round9(base: list[dict[str, Any]], cand: list[dict[str, Any]], *, ro
 
 
 def compare_refit(records: list[dict[str, Any]], old: dict[str, Any], new: dict[str, Any],
-                  band_tolerance: float = 0.0) -> dict[str, Any]:
+                  band_tolerance: float = 0.0, old_records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """ROUND9C_REFIT_RULE (and ROUND10_CLIENT_RULE (b)): two profiles on the calibration rows neither was fitted on:
     calibrated MdAPE / P90 / bias, the score (MdAPE / target + P90 / 50 %) and band coverage per phase; `new` adopted
     iff its TTFT score is lower, its TPOT score not higher and each band coverage no farther from 80 % than `old`'s
-    or within `band_tolerance` of it."""
+    or within `band_tolerance` of it. `old_records`: the replays `old` is applied to, when they differ from the new
+    profile's (ROUND14: the reference on the spread replays a sweep runs today); both sides score the same row ids."""
     import copy
 
-    _calibration_rows_only(records, "--compare-refit")
-    fitted = set(old["rows_used"]) | set(new["rows_used"])
-    unseen = [r for r in records if r.get("status") == "feasible" and r["id"] not in fitted]
+    from spica_pipeline.search.calibration import FIXED_LENGTHS
+
+    old_records = records if old_records is None else old_records
+    _calibration_rows_only([*records, *old_records], "--compare-refit")
+    fitted = {i for p in (old, new, new.get(FIXED_LENGTHS) or {}) for i in p.get("rows_used", ())}
+    feasible = ({r["id"] for r in records if r.get("status") == "feasible"}
+                & {r["id"] for r in old_records if r.get("status") == "feasible"}) - fitted
     out: dict[str, Any] = {}
-    for name, profile in (("old", old), ("new", new)):
-        rows = [copy.deepcopy(r) for r in unseen]
+    for name, profile, side in (("old", old, old_records), ("new", new, records)):
+        rows = [copy.deepcopy(r) for r in side if r["id"] in feasible]
         apply_profile(rows, profile)
         out[name] = {"profile": profile.get("method_name"), "rows": len(rows)}
         for phase in ("ttft", "tpot"):
@@ -2237,6 +2272,14 @@ def compare_refit(records: list[dict[str, Any]], old: dict[str, Any], new: dict[
     out["adopted"] = (b["ttft"]["score"] < a["ttft"]["score"] and b["tpot"]["score"] <= a["tpot"]["score"]
                       and all(abs(b[p]["band_coverage"] - 0.8) <= max(abs(a[p]["band_coverage"] - 0.8), band_tolerance)
                               for p in ("ttft", "tpot")))
+    bands_ok = all(abs(b[p]["band_coverage"] - 0.8) <= max(abs(a[p]["band_coverage"] - 0.8), band_tolerance)
+                   for p in ("ttft", "tpot"))
+    out["round13_conditions"] = {  # ROUND13_FIT_ROWS_RULE (1)-(4), which ROUND14_CLIENT_PROFILES_RULE reuses
+        "pooled_ttft_not_higher": b["ttft"]["score"] <= a["ttft"]["score"],
+        "sglang_ttft_lower": b["ttft"].get("score_sglang", 0) < a["ttft"].get("score_sglang", 0),
+        "vllm_ttft_within_0.05": b["ttft"].get("score_vllm", 0) <= a["ttft"].get("score_vllm", 0) + 0.05,
+        "tpot_not_higher": b["tpot"]["score"] <= a["tpot"]["score"], "bands": bands_ok}
+    out["round13_qualifies"] = all(out["round13_conditions"].values())
     print(f"refit comparison on {a['rows']} rows outside both fits: TTFT score {a['ttft']['score']} -> "
           f"{b['ttft']['score']}, TPOT {a['tpot']['score']} -> {b['tpot']['score']}, adopted {out['adopted']}")
     return out

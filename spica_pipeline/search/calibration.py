@@ -58,6 +58,11 @@ FEATURES = (LOAD, "log2_isl", "log2_osl")
 # the silicon rows (every client at t=0, CLIENT_REQUEST_RATIO x c requests, every request counted;
 # search/measurement.py). A sweep runs the client replay only when its profile has a client phase.
 REPLAYS = ("sweep", "client")
+# round 14 (bench_fidelity.ROUND14_CLIENT_PROFILES_RULE): what a workload's benchmark client sends, 'spread' (lengths
+# that vary, as InferenceMAX's client draws them; the default) or 'fixed' (exactly the workload's ISL and OSL, as
+# AIC's own runners send them); a profile's FIXED_LENGTHS entry holds the factors fitted on the fixed-length rows
+CLIENT_LENGTHS = ("spread", "fixed")
+FIXED_LENGTHS = "fixed_lengths"
 # the prefill chunk budget a ClientMix gate counts passes in when the candidate does not say (the replay's
 # max_num_batched_tokens in every bench row, bench_fidelity.MNBT)
 CHUNK_TOKENS = 8192
@@ -873,6 +878,14 @@ def validate(profile: Any) -> dict[str, Any]:
                     or not isinstance(bm.get("balanced"), bool) or not _number(bm.get("spread")) or bm["spread"] <= 0:
                 raise ProfileError(f"band_method.{phase} must be {{level: one of {list(BAND_LEVELS)}, balanced: "
                                    f"true|false, spread > 0}}, got {bm!r}")
+    fixed = profile.get(FIXED_LENGTHS)
+    if fixed is not None:  # round 14: the factors for a benchmark client that sends fixed lengths
+        if not isinstance(fixed, dict) or FIXED_LENGTHS in fixed:
+            raise ProfileError(f"{FIXED_LENGTHS} must be a profile without a {FIXED_LENGTHS} of its own")
+        try:
+            validate(fixed)
+        except ProfileError as exc:
+            raise ProfileError(f"{FIXED_LENGTHS}: {exc}") from None
     if needs_client(profile):
         fallback = profile.get("sweep_fallback")
         if not isinstance(fallback, dict):
@@ -897,6 +910,15 @@ def validate(profile: Any) -> dict[str, Any]:
                     or not _number(t.get("centre")) or not _number(t.get("anchor", 0.0)):
                 raise ProfileError(f"terms.{phase}[{i}] must be {{feature: one of {list(FEATURES)}, coefficient, "
                                    f"centre}}, got {t!r}")
+    return profile
+
+
+def for_client(profile: Mapping[str, Any], client_lengths: str | None) -> Mapping[str, Any] | None:
+    """The factors for a workload whose benchmark client sends `client_lengths` (CLIENT_LENGTHS): a
+    'fixed' client's replay keeps its clients in lockstep, another quantity than the spread replay the
+    main factors correct, so it takes the profile's FIXED_LENGTHS sub-profile (None: the profile has none)."""
+    if client_lengths == "fixed":
+        return profile.get(FIXED_LENGTHS)
     return profile
 
 
