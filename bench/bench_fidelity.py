@@ -227,8 +227,6 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
         rec["recorded_shape"] = {k: vars(r.role(k)) for k in case.roles}
     started = time.perf_counter()
     context: dict[str, Any] = {"closed_loop_client": client}
-    if not client_lengths:  # every row fixed (an A/B); AIC's runners' rows replay as a sweep replays them (ROUND11)
-        context["client_lengths"] = "fixed"
     if client_gap_cycles is not None:
         context["client_gap_cycles"] = client_gap_cycles
     fraction = 0.9
@@ -237,7 +235,8 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
         req = EvalRequest(c.sample(version, max_num_batched_tokens=MNBT, memory_fraction=memory_fraction),
                           c.workload(request_ratio, client_lengths=client_lengths), GOAL, context)
         if client == "together" and client_gap_cycles is None:  # exactly the replay a sweep runs for calibration
-            req = benchmark_client_request(req, request_ratio)
+            # --fixed-lengths: every row fixed; else AIC's runners' rows replay as a sweep replays them (ROUND11)
+            req = benchmark_client_request(req, request_ratio, fixed_lengths=not client_lengths)
         return req
 
     out = evaluator.evaluate(client_request(case))
@@ -442,7 +441,7 @@ def apply_profile(records: list[dict[str, Any]], profile: dict[str, Any]) -> Non
         raw = rec.get("sweep") or {}
         if not raw.get("ttft") or not raw.get("tpot"):
             continue
-        factors = calibration.for_client(profile, record_client_lengths(rec)) or profile
+        factors = calibration.for_client(profile, record_client_lengths(rec), rec["backend"])
         # a sweep with a client-basis profile runs the benchmark-client replay: here that is "ours"
         client = rec.get("ours") if rec.get("window_rule") == "benchmark_client" else None
         cal = calibration.calibrate({"mean_ttft_ms": raw["ttft"], "mean_tpot_ms": raw["tpot"]},
@@ -705,18 +704,18 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
                 " Round 8 (TTFT): the blend only where the attention was timed with the bf16 fallback data, by "
                 "leave-one-model-out on the 1,135 stored calibration rows (bench_fidelity.py --compare-round8-ttft, "
                 "bench/results/fidelity_calibration_round8_ttft.json, 2026-12-05): " + ROUND8_TTFT_RULE)
-        if fit_method.name.startswith(("v10", "v11", "v12")):
+        if fit_method.name.startswith(("v10", "v11", "v12", "v13")):
             profile["provenance"]["round10_choice"] = (
                 "the calibration rows outside the fit, against replay-v9.json (bench_fidelity.py --compare-refit "
                 "--band-tolerance 0.10, bench/results/round10/round10b_refit_V10*.json, 2026-12-05): "
                 + ROUND10_CLIENT_RULE)
-        if fit_method.name == "v12":
+        if fit_method.name in ("v12", "v13"):
             profile["provenance"]["round12_choice"] = (
                 "AIC's runners' rows replayed as a sweep replays them (ROUND11_BENCH_IS_SWEEP_RULE), then the TTFT band "
                 "spread by nested leave-one-model-out coverage and the adoption test against replay-v11.json "
                 "(bench/results/round10/round11_refit_V12.json, round12_refit_V12_BAND_90.json, 2026-12-05): "
                 + ROUND11_BENCH_IS_SWEEP_RULE + " " + ROUND12_BAND_RULE)
-        if fit_method.name in ("v11", "v12"):
+        if fit_method.name in ("v11", "v12", "v13"):
             profile["provenance"]["round10c_choice"] = (
                 "the calibration rows outside the fit, against replay-v10.json (bench_fidelity.py --compare-refit "
                 "--band-tolerance 0.10, bench/results/round10/round10c_refit_V11.json, 2026-12-05): "
@@ -732,9 +731,15 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             profile[calibration.FIXED_LENGTHS] = fixed
             profile["provenance"]["fixed_lengths"] = (
                 f"{args.fixed_lengths_profile}: the same method fitted on the prefix rows of AIC's runners replayed with "
-                "fixed lengths (--clients aic --fixed-lengths), applied to a workload with evaluation.client_lengths: "
-                "fixed; chosen against replay-v12.json on the calibration rows outside both fits: "
-                + ROUND14_CLIENT_PROFILES_RULE)
+                f"fixed lengths (--clients aic --fixed-lengths), backends {sorted(calibration.fixed_length_backends(profile))}"
+                ", applied to a workload with evaluation.client_lengths: fixed on those backends")
+        if fit_method.name == "v13":
+            profile["provenance"]["round15_choice"] = (
+                "the main factors without AIC's SGLang runner's rows (--fit-skip aic/sglang) and the fixed-length factors "
+                "beside them, against replay-v12.json on the calibration rows outside the fits (bench_fidelity.py "
+                "--compare-refit --refit-reference-from-json --band-tolerance 0.10, "
+                "bench/results/round14/round15_refit_P15.json, 2026-12-05; round 14's per-client candidate did not "
+                "qualify, round14_refit_P14.json): " + ROUND15_LOCKSTEP_RULE)
             calibration.validate(profile)
         write_json(args.fit_calibration, profile)
         print(f"wrote calibration profile {args.fit_calibration} ({len(profile['rows_used'])} calibration rows)")

@@ -152,6 +152,15 @@ def evaluation_context(config: SmartSearchConfig, load_predictor: "LoadPredictor
     profile, digest = load_profile(config.evaluation.calibration)  # ConfigError (exit 2) names a bad file
     if profile is not None:  # the setting, not an absolute path: the hash stays the same across machines
         context["calibration"] = {"setting": config.evaluation.calibration, "sha256": digest}
+    if config.evaluation.client_lengths == "fixed":  # only then: every other sweep keeps its spec hashes
+        from spica_pipeline.errors import ConfigError
+        from spica_pipeline.search.calibration import FIXED_LENGTHS, fixed_length_backends
+
+        if profile is None or not fixed_length_backends(profile):
+            raise ConfigError(f"evaluation.client_lengths: 'fixed' needs a calibration profile with {FIXED_LENGTHS} "
+                              f"factors (replay-v13 or later, calibration: auto); {config.evaluation.calibration!r} "
+                              "has none")
+        context["client_lengths"] = "fixed"
     return context
 
 

@@ -1,5 +1,7 @@
 """`evaluation:`: how replayed numbers are reported (calibration profile, issue 14 item 4)."""
 
+from typing import Literal
+
 from pydantic import field_validator
 
 from spica_pipeline.config.types import StrictModel
@@ -10,9 +12,17 @@ class EvaluationSettings(StrictModel):
 
     The ledger and report always carry the raw replayed metrics; with a profile they also carry
     `calibrated_*` values and P10-P90 bands beside them.
+
+    client_lengths: what the benchmark client whose numbers you want sends. `spread` (default):
+    lengths that vary around the workload's ISL/OSL, like real traffic and InferenceMAX's client.
+    `fixed`: exactly the workload's ISL and OSL every time (genai-perf or AIC's runners with fixed
+    lengths); on SGLang such clients stay in lockstep, and the profile's fixed-length factors
+    correct a lockstep replay (docs/fidelity.md, round 15). Needs a synthetic workload without
+    its own jitter and a profile with those factors.
     """
 
     calibration: str = "auto"
+    client_lengths: Literal["spread", "fixed"] = "spread"
 
     @field_validator("calibration")
     @classmethod

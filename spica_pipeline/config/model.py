@@ -63,6 +63,12 @@ class SmartSearchConfig(StrictModel):
                 f"continuous range {self.workload.kv_load_ratio} (a synthetic pareto goal without a load "
                 "field defaults to [0.0, 1.0]); use one scalar kv_load_ratio or policy 'rapid'"
             )
+        if self.evaluation.client_lengths == "fixed" and (
+                self.workload.is_trace or self.workload.has_jitter or self.workload.turns_per_session > 1):
+            raise ValueError(
+                "evaluation.client_lengths 'fixed' describes a benchmark client that sends exactly the workload's "
+                "isl and osl: it needs a synthetic workload without isl_jitter/osl_jitter and with turns_per_session 1"
+            )
         return self
 
     @classmethod

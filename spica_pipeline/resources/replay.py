@@ -227,9 +227,12 @@ class ReplayEvaluator(dg.ConfigurableResource, Evaluator):
         from spica_pipeline.search import calibration
 
         profile, _ = load_profile(setting["setting"])
-        if profile is None or not calibration.needs_client(profile, request.sample.get("backend")):
+        backend = request.sample.get("backend")
+        if profile is None or not calibration.needs_client(profile, backend):
             return None
-        client_request = measurement.benchmark_client_request(request)
+        # a fixed-length client is replayed with fixed lengths where the profile has factors for that replay
+        fixed = calibration.for_client(profile, (request.context or {}).get("client_lengths"), backend) is not profile
+        client_request = measurement.benchmark_client_request(request, fixed_lengths=fixed)
         derived: dict[str, Any] = {}
         started = time.perf_counter()
         try:
@@ -290,6 +293,7 @@ def _calibrate(report: dict[str, Any], request: EvalRequest, derived: dict[str, 
     if profile is None:  # the sweep records only a setting that names a profile
         return
     sample = request.sample
+    profile = calibration.for_client(profile, (request.context or {}).get("client_lengths"), sample.get("backend"))
     concurrency = derived.get("concurrency") or sample.get("concurrency")
     closed_loop = concurrency is not None
     if concurrency is None and report.get("request_throughput_rps") and report.get("mean_e2e_latency_ms"):

@@ -368,7 +368,13 @@ V12_BAND_70 = replace(V12, ttft_band=BandMethod("backend", balanced=True, spread
 # the prefix was closest to 80 % (80.3 %; 1.0: 82.8 %, 0.8: 75.4 %, 0.7: 69.2 %); against v11 on the 664 calibration
 # rows outside both fits TTFT score 2.607 -> 2.130, TPOT equal, TTFT band 75 -> 88 % (round10/round12_refit_V12_BAND_90.json);
 # worse than v11 on SGLang rows (calibration TTFT P90 81 -> 125 %), left for a round with a per-backend guard
-CHOSEN = V12_BAND_90
+# replay-v13 (the default since round 15, bench_fidelity.ROUND15_LOCKSTEP_RULE): the same method, its main factors fitted
+# without the rows of AIC's SGLang runner (a lockstep client the spread replay does not model) and its FIXED_LENGTHS
+# factors on those rows replayed with fixed lengths, for a workload with evaluation.client_lengths: fixed on SGLang;
+# against v12 on the 664 calibration rows outside the fits TTFT score 2.130 -> 1.909 (SGLang 4.310 -> 3.192, vLLM
+# 1.564 -> 1.457), TPOT 2.265 -> 2.133 (bench/results/round14/round15_refit_P15.json)
+V13 = replace(V12_BAND_90, name="v13")
+CHOSEN = V13
 METHOD = CHOSEN.describe()
 
 # report key -> (phase, exponent): calibrated = raw x factor**exponent
@@ -913,12 +919,19 @@ def validate(profile: Any) -> dict[str, Any]:
     return profile
 
 
-def for_client(profile: Mapping[str, Any], client_lengths: str | None) -> Mapping[str, Any] | None:
-    """The factors for a workload whose benchmark client sends `client_lengths` (CLIENT_LENGTHS): a
-    'fixed' client's replay keeps its clients in lockstep, another quantity than the spread replay the
-    main factors correct, so it takes the profile's FIXED_LENGTHS sub-profile (None: the profile has none)."""
-    if client_lengths == "fixed":
-        return profile.get(FIXED_LENGTHS)
+def fixed_length_backends(profile: Mapping[str, Any]) -> frozenset[str]:
+    """The backends a profile has fixed-length factors for: those its FIXED_LENGTHS entry was fitted on."""
+    fixed = profile.get(FIXED_LENGTHS) or {}
+    return frozenset(key.split("/", 1)[0] for key in fixed.get("backend", {}))
+
+
+def for_client(profile: Mapping[str, Any], client_lengths: str | None, backend: str | None) -> Mapping[str, Any]:
+    """The factors for a workload whose benchmark client sends `client_lengths` (CLIENT_LENGTHS) on `backend`: a
+    'fixed' client replayed in lockstep is another quantity than the spread replay the main factors correct, so it
+    takes the FIXED_LENGTHS sub-profile where that was fitted on the backend's rows (round 15: SGLang, whose
+    fixed-length clients stay in lockstep); elsewhere the main factors on the spread replay."""
+    if client_lengths == "fixed" and backend in fixed_length_backends(profile):
+        return profile[FIXED_LENGTHS]
     return profile
 
 

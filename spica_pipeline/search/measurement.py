@@ -60,17 +60,18 @@ CLIENT_REQUEST_RATIO = 10.0
 CLIENT_LENGTH_SPREAD = 1 / 9
 
 
-def benchmark_client_request(request: Any, request_ratio: float = CLIENT_REQUEST_RATIO) -> Any:
+def benchmark_client_request(request: Any, request_ratio: float = CLIENT_REQUEST_RATIO, *,
+                             fixed_lengths: bool = False) -> Any:
     """`request` (an EvalRequest) as the benchmark client replays it: every client at t=0,
     `request_ratio` x c requests, every request counted, no calibration of its own (the same
-    replay bench/bench_fidelity.py records as "ours")."""
+    replay bench/bench_fidelity.py records as "ours"). `fixed_lengths`: a client that sends exactly the
+    workload's ISL and OSL (search/calibration.for_client says when a sweep's client is replayed so)."""
     from dataclasses import replace
 
     context = {k: v for k, v in (request.context or {}).items() if k not in ("calibration", "client_lengths")}
     workload = {**request.workload, "num_request_ratio": request_ratio}
-    fixed = (request.context or {}).get("client_lengths") == "fixed"  # a client that sent fixed lengths (the bench)
     own = workload.get("isl_jitter") or workload.get("osl_jitter") or int(workload.get("turns_per_session") or 1) > 1
-    if not fixed and not own and CLIENT_LENGTH_SPREAD:
+    if not fixed_lengths and not own and CLIENT_LENGTH_SPREAD:
         workload["isl_jitter"] = workload["osl_jitter"] = CLIENT_LENGTH_SPREAD
     return replace(request, workload=workload, context={**context, "closed_loop_client": "together"})
 
