@@ -492,7 +492,9 @@ def goal_summary(config: SmartSearchConfig) -> dict[str, Any]:
 
 
 def workload_summary(config: SmartSearchConfig) -> dict[str, Any]:
-    return {"shape": config.workload.shape, **config.workload.model_dump(mode="json", exclude_none=True)}
+    """The workload as the report states it, with the benchmark client's lengths when they are not the default."""
+    fixed = {"client_lengths": "fixed"} if config.evaluation.client_lengths == "fixed" else {}
+    return {"shape": config.workload.shape, **config.workload.model_dump(mode="json", exclude_none=True), **fixed}
 
 
 def warm_history_for(ledger: pd.DataFrame | None, plan: BranchPlan) -> list[HistoryItem]:

@@ -284,7 +284,7 @@ def test_a_calibrated_sweep_ranks_on_calibrated_goodput_and_says_so(tmp_path):
     report = (out / "report.md").read_text()
     assert "Ranked on **calibrated** numbers" in report
     # the packaged profile's recorded held-out check, for the shown backend (tests/test_heldout_check.py)
-    assert "## Accuracy on unseen models (held-out check)" in report and "`replay-v12.json`" in report
+    assert "## Accuracy on unseen models (held-out check)" in report and "`replay-v13.json`" in report
     assert "| vllm | 429 |" in report and "| sglang |" not in report
     assert "# held-out check of these numbers: vllm TTFT median error" in (out / "deploy" / "1" / "dgd.yaml").read_text()
 
@@ -364,7 +364,7 @@ def test_benchmark_client_request_is_the_bench_replay():
                                                            req.goal))
     assert own.workload["osl_jitter"] == 0.3 and "isl_jitter" not in own.workload  # the workload's own spread wins
     fixed = measurement.benchmark_client_request(EvalRequest({"backend": "vllm"}, req.workload, req.goal,
-                                                             {"client_lengths": "fixed"}))
+                                                             {"client_lengths": "fixed"}), fixed_lengths=True)
     assert "osl_jitter" not in fixed.workload and "client_lengths" not in fixed.context  # a fixed-length client
     turns = measurement.benchmark_client_request(EvalRequest({"backend": "vllm"}, {**req.workload,
                                                                                    "turns_per_session": 3}, req.goal))

@@ -7,12 +7,12 @@ from spica_pipeline.resources import calibration as loader
 from spica_pipeline.search import calibration as cal
 
 
-def test_the_packaged_profile_is_v12_v9s_method_without_sglangs_client_mix():
+def test_replay_v12_is_v9s_method_without_sglangs_client_mix():
     """ROUND10_CLIENT_RULE (b): C2 qualified (v9's method without the SGLang TTFT blend); rounds 10c-12 refitted it on
     replays a sweep computes (AIC's runners' rows spread like any fixed-length workload) with a TTFT band spread of 0.9;
-    TTFT corrected on the benchmark-client replay for both backends, TPOT uncorrected."""
-    profile, _ = loader.load_profile("auto")
-    assert loader.PACKAGED.name == "replay-v12.json" and cal.CHOSEN is cal.V12_BAND_90 and profile is not None
+    TTFT corrected on the benchmark-client replay for both backends, TPOT uncorrected (the default until round 15)."""
+    profile, _ = loader.load_profile(str(loader.PACKAGED.with_name("replay-v12.json")))
+    assert cal.V13 == replace(cal.V12_BAND_90, name="v13") and profile is not None
     assert profile["method_name"] == "v12" and "client_mix" not in profile
     assert profile["band_method"]["ttft"] == {"level": "backend", "balanced": True, "spread": 0.9}
     assert replace(cal.V11, name="v9", client_mix=cal.V9.client_mix, decoupled=True) == cal.V9

@@ -289,11 +289,11 @@ def _calibrate(report: dict[str, Any], request: EvalRequest, derived: dict[str, 
     from spica_pipeline.search import calibration
     from spica_pipeline.search.deploy import role_replicas, role_shape
 
-    profile, _ = load_profile(setting["setting"])
-    if profile is None:  # the sweep records only a setting that names a profile
+    loaded, _ = load_profile(setting["setting"])
+    if loaded is None:  # the sweep records only a setting that names a profile
         return
     sample = request.sample
-    profile = calibration.for_client(profile, (request.context or {}).get("client_lengths"), sample.get("backend"))
+    profile = calibration.for_client(loaded, (request.context or {}).get("client_lengths"), sample.get("backend"))
     concurrency = derived.get("concurrency") or sample.get("concurrency")
     closed_loop = concurrency is not None
     if concurrency is None and report.get("request_throughput_rps") and report.get("mean_e2e_latency_ms"):
