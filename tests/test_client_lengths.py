@@ -100,8 +100,8 @@ def test_the_sweep_context_carries_fixed_client_lengths_only_when_set():
     assert "client_lengths" not in spread  # every other sweep keeps its spec hashes
     fixed = evaluation_context(SmartSearchConfig.from_dict(config(client_lengths="fixed")), None)
     assert fixed["client_lengths"] == "fixed" and fixed["calibration"] == spread["calibration"]
-    with pytest.raises(ConfigError, match="evaluation.client_lengths: 'fixed' needs a calibration profile"):
-        evaluation_context(SmartSearchConfig.from_dict(config(client_lengths="fixed", calibration="none")), None)
+    with pytest.raises(ValueError, match="with evaluation.calibration 'none' there are none"):
+        SmartSearchConfig.from_dict(config(client_lengths="fixed", calibration="none"))
     v12 = str(loader.PACKAGED.with_name("replay-v12.json"))
     with pytest.raises(ConfigError, match="replay-v12.json' has none"):
         evaluation_context(SmartSearchConfig.from_dict(config(client_lengths="fixed", calibration=v12)), None)

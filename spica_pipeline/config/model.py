@@ -69,6 +69,9 @@ class SmartSearchConfig(StrictModel):
                 "evaluation.client_lengths 'fixed' describes a benchmark client that sends exactly the workload's "
                 "isl and osl: it needs a synthetic workload without isl_jitter/osl_jitter and with turns_per_session 1"
             )
+        if self.evaluation.client_lengths == "fixed" and self.evaluation.calibration == "none":
+            raise ValueError("evaluation.client_lengths 'fixed' selects a calibration profile's fixed-length factors; "
+                             "with evaluation.calibration 'none' there are none (use 'auto')")
         return self
 
     @classmethod

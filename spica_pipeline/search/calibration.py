@@ -364,7 +364,7 @@ V12 = replace(V11, name="v12")
 V12_BAND_90 = replace(V12, ttft_band=BandMethod("backend", balanced=True, spread=0.9))
 V12_BAND_80 = replace(V12, ttft_band=BandMethod("backend", balanced=True, spread=0.8))
 V12_BAND_70 = replace(V12, ttft_band=BandMethod("backend", balanced=True, spread=0.7))
-# replay-v12 (the default since round 12): V12_BAND_90, the spread whose nested leave-one-model-out TTFT band coverage on
+# replay-v12 (the default from round 12 to round 15): V12_BAND_90, the spread whose nested leave-one-model-out TTFT band coverage on
 # the prefix was closest to 80 % (80.3 %; 1.0: 82.8 %, 0.8: 75.4 %, 0.7: 69.2 %); against v11 on the 664 calibration
 # rows outside both fits TTFT score 2.607 -> 2.130, TPOT equal, TTFT band 75 -> 88 % (round10/round12_refit_V12_BAND_90.json);
 # worse than v11 on SGLang rows (calibration TTFT P90 81 -> 125 %), left for a round with a per-backend guard
