@@ -425,7 +425,7 @@ def band_coverage(records: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def record_client_lengths(rec: dict[str, Any]) -> str:
-    """How a record's benchmark-client replay drew lengths (calibration.CLIENT_LENGTHS): 'spread' when it
+    """How a record's benchmark-client replay drew lengths (evaluation.client_lengths): 'spread' when it
     recorded a spread (InferenceMAX's rows, AIC's runners' rows as a sweep replays them), else 'fixed'."""
     lengths = rec.get("replayed_lengths") or {}
     return "spread" if lengths.get("isl_jitter") or lengths.get("osl_jitter") else "fixed"
@@ -733,6 +733,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
                 f"{args.fixed_lengths_profile}: the same method fitted on the prefix rows of AIC's runners replayed with "
                 f"fixed lengths (--clients aic --fixed-lengths), backends {sorted(calibration.fixed_length_backends(profile))}"
                 ", applied to a workload with evaluation.client_lengths: fixed on those backends")
+            calibration.validate(profile)
         if fit_method.name == "v13":
             profile["provenance"]["round15_choice"] = (
                 "the main factors without AIC's SGLang runner's rows (--fit-skip aic/sglang) and the fixed-length factors "
@@ -740,7 +741,6 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
                 "--compare-refit --refit-reference-from-json --band-tolerance 0.10, "
                 "bench/results/round14/round15_refit_P15.json, 2026-12-05; round 14's per-client candidate did not "
                 "qualify, round14_refit_P14.json): " + ROUND15_LOCKSTEP_RULE)
-            calibration.validate(profile)
         write_json(args.fit_calibration, profile)
         print(f"wrote calibration profile {args.fit_calibration} ({len(profile['rows_used'])} calibration rows)")
         lomo = leave_one_model_out(cal_records, fit_method)

@@ -58,10 +58,8 @@ FEATURES = (LOAD, "log2_isl", "log2_osl")
 # the silicon rows (every client at t=0, CLIENT_REQUEST_RATIO x c requests, every request counted;
 # search/measurement.py). A sweep runs the client replay only when its profile has a client phase.
 REPLAYS = ("sweep", "client")
-# round 14 (bench_fidelity.ROUND14_CLIENT_PROFILES_RULE): what a workload's benchmark client sends, 'spread' (lengths
-# that vary, as InferenceMAX's client draws them; the default) or 'fixed' (exactly the workload's ISL and OSL, as
-# AIC's own runners send them); a profile's FIXED_LENGTHS entry holds the factors fitted on the fixed-length rows
-CLIENT_LENGTHS = ("spread", "fixed")
+# rounds 14-15 (bench_fidelity.ROUND15_LOCKSTEP_RULE): a profile's FIXED_LENGTHS entry holds the factors fitted on rows
+# whose benchmark client sent exactly the workload's ISL and OSL (evaluation.client_lengths: fixed), replayed so
 FIXED_LENGTHS = "fixed_lengths"
 # the prefill chunk budget a ClientMix gate counts passes in when the candidate does not say (the replay's
 # max_num_batched_tokens in every bench row, bench_fidelity.MNBT)
@@ -926,10 +924,11 @@ def fixed_length_backends(profile: Mapping[str, Any]) -> frozenset[str]:
 
 
 def for_client(profile: Mapping[str, Any], client_lengths: str | None, backend: str | None) -> Mapping[str, Any]:
-    """The factors for a workload whose benchmark client sends `client_lengths` (CLIENT_LENGTHS) on `backend`: a
-    'fixed' client replayed in lockstep is another quantity than the spread replay the main factors correct, so it
-    takes the FIXED_LENGTHS sub-profile where that was fitted on the backend's rows (round 15: SGLang, whose
-    fixed-length clients stay in lockstep); elsewhere the main factors on the spread replay."""
+    """The factors for a workload whose benchmark client sends `client_lengths` ('spread' or 'fixed', the
+    evaluation section) on `backend`: a 'fixed' client replayed in lockstep is another quantity than the
+    spread replay the main factors correct, so it takes the FIXED_LENGTHS sub-profile where that was fitted
+    on the backend's rows (round 15: SGLang, whose fixed-length clients stay in lockstep); elsewhere the
+    main factors on the spread replay."""
     if client_lengths == "fixed" and backend in fixed_length_backends(profile):
         return profile[FIXED_LENGTHS]
     return profile
