@@ -77,8 +77,9 @@ def check_workload(config: SmartSearchConfig) -> list[str]:
     """Stage 1 workload checks: a trace is read whole once, so a malformed line or a request whose
     input + output is longer than the model's context is one error naming file and line; a synthetic
     isl + osl over the context is one error naming the fields; the resource sanity limits
-    (config/limits.py) refuse what no replay can serve. Never a failure per candidate.
-    Returns the trace's warnings (one line each, with a count)."""
+    (config/limits.py) refuse what no replay can serve; the calibration profile loads and serves the
+    benchmark client's lengths (`check_calibration`). Never a failure per candidate.
+    Returns the trace's and the calibration's warnings (one line each, with a count)."""
     from spica_pipeline.config.limits import check_resource_limits
     from spica_pipeline.errors import ConfigError, SpicaError
     from spica_pipeline.search.parallel import resolve_max_seq_len
@@ -86,23 +87,46 @@ def check_workload(config: SmartSearchConfig) -> list[str]:
 
     space = config.search_space
     workload = config.workload
+    calibration_warnings = check_calibration(config)
     if not workload.trace_path:
         check_resource_limits(config)
         if workload.isl is not None and workload.osl is not None:
             try:
                 context = resolve_max_seq_len(space.model_name, space.context_length)
             except SpicaError:
-                return []  # an unknown model or context: stage 3 reports it with its own message
+                return calibration_warnings  # an unknown model or context: stage 3 reports it with its own message
             if workload.isl + workload.osl > context:
                 raise ConfigError(f"workload.isl {workload.isl} + workload.osl {workload.osl} = "
                                   f"{workload.isl + workload.osl} tokens exceeds the context length {context} "
                                   "of the model (search_space.context_length or the model's own): input and "
                                   "output must both fit")
-        return []
+        return calibration_warnings
     trace = read_mooncake_trace(workload.trace_path,
                                 max_input_length=resolve_max_seq_len(space.model_name, space.context_length))
     check_resource_limits(config, trace)
-    return list(trace.warnings)
+    return list(trace.warnings) + calibration_warnings
+
+
+def check_calibration(config: SmartSearchConfig) -> list[str]:
+    """The profile loads (a ConfigError names a missing or corrupt file), and `client_lengths: fixed` has
+    fixed-length factors to select; a warning names the searched backends it changes nothing for."""
+    from spica_pipeline.errors import ConfigError
+    from spica_pipeline.resources.calibration import load_profile
+    from spica_pipeline.search.calibration import FIXED_LENGTHS, fixed_length_backends
+
+    profile, _ = load_profile(config.evaluation.calibration)
+    if config.evaluation.client_lengths != "fixed":
+        return []
+    covered = fixed_length_backends(profile) if profile is not None else frozenset()
+    if not covered:
+        raise ConfigError(f"evaluation.client_lengths: 'fixed' needs a calibration profile with {FIXED_LENGTHS} "
+                          f"factors (replay-v13 or later, calibration: auto); {config.evaluation.calibration!r} has none")
+    others = [b for b in config.search_space.backend if b not in covered]
+    if not others:
+        return []
+    return [f"evaluation.client_lengths 'fixed' changes nothing for backend {', '.join(others)}: the profile has "
+            f"fixed-length factors for {', '.join(sorted(covered))} only (a fixed-length client there drifts apart "
+            "like the spread replay; docs/fidelity.md, round 15)"]
 
 
 def filter_policies(config: SmartSearchConfig) -> PolicyFilterResult:
@@ -149,17 +173,11 @@ def evaluation_context(config: SmartSearchConfig, load_predictor: "LoadPredictor
         context["trace_sha256"] = file_sha256(config.workload.trace_path)
     from spica_pipeline.resources.calibration import load_profile
 
-    profile, digest = load_profile(config.evaluation.calibration)  # ConfigError (exit 2) names a bad file
+    check_calibration(config)  # ConfigError (exit 2) names a bad file or a profile without fixed-length factors
+    profile, digest = load_profile(config.evaluation.calibration)
     if profile is not None:  # the setting, not an absolute path: the hash stays the same across machines
         context["calibration"] = {"setting": config.evaluation.calibration, "sha256": digest}
     if config.evaluation.client_lengths == "fixed":  # only then: every other sweep keeps its spec hashes
-        from spica_pipeline.errors import ConfigError
-        from spica_pipeline.search.calibration import FIXED_LENGTHS, fixed_length_backends
-
-        if profile is None or not fixed_length_backends(profile):
-            raise ConfigError(f"evaluation.client_lengths: 'fixed' needs a calibration profile with {FIXED_LENGTHS} "
-                              f"factors (replay-v13 or later, calibration: auto); {config.evaluation.calibration!r} "
-                              "has none")
         context["client_lengths"] = "fixed"
     return context
 

@@ -135,3 +135,16 @@ def test_the_report_states_a_fixed_length_client():
 
     assert "client_lengths" not in workload_summary(SmartSearchConfig.from_dict(config()))
     assert workload_summary(SmartSearchConfig.from_dict(config(client_lengths="fixed")))["client_lengths"] == "fixed"
+
+
+def test_validation_checks_the_profile_and_says_which_backends_fixed_lengths_change():
+    from spica_pipeline.sweep import check_calibration, check_workload
+
+    assert check_calibration(SmartSearchConfig.from_dict(config(client_lengths="fixed"))) == []  # sglang only
+    both = config(client_lengths="fixed")
+    both["search_space"]["backend"] = ["sglang", "vllm"]
+    (warning,) = check_workload(SmartSearchConfig.from_dict(both))
+    assert warning.startswith("evaluation.client_lengths 'fixed' changes nothing for backend vllm")
+    v12 = str(loader.PACKAGED.with_name("replay-v12.json"))
+    with pytest.raises(ConfigError, match="replay-v12.json' has none"):
+        check_workload(SmartSearchConfig.from_dict(config(client_lengths="fixed", calibration=v12)))
