@@ -458,7 +458,7 @@ def write_results(output_dir: Path, config: SmartSearchConfig, plans: list[Branc
         top_n=config.deploy.top_n,
         deploy_options=deploy_options(config),
         config_json=config.model_dump(mode="json"),
-        heldout_check=heldout_check(config.evaluation.calibration),
+        heldout_check=heldout_check(config.evaluation.calibration, client_lengths=config.evaluation.client_lengths),
     )
     return merge, paths
 

@@ -148,3 +148,15 @@ def test_validation_checks_the_profile_and_says_which_backends_fixed_lengths_cha
     v12 = str(loader.PACKAGED.with_name("replay-v12.json"))
     with pytest.raises(ConfigError, match="replay-v12.json' has none"):
         check_workload(SmartSearchConfig.from_dict(config(client_lengths="fixed", calibration=v12)))
+
+
+def test_a_fixed_length_sweep_does_not_cite_the_held_out_check_for_the_factors_it_never_measured():
+    spread = loader.heldout_check("auto")
+    fixed = loader.heldout_check("auto", client_lengths="fixed")
+    assert spread is not None and fixed is not None and set(spread["by_backend"]) == {"sglang", "vllm"}
+    assert set(fixed["by_backend"]) == {"vllm"} and fixed["all"] == spread["all"]  # sglang: not measured
+    from spica_pipeline.report.accuracy import report_lines
+
+    text = "\n".join(report_lines(fixed, ["sglang"], calibrated=True))
+    assert "| sglang | 0 | not measured | not measured |" in text
+    assert "Not measured: sglang: ranked with the profile's fixed-length factors" in text

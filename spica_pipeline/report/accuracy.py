@@ -79,6 +79,8 @@ def report_lines(check: Mapping[str, Any] | None, backends: Iterable[Any], calib
                             "\"Current state\").")
     lines += ["| backend | rows | TTFT | TPOT | AIC's own estimate, TTFT / TPOT MdAPE |", "|---|---|---|---|---|",
               *["| " + " | ".join(r) + " |" for r in rows], ""]
+    if check.get("note"):
+        lines += [f"Not measured: {check['note']}.", ""]
     for model in sorted({str(m) for m in models if m}):
         where = ("one of the calibration models the profile was fitted on (its leave-one-model-out errors "
                  "are in docs/fidelity.md)" if split_of(model) == "calibration" else

@@ -56,14 +56,29 @@ def load_profile(setting: str | None) -> tuple[dict[str, Any] | None, str | None
     return out
 
 
-def heldout_check(setting: str | None, checks: Path = HELDOUT_CHECKS) -> dict[str, Any] | None:
+def heldout_check(setting: str | None, checks: Path = HELDOUT_CHECKS,
+                  client_lengths: str | None = None) -> dict[str, Any] | None:
     """The recorded held-out check of the profile `setting` resolves to (`none`: the raw sweep
-    replay's), or None when that exact file was never checked (a user profile, an edited copy)."""
+    replay's), or None when that exact file was never checked (a user profile, an edited copy).
+    With `client_lengths` 'fixed', the backends the profile's fixed-length factors serve are left out:
+    the check measured the main factors on spread-client rows, and no held-out row has a fixed-length
+    client, so those backends' numbers are "not measured" rather than another factor's errors."""
+    from spica_pipeline.search.calibration import for_client
+
     try:
         recorded = json.loads(checks.read_text())["checks"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if resolve(setting) is None:
         return recorded.get(RAW)
-    _, digest = load_profile(setting)
-    return recorded.get(digest or "")
+    profile, digest = load_profile(setting)
+    check = recorded.get(digest or "")
+    if check is None or profile is None or client_lengths != "fixed":
+        return check
+    by_backend = check.get("by_backend", {})
+    kept = {b: v for b, v in by_backend.items() if for_client(profile, client_lengths, b) is profile}
+    left = sorted(set(by_backend) - set(kept))
+    note = (f"{', '.join(left)}: ranked with the profile's fixed-length factors (evaluation.client_lengths: fixed), "
+            "which no held-out row measures (no held-out model was measured by a fixed-length client; their "
+            "leave-one-model-out errors are in docs/fidelity.md, round 15)") if left else None
+    return {**check, "by_backend": kept, **({"note": note} if note else {})}
