@@ -2298,11 +2298,9 @@ def compare_refit(records: list[dict[str, Any]], old: dict[str, Any], new: dict[
                 bst = error_stats([(r["calibrated"][phase], r["silicon"][phase]) for r in rows if r["backend"] == backend])
                 out[name][phase][f"score_{backend}"] = _score(bst, phase)
     a, b = out["old"], out["new"]
-    out["adopted"] = (b["ttft"]["score"] < a["ttft"]["score"] and b["tpot"]["score"] <= a["tpot"]["score"]
-                      and all(abs(b[p]["band_coverage"] - 0.8) <= max(abs(a[p]["band_coverage"] - 0.8), band_tolerance)
-                              for p in ("ttft", "tpot")))
     bands_ok = all(abs(b[p]["band_coverage"] - 0.8) <= max(abs(a[p]["band_coverage"] - 0.8), band_tolerance)
                    for p in ("ttft", "tpot"))
+    out["adopted"] = b["ttft"]["score"] < a["ttft"]["score"] and b["tpot"]["score"] <= a["tpot"]["score"] and bands_ok
     out["round13_conditions"] = {  # ROUND13_FIT_ROWS_RULE (1)-(4), which ROUND14_CLIENT_PROFILES_RULE reuses
         "pooled_ttft_not_higher": b["ttft"]["score"] <= a["ttft"]["score"],
         "sglang_ttft_lower": b["ttft"].get("score_sglang", 0) < a["ttft"].get("score_sglang", 0),
