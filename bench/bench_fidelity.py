@@ -45,7 +45,7 @@ import zlib
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 os.environ.setdefault("DYN_LOG", "warn")
 ROOT = Path(__file__).resolve().parent.parent
@@ -209,7 +209,7 @@ def build_case(evaluator, case: silicon.SiliconCase, version: str, request_ratio
 def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ratio: float,
                   with_aic: bool, stability: bool = False, client: str = "together",
                   client_gap_cycles: float | None = None, with_sweep: bool = True,
-                  client_lengths: bool = True) -> dict[str, Any]:
+                  client_lengths: bool = True, script_flags: bool = False) -> dict[str, Any]:
     r = case.row
     rec: dict[str, Any] = {
         "id": r.id, "line": r.line, "split": case.split, "model": r.model, "aic_model": case.aic_model,
@@ -229,10 +229,14 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
     context: dict[str, Any] = {"closed_loop_client": client}
     if client_gap_cycles is not None:
         context["client_gap_cycles"] = client_gap_cycles
-    fraction = 0.9
+    flags = silicon.script_flags(r) if script_flags else None  # ROUND16_SCRIPT_FLAGS_RULE
+    mnbt, fraction = (flags.chunk_tokens, flags.memory_fraction) if flags else (MNBT, 0.9)
+    if flags:
+        case = silicon.with_script_flags(case, flags)
+        rec["script_flags"] = {**vars(flags), "recv_wait_steps": flags.recv_wait_steps}
 
-    def client_request(c: silicon.SiliconCase, memory_fraction: float = 0.9) -> EvalRequest:
-        req = EvalRequest(c.sample(version, max_num_batched_tokens=MNBT, memory_fraction=memory_fraction),
+    def client_request(c: silicon.SiliconCase, memory_fraction: float = fraction) -> EvalRequest:
+        req = EvalRequest(c.sample(version, max_num_batched_tokens=mnbt, memory_fraction=memory_fraction),
                           c.workload(request_ratio, client_lengths=client_lengths), GOAL, context)
         if client == "together" and client_gap_cycles is None:  # exactly the replay a sweep runs for calibration
             # --fixed-lengths: every row fixed; else AIC's runners' rows replay as a sweep replays them (ROUND11)
@@ -255,7 +259,7 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
     rec["replay_seconds"] = round(time.perf_counter() - started, 3)
     rec["status"] = out.status
     if out.status == "feasible" and out.report:
-        rec["ours"] = {"ttft": out.report.get("mean_ttft_ms"), "tpot": out.report.get("mean_tpot_ms")}
+        rec["ours"] = _with_recv_wait(rec, "ours", out.report, flags)
         rec["requests"] = out.report.get("completed_requests")
         rec["window_counted"] = out.report.get("window_counted_requests")
         rec["window_rule"] = out.derived.get("window_rule")
@@ -263,18 +267,18 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
         if client != "ramp" and with_sweep:  # the sweeps' measurement of the same row: what calibration maps
             sweep_ctx, sweep_ratio = {"closed_loop_client": "ramp"}, RAMP_REQUEST_RATIO
             sweep_started = time.perf_counter()
-            sweep = evaluator.evaluate(EvalRequest(case.sample(version, max_num_batched_tokens=MNBT,
+            sweep = evaluator.evaluate(EvalRequest(case.sample(version, max_num_batched_tokens=mnbt,
                                                                memory_fraction=fraction),
                                                    case.workload(sweep_ratio, client_lengths=client_lengths), GOAL, sweep_ctx))
             rec["sweep_seconds"] = round(time.perf_counter() - sweep_started, 3)
         if sweep.status == "feasible" and sweep.report:
-            rec["sweep"] = {"ttft": sweep.report.get("mean_ttft_ms"), "tpot": sweep.report.get("mean_tpot_ms"),
+            rec["sweep"] = {**_with_recv_wait(rec, "sweep", sweep.report, flags),
                             "window_rule": sweep.derived.get("window_rule"),
                             "requests": sweep.derived.get("request_count")}
         if stability and rec.get("sweep"):  # the sweep measurement with twice the requests actually replayed
             used = float(sweep.derived.get("request_count") or sweep.report.get("completed_requests") or 0)
             twice_ratio = 2 * used / _known(r.concurrency, "concurrency")
-            twice = evaluator.evaluate(EvalRequest(case.sample(version, max_num_batched_tokens=MNBT,
+            twice = evaluator.evaluate(EvalRequest(case.sample(version, max_num_batched_tokens=mnbt,
                                                                memory_fraction=fraction),
                                                    case.workload(twice_ratio, client_lengths=client_lengths), GOAL, sweep_ctx))
             if twice.status == "feasible" and twice.report:
@@ -299,6 +303,20 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
     return rec
 
 
+def _with_recv_wait(rec: dict[str, Any], side: str, report: Mapping[str, Any],
+                    flags: silicon.ScriptFlags | None) -> dict[str, Any]:
+    """A replay's mean TTFT and TPOT; with a script's scheduler receive interval, the mean polling wait (recv_wait_steps
+    decode steps of the replay's own mean TPOT) added to TTFT, the replayed TTFT kept beside it
+    (ROUND16_SCRIPT_FLAGS_RULE: the replay's scheduler polls every step)."""
+    ttft, tpot = report.get("mean_ttft_ms"), report.get("mean_tpot_ms")
+    if flags is None or flags.recv_interval <= 1 or ttft is None or tpot is None:
+        return {"ttft": ttft, "tpot": tpot}
+    wait = flags.recv_wait_steps * float(tpot)
+    rec.setdefault("recv_wait_ms", {})[side] = wait
+    rec.setdefault("replayed_ttft", {})[side] = ttft
+    return {"ttft": float(ttft) + wait, "tpot": tpot}
+
+
 @dataclass(frozen=True)
 class RowJob:
     """Everything a row needs besides its case: sent once to each worker process."""
@@ -314,6 +332,7 @@ class RowJob:
     fallback_scaling: bool  # the fallback's prefill attention scaled (FALLBACK_SCALING_RULE)
     gemm_per_tensor: str | None = None  # BACKEND:SYSTEM[,...] or "none": overrides perf_data.GEMM_PER_TENSOR
     client_lengths: bool = True  # each row's lengths as its benchmark client drew them (ROUND10_CLIENT_RULE)
+    script_flags: bool = False  # each InferenceMAX SGLang row with its script's engine flags (ROUND16_SCRIPT_FLAGS_RULE)
 
 
 _job: RowJob | None = None
@@ -350,7 +369,7 @@ def replay_row(case: silicon.SiliconCase) -> dict[str, Any]:
         return build_case(_evaluator, case, version, job.request_ratio, job.client_lengths)
     return evaluate_case(_evaluator, case, version, job.request_ratio, job.with_aic, job.stability,
                          client=job.client, client_gap_cycles=job.client_gap_cycles, with_sweep=job.with_sweep,
-                         client_lengths=job.client_lengths)
+                         client_lengths=job.client_lengths, script_flags=job.script_flags)
 
 
 def expected_cost(case: silicon.SiliconCase) -> tuple[bool, int]:
@@ -613,7 +632,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
     earlier = records_by_id(args.sweep_from or "")  # --no-sweep: each row's sweep replay (and AIC) from these
     job = RowJob(args.cache_dir, args.request_ratio, not args.no_aic, args.stability, args.client,
                  args.client_gap_cycles, not args.no_sweep, args.build_only,
-                 bool(args.fallback_scaling), args.gemm_per_tensor, not args.fixed_lengths)
+                 bool(args.fallback_scaling), args.gemm_per_tensor, not args.fixed_lengths, args.script_flags)
     records: list[dict[str, Any]] = []
     started = time.perf_counter()
 
@@ -633,6 +652,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             "fallback_scaling": bool(args.fallback_scaling),
             "gemm_per_tensor": args.gemm_per_tensor,
             "client_lengths": "fixed" if args.fixed_lengths else "the row's benchmark client (silicon.benchmark_client)",
+            "script_flags": bool(args.script_flags),
             "replays_from": args.from_json,
             "calibration_profile": args.fit_calibration or args.calibration,
             "quick": bool(args.quick),
@@ -1220,6 +1240,34 @@ ROUND15_LOCKSTEP_RULE = (
     "replay-v13.json, the default, and evaluation.client_lengths ships; otherwise v12 stays. The held-out rows are then "
     "re-reported once with the default, never to choose; for SGLang TTFT they are no unseen test (v10-v11's SGLang "
     "factors were fitted like C_A's and their held-out numbers are known)."
+)
+ROUND16_SCRIPT_FLAGS_RULE = (
+    "round 16 (each InferenceMAX SGLang row replayed with the engine flags its benchmark script passed), fixed "
+    "2026-12-05 21:59 UTC before any candidate was scored; the only replays with the flags before it were a three-row "
+    "smoke test of the code (calibration rows, 21:58 UTC). What it rests on "
+    "(facts about how the rows were measured, not fitted numbers): InferenceX's SGLang scripts (SemiAnalysisAI/InferenceX "
+    "benchmarks/*.sh, every stored version we could reach, read 21:49-21:58 UTC) pass --chunked-prefill-size, "
+    "--max-running-requests and --mem-fraction-static per (model, GPU, TP), and several pass --scheduler-recv-interval "
+    "(30 at concurrency >= 16, else 10: DeepSeek-R1/V3 on B200/B300, Qwen3.5-397B; unset, i.e. 1, for DeepSeek on H200 "
+    "and GLM-5); SGLang 0.5.6-0.5.10's scheduler then polls for new requests only every N decode steps "
+    "(SchedulerRecvSkipper), and, unset, chunks at 8192 tokens on GPUs under 160 GiB and 16384 above "
+    "(ServerArgs._handle_gpu_memory_settings). The bench replayed every row at 8192 tokens and a scheduler that polls "
+    "every step, so the SGLang TTFT factors learned on DeepSeek carry DeepSeek's scripts' polling wait. Known before "
+    "writing this, so the held-out SGLang rows are no unseen test of this question: v13's held-out per-model TTFT bias "
+    "(GLM-5 +28 %, Qwen3.5-397B -36 %). Change (silicon.script_flags, the table cites each script): an InferenceMAX "
+    "SGLang agg row whose script versions agree for its branch (model, precision, GPU, TP, ISL/OSL, concurrency range, "
+    "dated or not) is replayed with that branch's chunk size (as max_num_batched_tokens), max running requests (a cap "
+    "on max_num_seqs) and memory fraction, and its scheduler receive interval N is modelled as a mean wait of (N - 1) / 2 "
+    "decode steps, each the replay's own mean TPOT, added to the replay's mean TTFT (client and sweep replays alike); a "
+    "row whose versions disagree, every vLLM row, every disagg row and every row of AIC's runners replays as before. "
+    "A sweep is unchanged (it deploys SGLang with the default receive interval). Candidate P16 = replay-v13's method "
+    "(V12_BAND_90 main factors fitted with --fit-skip aic/sglang, v13's fixed_lengths sub-profile unchanged) refitted on "
+    "v13's prefix rows with the new replays of the changed rows. Reference R = replay-v13.json on its own replays "
+    "(--refit-reference-from-json ALL). Test rows: the calibration rows outside the fit (the 664 of rounds 11-15), each "
+    "on its own replay (the changed rows on the new replays for P16, on the old for R). P16 qualifies iff "
+    "ROUND13_FIT_ROWS_RULE's conditions (1)-(4) hold against R (band tolerance 0.10). If it qualifies it becomes "
+    "replay-v14.json, the default; otherwise v13 stays. The held-out rows are then re-replayed with their scripts' flags "
+    "and re-reported once with the default, never to choose."
 )
 ROUND8_TPOT_RULE = (
     "round 8 (TPOT), fixed 2026-12-05 before any candidate was scored (numbers seen: the lead's brief's v6 TPOT "
@@ -2121,6 +2169,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fixed-lengths", action="store_true",
                     help="replay every row with its nominal ISL/OSL and no length spread at all, not as its benchmark "
                          "client drew them (ROUND10_CLIENT_RULE; before round 10 vLLM rows also had a 0.05 OSL spread)")
+    ap.add_argument("--script-flags", action="store_true",
+                    help="replay each InferenceMAX SGLang agg row with the engine flags its InferenceX script passed "
+                         "(silicon.script_flags: chunk size, running-request cap, memory fraction; the scheduler "
+                         "receive interval as a mean polling wait); other rows as before (ROUND16_SCRIPT_FLAGS_RULE)")
     ap.add_argument("--fit-method", metavar="NAME", default=None,
                     help="with --fit-calibration: fit this search/calibration.py method (e.g. V10_NO_MIX) instead "
                          "of calibration.CHOSEN")

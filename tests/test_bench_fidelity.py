@@ -258,3 +258,20 @@ def test_fit_skip_leaves_a_clients_rows_out_of_the_fit(tmp_path):
     backend = {r["id"]: r["backend"] for r in json.loads(stored.read_text())["records"]}
     assert any(backend[i] == "sglang" for i in profiles[None])
     assert profiles["aic/sglang"] and not any(backend[i] == "sglang" for i in profiles["aic/sglang"])
+
+
+def test_a_scripts_receive_interval_adds_the_mean_polling_wait_to_ttft():
+    """ROUND16_SCRIPT_FLAGS_RULE: (N - 1) / 2 decode steps of the replay's own mean TPOT; the replayed TTFT kept."""
+    import bench_fidelity
+    from spica_pipeline.search import silicon
+
+    rec: dict = {}
+    report = {"mean_ttft_ms": 100.0, "mean_tpot_ms": 10.0}
+    polled = silicon.ScriptFlags(32768, 128, 0.82, 30, "dsr1_fp8_b200.sh TP8")
+    assert bench_fidelity._with_recv_wait(rec, "ours", report, polled) == {"ttft": 245.0, "tpot": 10.0}
+    assert rec == {"recv_wait_ms": {"ours": 145.0}, "replayed_ttft": {"ours": 100.0}}
+    every_step = silicon.ScriptFlags(32768, 512, 0.82, 1, "dsr1_fp8_h200.sh TP8")
+    for flags in (every_step, None):
+        kept: dict = {}
+        assert bench_fidelity._with_recv_wait(kept, "ours", report, flags) == {"ttft": 100.0, "tpot": 10.0}
+        assert kept == {}

@@ -208,3 +208,49 @@ def test_nearest_deployment_for_tp_not_dividing_heads_is_dp_attention():
 
 def test_no_nearest_deployment_for_other_failures():
     assert silicon.nearest_deployments(mapped(), "PerfDataNotAvailableError: MoE data missing") == []
+
+
+def _sglang(**over):
+    base = {"backend": "sglang", "backend_version": "0.5.9", "model_path": "deepseek-ai/DeepSeek-R1",
+            "system": "b200_sxm", "tp_size": "8", "moe_tp_size": "8", "batch_size": "16",
+            "id": "2026_04_06_deepseek_r1_b200_sxm_sglang_fp8_agg_1024x1024_c16_tp8_ep1_286",
+            "silicon_data_source": "source_file=2026-04-06.csv; silicon_concurrency=16"}
+    (row,) = silicon.parse_rows([raw(**{**base, **over})])
+    return row
+
+
+def test_script_flags_follow_the_inferencex_script_branch():
+    """Round 16: the flags InferenceX's script passed for the row's branch; the receive interval as polling steps."""
+    f = silicon.script_flags(_sglang())
+    assert (f.chunk_tokens, f.max_running, f.memory_fraction, f.recv_interval) == (32768, 128, 0.82, 30)
+    assert f.recv_wait_steps == 14.5 and "dsr1_fp8_b200.sh" in f.script
+    low = silicon.script_flags(_sglang(silicon_data_source="source_file=2026-04-06.csv; silicon_concurrency=8"))
+    assert low.recv_interval == 10 and low.recv_wait_steps == 4.5
+    tp4 = silicon.script_flags(_sglang(tp_size="4", moe_tp_size="4", isl="8192"))
+    assert (tp4.chunk_tokens, tp4.max_running, tp4.memory_fraction, tp4.recv_interval) == (8192, 32, 0.95, 10)
+    h200 = silicon.script_flags(_sglang(system="h200_sxm"))
+    assert (h200.chunk_tokens, h200.max_running, h200.recv_interval) == (32768, 512, 1) and h200.recv_wait_steps == 0
+    glm_h200 = silicon.script_flags(_sglang(model_path="zhipuai/GLM-5", system="h200_sxm"))
+    assert glm_h200.chunk_tokens == silicon.SGLANG_SMALL_GPU_CHUNK and glm_h200.max_running is None
+    glm_b200 = silicon.script_flags(_sglang(model_path="zhipuai/GLM-5"))
+    assert glm_b200.max_running == 16 and glm_b200.recv_interval == 1  # --max-running-requests $CONC
+
+
+@pytest.mark.parametrize("over", [
+    {"silicon_data_source": "source_file=2026-04-06.csv; silicon_concurrency=128"},  # above the script's search space
+    {"backend": "vllm"},                                                               # SGLang scripts only
+    {"mode": "disagg"},
+    {"isl": "4096", "osl": "512"},                                                     # AIC's runner's scenario
+    {"model_path": "Qwen/Qwen3.5-397B-A17B", "precision": "bf16", "id": "qwen35_b200_bf16_c16_cfg1"},  # undated:
+    {"model_path": "zhipuai/GLM-5", "precision": "fp4", "id": "x_c4", "batch_size": "4",         # versions disagree
+     "silicon_data_source": "source_file=2026-04-06.csv; silicon_concurrency=4"},
+])
+def test_rows_whose_script_is_unknown_or_ambiguous_keep_the_old_replay(over):
+    assert silicon.script_flags(_sglang(**over)) is None
+
+
+def test_the_scripts_running_request_cap_bounds_max_num_seqs():
+    case = mapped(backend="sglang", batch_size="64", silicon_data_source="x; silicon_concurrency=64")
+    capped = silicon.with_script_flags(case, silicon.ScriptFlags(32768, 32, 0.9, 1, "s"))
+    assert case.roles["agg"].max_num_seqs == 64 and capped.roles["agg"].max_num_seqs == 32
+    assert silicon.with_script_flags(case, silicon.ScriptFlags(32768, None, 0.9, 1, "s")) is case

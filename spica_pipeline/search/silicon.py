@@ -272,6 +272,90 @@ def range_ratio_lengths(length: int, ratio: float) -> tuple[int, float]:
     return mean, (length - mean) / mean
 
 
+# ---- the engine flags the benchmark script passed (round 16) ----------------------------------------
+# InferenceX's SGLang scripts (SemiAnalysisAI/InferenceX benchmarks/[single_node/]*.sh) pass the chunk size, the
+# running-request cap and the memory fraction per (model, GPU, TP), and some a scheduler receive interval: SGLang then
+# polls for new requests only every N decode steps (SchedulerRecvSkipper, 0.5.6-0.5.10), a wait the replay does not
+# model. A branch is listed only where every stored version of its script we could read agrees
+# (bench_fidelity.ROUND16_SCRIPT_FLAGS_RULE); every other row replays as before (8192 tokens, no cap, 0.9, polled
+# every step).
+SGLANG_SMALL_GPU_CHUNK = 8192  # SGLang's default --chunked-prefill-size under 160 GiB per GPU (H100, H200) ...
+SGLANG_LARGE_GPU_CHUNK = 16384  # ... and above (B200, B300, GB200, GB300): ServerArgs._handle_gpu_memory_settings
+_SMALL_GPUS = frozenset({"h100_sxm", "h200_sxm"})
+
+
+@dataclass(frozen=True)
+class ScriptFlags:
+    """What a row's benchmark script passed the engine. max_running None: not passed (the engine's cap, far above
+    the row's concurrency); recv_interval 1: not passed."""
+
+    chunk_tokens: int
+    max_running: int | None
+    memory_fraction: float
+    recv_interval: int
+    script: str
+
+    @property
+    def recv_wait_steps(self) -> float:
+        """Mean decode steps a new request waits for the scheduler's next poll: a request arrives at a uniform point
+        of an N-step polling cycle."""
+        return (self.recv_interval - 1) / 2
+
+
+def _sglang_default_chunk(system: str) -> int:
+    return SGLANG_SMALL_GPU_CHUNK if system in _SMALL_GPUS else SGLANG_LARGE_GPU_CHUNK
+
+
+def _polling(concurrency: int) -> int:
+    """`SCHEDULER_RECV_INTERVAL`: 30 at concurrency >= 16, else 10 (the scripts that set it)."""
+    return 30 if concurrency >= 16 else 10
+
+
+def script_flags(row: SiliconRow) -> ScriptFlags | None:
+    """The flags of the InferenceX script that measured an InferenceMAX SGLang agg row, or None (not such a row, or
+    the script's versions disagree for its branch)."""
+    if benchmark_client(row) != INFERENCEMAX or row.backend != "sglang" or row.mode != "agg":
+        return None
+    c, tp, system, p = row.concurrency or 0, row.agg.tp, row.system, row.precision
+    dated = bool(re.match(r"\d{4}_\d\d_\d\d_", row.id))  # the dated dumps lie in the scripts' window
+    if row.model in ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3") and p == "fp8" and (row.agg.attention_dp or 1) <= 1:
+        if system in ("b200_sxm", "b300_sxm"):
+            if tp == 8 and c <= 64:  # dsr1_fp8_{b200,b300}.sh TP8 (conc 4-64; only the MTP config runs above 64)
+                return ScriptFlags(32768, 128, 0.82, _polling(c), f"dsr1_fp8_{system[:4]}.sh TP8")
+            if tp == 4 and (row.isl, row.osl) == (8192, 1024):  # the TP4 branch runs 8k/1k only
+                return ScriptFlags(8192, 32, 0.95, 10, f"dsr1_fp8_{system[:4]}.sh TP4")
+        if system == "h200_sxm" and tp == 8:  # dsr1_fp8_h200.sh: no receive interval
+            return ScriptFlags(32768, 512 if (row.isl, row.osl) == (1024, 1024) else 256, 0.82, 1,
+                               "dsr1_fp8_h200.sh TP8")
+        return None
+    if row.model == "zhipuai/GLM-5" and tp == 8 and (row.agg.attention_dp or 1) <= 1:
+        if p == "fp8" and system in ("b200_sxm", "b300_sxm"):  # glm5_fp8_{b200,b300}.sh TP-only branch
+            return ScriptFlags(32768, c, 0.85, 1, f"glm5_fp8_{system[:4]}.sh TP8")
+        if p == "fp8" and system == "h200_sxm":  # glm5_fp8_h200.sh passes the memory fraction only
+            return ScriptFlags(_sglang_default_chunk(system), None, 0.85, 1, "glm5_fp8_h200.sh TP8")
+        if p == "fp4" and system == "b200_sxm" and c > 4:  # glm5_nvfp4_b200.sh (glm5_fp4_b200.sh ran conc 4 only)
+            return ScriptFlags(131072, c, 0.80, 1, "glm5_nvfp4_b200.sh TP8")
+        return None
+    if row.model == "Qwen/Qwen3.5-397B-A17B":
+        if p == "bf16" and system == "b200_sxm" and tp == 8 and dated:  # PR #758's recipe; the first one differed
+            return ScriptFlags(32768, 128, 0.82, _polling(c), "qwen3.5_bf16_b200.sh TP8")
+        if p == "bf16" and system == "b300_sxm" and tp in (4, 8):
+            return ScriptFlags(32768, 128, 0.82, _polling(c), f"qwen3.5_bf16_b300.sh TP{tp}")
+        if p == "fp4" and system == "b200_sxm" and tp == 4:
+            return ScriptFlags(32768, 128, 0.85, _polling(c), "qwen3.5_fp4_b200.sh TP4")
+        if p == "fp4" and system == "b300_sxm" and tp == 4:
+            return ScriptFlags(32768, 128, 0.80, _polling(c), "qwen3.5_fp4_b300.sh TP4")
+    return None
+
+
+def with_script_flags(case: "SiliconCase", flags: ScriptFlags) -> "SiliconCase":
+    """The case with the script's running-request cap on every role's max_num_seqs."""
+    from dataclasses import replace
+
+    cap = flags.max_running
+    return case if cap is None else _replace_roles(case, lambda s: replace(s, max_num_seqs=min(s.max_num_seqs, cap)))
+
+
 @dataclass(frozen=True)
 class Inexpressible:
     row: SiliconRow
