@@ -724,18 +724,18 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
                 " Round 8 (TTFT): the blend only where the attention was timed with the bf16 fallback data, by "
                 "leave-one-model-out on the 1,135 stored calibration rows (bench_fidelity.py --compare-round8-ttft, "
                 "bench/results/fidelity_calibration_round8_ttft.json, 2026-12-05): " + ROUND8_TTFT_RULE)
-        if fit_method.name.startswith(("v10", "v11", "v12", "v13")):
+        if fit_method.name.startswith(("v10", "v11", "v12", "v13", "v14")):
             profile["provenance"]["round10_choice"] = (
                 "the calibration rows outside the fit, against replay-v9.json (bench_fidelity.py --compare-refit "
                 "--band-tolerance 0.10, bench/results/round10/round10b_refit_V10*.json, 2026-12-05): "
                 + ROUND10_CLIENT_RULE)
-        if fit_method.name in ("v12", "v13"):
+        if fit_method.name in ("v12", "v13", "v14"):
             profile["provenance"]["round12_choice"] = (
                 "AIC's runners' rows replayed as a sweep replays them (ROUND11_BENCH_IS_SWEEP_RULE), then the TTFT band "
                 "spread by nested leave-one-model-out coverage and the adoption test against replay-v11.json "
                 "(bench/results/round10/round11_refit_V12.json, round12_refit_V12_BAND_90.json, 2026-12-05): "
                 + ROUND11_BENCH_IS_SWEEP_RULE + " " + ROUND12_BAND_RULE)
-        if fit_method.name in ("v11", "v12", "v13"):
+        if fit_method.name in ("v11", "v12", "v13", "v14"):
             profile["provenance"]["round10c_choice"] = (
                 "the calibration rows outside the fit, against replay-v10.json (bench_fidelity.py --compare-refit "
                 "--band-tolerance 0.10, bench/results/round10/round10c_refit_V11.json, 2026-12-05): "
@@ -754,13 +754,20 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
                 f"fixed lengths (--clients aic --fixed-lengths), backends {sorted(calibration.fixed_length_backends(profile))}"
                 ", applied to a workload with evaluation.client_lengths: fixed on those backends")
             calibration.validate(profile)
-        if fit_method.name == "v13":
+        if fit_method.name in ("v13", "v14"):
             profile["provenance"]["round15_choice"] = (
                 "the main factors without AIC's SGLang runner's rows (--fit-skip aic/sglang) and the fixed-length factors "
                 "beside them, against replay-v12.json on the calibration rows outside the fits (bench_fidelity.py "
                 "--compare-refit --refit-reference-from-json --band-tolerance 0.10, "
                 "bench/results/round14/round15_refit_P15.json, 2026-12-05; round 14's per-client candidate did not "
                 "qualify, round14_refit_P14.json): " + ROUND15_LOCKSTEP_RULE)
+        if fit_method.name == "v14":
+            profile["provenance"]["round16_choice"] = (
+                "the main factors refitted on InferenceMAX's SGLang rows replayed with their scripts' engine flags "
+                "(--script-flags, bench/results/round16/fidelity_round16_cal_sglang_flags.json), against replay-v13.json on "
+                "the calibration rows outside the fits, each on its own replays (bench_fidelity.py --compare-refit "
+                "--refit-reference-from-json --band-tolerance 0.10, bench/results/round16/round16_refit_P16.json, "
+                "2026-12-05): " + ROUND16_SCRIPT_FLAGS_RULE)
         write_json(args.fit_calibration, profile)
         print(f"wrote calibration profile {args.fit_calibration} ({len(profile['rows_used'])} calibration rows)")
         lomo = leave_one_model_out(cal_records, fit_method)
