@@ -284,7 +284,7 @@ def test_a_calibrated_sweep_ranks_on_calibrated_goodput_and_says_so(tmp_path):
     report = (out / "report.md").read_text()
     assert "Ranked on **calibrated** numbers" in report
     # the packaged profile's recorded held-out check, for the shown backend (tests/test_heldout_check.py)
-    assert "## Accuracy on unseen models (held-out check)" in report and "`replay-v13.json`" in report
+    assert "## Accuracy on unseen models (held-out check)" in report and "`replay-v14.json`" in report
     assert "| vllm | 429 |" in report and "| sglang |" not in report
     assert "# held-out check of these numbers: vllm TTFT median error" in (out / "deploy" / "1" / "dgd.yaml").read_text()
 

@@ -36,10 +36,12 @@ def two_client_profile():
     return with_fixed(main, fixed)
 
 
-def test_the_packaged_profile_is_v13_with_sglang_fixed_length_factors():
+def test_the_packaged_profile_is_v14_with_sglang_fixed_length_factors():
     profile, _ = loader.load_profile("auto")
-    assert loader.PACKAGED.name == "replay-v13.json" and cal.CHOSEN is cal.V13 and profile is not None
-    assert profile["method_name"] == "v13" and cal.fixed_length_backends(profile) == {"sglang"}
+    assert loader.PACKAGED.name == "replay-v14.json" and cal.CHOSEN is cal.V14 and profile is not None
+    assert profile["method_name"] == "v14" and cal.fixed_length_backends(profile) == {"sglang"}
+    v13, _ = loader.load_profile(str(loader.PACKAGED.with_name("replay-v13.json")))
+    assert v13 is not None and profile[cal.FIXED_LENGTHS] == v13[cal.FIXED_LENGTHS]  # round 16 kept them
     fixed = profile[cal.FIXED_LENGTHS]
     # every calibration row of AIC's SGLang runner, replayed with fixed lengths (the rows the fixed factors saw)
     replayed = json.loads((ROOT / "bench/results/round14/fidelity_round15_cal_aic_sglang_fixed.json").read_text())
@@ -48,6 +50,7 @@ def test_the_packaged_profile_is_v13_with_sglang_fixed_length_factors():
     assert not lockstep & set(profile["rows_used"])  # the main factors never saw that lockstep client
     assert fixed["rows_used"] and set(fixed["rows_used"]) <= lockstep
     assert "round 15" in profile["provenance"]["round15_choice"] and "sglang" in profile["provenance"]["fixed_lengths"]
+    assert "round 16" in profile["provenance"]["round16_choice"]
     v12, _ = loader.load_profile(str(loader.PACKAGED.with_name("replay-v12.json")))
     assert v12 is not None and cal.fixed_length_backends(v12) == frozenset()
 
