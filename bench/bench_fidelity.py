@@ -209,7 +209,7 @@ def build_case(evaluator, case: silicon.SiliconCase, version: str, request_ratio
 def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ratio: float,
                   with_aic: bool, stability: bool = False, client: str = "together",
                   client_gap_cycles: float | None = None, with_sweep: bool = True,
-                  client_lengths: bool = True, script_flags: bool = False) -> dict[str, Any]:
+                  client_lengths: bool = True, script_flags: str | None = None) -> dict[str, Any]:
     r = case.row
     rec: dict[str, Any] = {
         "id": r.id, "line": r.line, "split": case.split, "model": r.model, "aic_model": case.aic_model,
@@ -230,10 +230,14 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
     if client_gap_cycles is not None:
         context["client_gap_cycles"] = client_gap_cycles
     flags = silicon.script_flags(r) if script_flags else None  # ROUND16_SCRIPT_FLAGS_RULE
-    mnbt, fraction = (flags.chunk_tokens, flags.memory_fraction) if flags else (MNBT, 0.9)
+    # the script's --mem-fraction-static leaves activations outside it, the replay's fraction holds them
+    # (ROUND17_MEMORY_FRACTION_RULE): replayed at the bench's own fraction unless asked for round 16's replays
+    replayed_fraction = flags.memory_fraction if flags and script_flags == WITH_MEMORY_FRACTION else 0.9
+    mnbt, fraction = (flags.chunk_tokens, replayed_fraction) if flags else (MNBT, 0.9)
     if flags:
         case = silicon.with_script_flags(case, flags)
-        rec["script_flags"] = {**vars(flags), "recv_wait_steps": flags.recv_wait_steps}
+        rec["script_flags"] = {**vars(flags), "recv_wait_steps": flags.recv_wait_steps,
+                               "replayed_memory_fraction": replayed_fraction}
 
     def client_request(c: silicon.SiliconCase, memory_fraction: float = fraction) -> EvalRequest:
         req = EvalRequest(c.sample(version, max_num_batched_tokens=mnbt, memory_fraction=memory_fraction),
@@ -303,6 +307,10 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
     return rec
 
 
+SCRIPT_FLAGS = "engine"  # --script-flags: chunk, cap and receive interval (round 17)
+WITH_MEMORY_FRACTION = "with-memory-fraction"  # ... and the script's memory fraction (round 16's replays)
+
+
 def _with_recv_wait(rec: dict[str, Any], side: str, report: Mapping[str, Any],
                     flags: silicon.ScriptFlags | None) -> dict[str, Any]:
     """A replay's mean TTFT and TPOT; with a script's scheduler receive interval, the mean polling wait (recv_wait_steps
@@ -332,7 +340,7 @@ class RowJob:
     fallback_scaling: bool  # the fallback's prefill attention scaled (FALLBACK_SCALING_RULE)
     gemm_per_tensor: str | None = None  # BACKEND:SYSTEM[,...] or "none": overrides perf_data.GEMM_PER_TENSOR
     client_lengths: bool = True  # each row's lengths as its benchmark client drew them (ROUND10_CLIENT_RULE)
-    script_flags: bool = False  # each InferenceMAX SGLang row with its script's engine flags (ROUND16_SCRIPT_FLAGS_RULE)
+    script_flags: str | None = None  # each InferenceMAX SGLang row with its script's engine flags (ROUND16/17 rules)
 
 
 _job: RowJob | None = None
@@ -652,7 +660,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             "fallback_scaling": bool(args.fallback_scaling),
             "gemm_per_tensor": args.gemm_per_tensor,
             "client_lengths": "fixed" if args.fixed_lengths else "the row's benchmark client (silicon.benchmark_client)",
-            "script_flags": bool(args.script_flags),
+            "script_flags": args.script_flags,
             "replays_from": args.from_json,
             "calibration_profile": args.fit_calibration or args.calibration,
             "quick": bool(args.quick),
@@ -1275,6 +1283,26 @@ ROUND16_SCRIPT_FLAGS_RULE = (
     "ROUND13_FIT_ROWS_RULE's conditions (1)-(4) hold against R (band tolerance 0.10). If it qualifies it becomes "
     "replay-v14.json, the default; otherwise v13 stays. The held-out rows are then re-replayed with their scripts' flags "
     "and re-reported once with the default, never to choose."
+)
+ROUND17_MEMORY_FRACTION_RULE = (
+    "round 17 (the scripts' memory fraction is not the replay's), fixed 2026-12-05 22:04 UTC after round 16's result "
+    "(replay-v14 adopted; its held-out check read once: TTFT 30 / 92 %) and before any replay or score of this round. "
+    "What it rests on (calibration rows and the replay's memory model, nothing fitted): round 16 replayed DeepSeek-R1/V3 "
+    "on H200 at the script's --mem-fraction-static 0.82, where AIC's memory model leaves 115,813 KV tokens per rank "
+    "(0.85: 245,080; 0.9: 460,525; the 1k/8k c = 64 row), so the replay thrashes (TTFT 205 ms at 0.9 -> 201,492 ms at "
+    "0.82; measured 420 ms). SGLang's mem_fraction_static bounds the weights and the KV pool only and leaves activations "
+    "and workspace outside it (ServerArgs: reserved memory = chunk x 1.5 + cuda graphs + ...), while the replay's "
+    "fraction, through AIC's memory model, holds them inside: the same number is a smaller KV pool here. Change: "
+    "--script-flags replays the script's chunk size, running-request cap and receive interval as round 16 does and "
+    "keeps the bench's memory fraction (0.9, and the nearest deployment's 0.95 / 0.98 where AIC leaves no KV budget) "
+    "instead of the script's; the script's fraction stays in the record (round 16's replays: "
+    "--script-flags=with-memory-fraction). Candidate P17 = replay-v14's method and fixed_lengths sub-profile refitted "
+    "on v14's prefix rows with these replays of InferenceMAX's SGLang rows. Reference R = replay-v14.json on its own "
+    "replays (round 16's). Test rows: the calibration rows outside the fits (the 664), each on its own replay. P17 "
+    "qualifies iff ROUND13_FIT_ROWS_RULE's conditions (1)-(4) hold against R (band tolerance 0.10). If it qualifies it "
+    "becomes replay-v15.json, the default; otherwise v14 stays. The held-out rows are then re-replayed the same way and "
+    "re-reported once with the default, never to choose; after round 16's check they are no unseen test of this "
+    "question."
 )
 ROUND8_TPOT_RULE = (
     "round 8 (TPOT), fixed 2026-12-05 before any candidate was scored (numbers seen: the lead's brief's v6 TPOT "
@@ -2176,10 +2204,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fixed-lengths", action="store_true",
                     help="replay every row with its nominal ISL/OSL and no length spread at all, not as its benchmark "
                          "client drew them (ROUND10_CLIENT_RULE; before round 10 vLLM rows also had a 0.05 OSL spread)")
-    ap.add_argument("--script-flags", action="store_true",
+    ap.add_argument("--script-flags", nargs="?", const=SCRIPT_FLAGS, choices=(SCRIPT_FLAGS, WITH_MEMORY_FRACTION),
                     help="replay each InferenceMAX SGLang agg row with the engine flags its InferenceX script passed "
-                         "(silicon.script_flags: chunk size, running-request cap, memory fraction; the scheduler "
-                         "receive interval as a mean polling wait); other rows as before (ROUND16_SCRIPT_FLAGS_RULE)")
+                         "(silicon.script_flags: chunk size, running-request cap; the scheduler receive interval as a "
+                         "mean polling wait) at the bench's memory fraction (ROUND17_MEMORY_FRACTION_RULE); "
+                         f"'{WITH_MEMORY_FRACTION}': at the script's memory fraction too, as round 16 replayed "
+                         "(ROUND16_SCRIPT_FLAGS_RULE); other rows as before")
     ap.add_argument("--fit-method", metavar="NAME", default=None,
                     help="with --fit-calibration: fit this search/calibration.py method (e.g. V10_NO_MIX) instead "
                          "of calibration.CHOSEN")

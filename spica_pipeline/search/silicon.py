@@ -287,7 +287,9 @@ _SMALL_GPUS = frozenset({"h100_sxm", "h200_sxm"})
 @dataclass(frozen=True)
 class ScriptFlags:
     """What a row's benchmark script passed the engine. max_running None: not passed (the engine's cap, far above
-    the row's concurrency); recv_interval 1: not passed."""
+    the row's concurrency); recv_interval 1: not passed. memory_fraction is SGLang's --mem-fraction-static, which
+    bounds weights and the KV pool only: the replay's fraction holds activations too, so the bench records it and
+    replays its own (bench_fidelity.ROUND17_MEMORY_FRACTION_RULE)."""
 
     chunk_tokens: int
     max_running: int | None
