@@ -61,6 +61,7 @@ def test_for_client_picks_the_fixed_length_factors_only_where_they_were_fitted()
     assert cal.for_client(p, "fixed", "sglang") is p[cal.FIXED_LENGTHS]
     assert cal.for_client(p, "fixed", "vllm") is p  # vLLM's fixed-length clients drift apart: spread replay, main
     assert cal.for_client(p, "spread", "sglang") is p and cal.for_client(p, None, "sglang") is p
+    assert cal.uses_fixed_lengths(p, "fixed", "sglang") and not cal.uses_fixed_lengths(p, "fixed", "vllm")
     plain = {k: v for k, v in p.items() if k != cal.FIXED_LENGTHS}
     assert cal.for_client(plain, "fixed", "sglang") is plain
 

@@ -63,7 +63,7 @@ def heldout_check(setting: str | None, checks: Path = HELDOUT_CHECKS,
     With `client_lengths` 'fixed', the backends the profile's fixed-length factors serve are left out:
     the check measured the main factors on spread-client rows, and no held-out row has a fixed-length
     client, so those backends' numbers are "not measured" rather than another factor's errors."""
-    from spica_pipeline.search.calibration import for_client
+    from spica_pipeline.search.calibration import uses_fixed_lengths
 
     try:
         recorded = json.loads(checks.read_text())["checks"]
@@ -76,7 +76,7 @@ def heldout_check(setting: str | None, checks: Path = HELDOUT_CHECKS,
     if check is None or profile is None or client_lengths != "fixed":
         return check
     by_backend = check.get("by_backend", {})
-    kept = {b: v for b, v in by_backend.items() if for_client(profile, client_lengths, b) is profile}
+    kept = {b: v for b, v in by_backend.items() if not uses_fixed_lengths(profile, client_lengths, b)}
     left = sorted(set(by_backend) - set(kept))
     note = (f"{', '.join(left)}: ranked with the profile's fixed-length factors (evaluation.client_lengths: fixed), "
             "which no held-out row measures (no held-out model was measured by a fixed-length client; their "

@@ -231,7 +231,7 @@ class ReplayEvaluator(dg.ConfigurableResource, Evaluator):
         if profile is None or not calibration.needs_client(profile, backend):
             return None
         # a fixed-length client is replayed with fixed lengths where the profile has factors for that replay
-        fixed = calibration.for_client(profile, (request.context or {}).get("client_lengths"), backend) is not profile
+        fixed = calibration.uses_fixed_lengths(profile, (request.context or {}).get("client_lengths"), backend)
         client_request = measurement.benchmark_client_request(request, fixed_lengths=fixed)
         derived: dict[str, Any] = {}
         started = time.perf_counter()

@@ -930,15 +930,18 @@ def fixed_length_backends(profile: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(key.split("/", 1)[0] for key in fixed.get("backend", {}))
 
 
+def uses_fixed_lengths(profile: Mapping[str, Any], client_lengths: str | None, backend: str | None) -> bool:
+    """Whether a workload whose benchmark client sends `client_lengths` ('spread' or 'fixed', the evaluation
+    section) on `backend` is replayed with fixed lengths and corrected by the FIXED_LENGTHS sub-profile: a
+    'fixed' client replayed in lockstep is another quantity than the spread replay the main factors correct,
+    so only where that sub-profile was fitted on the backend's rows (round 15: SGLang, whose fixed-length
+    clients stay in lockstep); elsewhere the main factors on the spread replay."""
+    return client_lengths == "fixed" and backend in fixed_length_backends(profile)
+
+
 def for_client(profile: Mapping[str, Any], client_lengths: str | None, backend: str | None) -> Mapping[str, Any]:
-    """The factors for a workload whose benchmark client sends `client_lengths` ('spread' or 'fixed', the
-    evaluation section) on `backend`: a 'fixed' client replayed in lockstep is another quantity than the
-    spread replay the main factors correct, so it takes the FIXED_LENGTHS sub-profile where that was fitted
-    on the backend's rows (round 15: SGLang, whose fixed-length clients stay in lockstep); elsewhere the
-    main factors on the spread replay."""
-    if client_lengths == "fixed" and backend in fixed_length_backends(profile):
-        return profile[FIXED_LENGTHS]
-    return profile
+    """The factors for that workload (`uses_fixed_lengths`): the FIXED_LENGTHS sub-profile or the main ones."""
+    return profile[FIXED_LENGTHS] if uses_fixed_lengths(profile, client_lengths, backend) else profile
 
 
 def _factor(profile: Mapping[str, Any], system: str, backend: str, phase: str,

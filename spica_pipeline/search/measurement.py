@@ -65,7 +65,7 @@ def benchmark_client_request(request: Any, request_ratio: float = CLIENT_REQUEST
     """`request` (an EvalRequest) as the benchmark client replays it: every client at t=0,
     `request_ratio` x c requests, every request counted, no calibration of its own (the same
     replay bench/bench_fidelity.py records as "ours"). `fixed_lengths`: a client that sends exactly the
-    workload's ISL and OSL (search/calibration.for_client says when a sweep's client is replayed so)."""
+    workload's ISL and OSL (search/calibration.uses_fixed_lengths says when a sweep's client is replayed so)."""
     from dataclasses import replace
 
     context = {k: v for k, v in (request.context or {}).items() if k not in ("calibration", "client_lengths")}
