@@ -46,7 +46,8 @@ PER_BACKEND_FORMAT = 3  # what fit writes when some (backend, phase) has its own
 # 1: replay-v1/v2 (load slope applied as c^b); 2: explicit terms; 3: 2 + "<backend>/<phase>" keys in
 # "terms" and "replay" (replay-v5), which a format-2 reader would silently ignore
 MIX_FORMAT = 4  # 2/3 + "client_mix" (round 7: a phase's replayed value between the sweep and the client replay)
-READABLE_FORMATS = (1, 2, 3, 4)
+OVERHEAD_FORMAT = 5  # 2-4 + "overhead_ms" (round 18: a fixed per-request cost added to the replayed value)
+READABLE_FORMATS = (1, 2, 3, 4, 5)
 PHASES = ("ttft", "tpot")
 SHRINK_K = 3.0
 MIN_BAND_ROWS = 5
@@ -61,6 +62,11 @@ REPLAYS = ("sweep", "client")
 # rounds 14-15 (bench_fidelity.ROUND15_LOCKSTEP_RULE): a profile's FIXED_LENGTHS entry holds the factors fitted on rows
 # whose benchmark client sent exactly the workload's ISL and OSL (evaluation.client_lengths: fixed), replayed so
 FIXED_LENGTHS = "fixed_lengths"
+# round 18 (PhaseMethod.overhead): the per-request costs in ms a phase's overhead is chosen from, per backend, by
+# leave-one-model-out score on the fit rows (OVERHEAD_GRID_MS[0] = 0 keeps the pure multiplicative correction)
+OVERHEAD_GRID_MS = (0.0, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 75.0, 100.0, 150.0, 200.0)
+# a phase's score, the distance to issue 14's targets in target units: MdAPE / target + P90 / target (lower is better)
+SCORE_TARGETS = {"ttft": (0.20, 0.50), "tpot": (0.10, 0.50)}
 # the prefill chunk budget a ClientMix gate counts passes in when the candidate does not say (the replay's
 # max_num_batched_tokens in every bench row, bench_fidelity.MNBT)
 CHUNK_TOKENS = 8192
@@ -149,6 +155,10 @@ class PhaseMethod:
     # round 8: each offset (slice, backend, phase) a weighted median of its rows, every model weighing 1 in total,
     # instead of the median of per-model medians (both give each model one vote; this one reads within-model spread)
     balanced_offsets: bool = False
+    # round 18: silicon = factor x (replayed + a): a fixed per-request cost a (ms, per backend) the replay does not
+    # model (HTTP, tokenisation, scheduling); a multiplicative factor alone over-corrects long prefills to fit short
+    # ones. a from OVERHEAD_GRID_MS by the backend's leave-one-model-out score on the fit rows (resolve_overhead)
+    overhead: bool = False
 
     def label(self) -> str:
         if self.raw:
@@ -157,7 +167,7 @@ class PhaseMethod:
                 + (" centred" if self.centred else "")
                 + (f" +{self.extra}" if self.extra else "") + ("" if self.slices else " backend-only")
                 + (" within-model" if self.within else "") + (" balanced" if self.balanced else "")
-                + (" balanced-offsets" if self.balanced_offsets else ""))
+                + (" balanced-offsets" if self.balanced_offsets else "") + (" +overhead" if self.overhead else ""))
 
     @property
     def is_reference(self) -> bool:
@@ -252,6 +262,15 @@ class Method:
     # fit; every other entry is the same method's fit without the mix (an SGLang basis change then cannot move
     # the vLLM offsets through the shared phase-level parent or the pooled slope)
     decoupled: bool = False
+    # (backend, phase, ms): the per-request costs of PhaseMethod.overhead phases; None: not fitted yet (resolve_overhead)
+    overhead_ms: tuple[tuple[str, str, float], ...] | None = None
+
+    def overhead_for(self, phase: str, backend: str | None) -> float:
+        """The ms added to a row's replayed value of `phase` before the factors (0 without an overhead)."""
+        for b, p, ms in self.overhead_ms or ():
+            if b == backend and p == phase:
+                return ms
+        return 0.0
 
     def mix_for(self, phase: str, backend: str | None) -> ClientMix | None:
         for b, p, mix in self.client_mix:
@@ -286,6 +305,10 @@ class Method:
                 "pseudo-models; correction exp(m + s b x [+ extra term]) (a 'raw' phase: no correction, factor 1, "
                 "only its band); band = P10-P90 of leave-one-model-out "
                 "calibrated residuals, widened sqrt(1+K/n), x1.5 for a slice without rows"
+                + ("" if not any(self.phase(p).overhead for p in PHASES) else
+                   "; '+overhead': replayed + a (ms, per backend, from OVERHEAD_GRID_MS by the backend's "
+                   "leave-one-model-out score on the fit rows) before every other step, so silicon = correction x "
+                   "(replayed + a)")
                 + ("" if self.ttft_band.is_reference and self.tpot_band.is_reference else
                    f" (band pools: TTFT {self.ttft_band.label()}, TPOT {self.tpot_band.label()}; 'backend'/'phase': every "
                    "slice reads its (backend, phase) / phase pool; 'balanced': each model weighs the same in the "
@@ -379,6 +402,8 @@ V13 = replace(V12_BAND_90, name="v13")
 # TTFT score 1.909 -> 1.731 (SGLang 3.192 -> 2.622, vLLM 1.457 -> 1.441), TPOT 2.133 -> 2.124
 # (bench/results/round16/round16_refit_P16.json)
 V14 = replace(V12_BAND_90, name="v14")
+# round 18's candidate (bench_fidelity.ROUND18_OVERHEAD_RULE): v14 with a per-request overhead in TTFT, per backend
+V14_OVERHEAD = replace(V14, name="v14-overhead", ttft=replace(V14.ttft, overhead=True))
 CHOSEN = V14
 METHOD = CHOSEN.describe()
 
@@ -548,6 +573,56 @@ def resolve_mix(records: Iterable[Mapping[str, Any]], method: "Method") -> "Meth
         for b, p, mix in method.client_mix))
 
 
+def phase_score(apes: list[float], phase: str) -> float:
+    """SCORE_TARGETS' score of absolute fractional errors (inf without any)."""
+    if not apes:
+        return math.inf
+    t_md, t_p90 = SCORE_TARGETS[phase]
+    return quantile(apes, 0.5) / t_md + quantile(apes, 0.9) / t_p90
+
+
+def lomo_score(records: list[Mapping[str, Any]], method: "Method", phase: str, backend: str) -> float:
+    """The phase's score on `backend`'s rows, each row calibrated by `method` fitted without the row's model."""
+    apes: list[float] = []
+    models = sorted({str(r.get("model")) for r in records})
+    for model in models:
+        train = [r for r in records if str(r.get("model")) != model]
+        test = [r for r in records if str(r.get("model")) == model and r.get("backend") == backend]
+        if not train or not test:
+            continue
+        sub = fit(train, fitted="lomo", source="lomo", method=method, lomo_bands=False, fallback=False)
+        for x in residual_rows(test, method):
+            if x["phase"] == phase:
+                f = _factor(sub, x["system"], x["backend"], phase, x["x"])[0]
+                apes.append(abs(math.exp(math.log(f) - x["residual"]) - 1.0))
+    return phase_score(apes, phase)
+
+
+def resolve_overhead(records: Iterable[Mapping[str, Any]], method: "Method") -> "Method":
+    """The method with its PhaseMethod.overhead phases' per-request costs fitted on `records`: per phase, backend
+    by backend (sorted; the others at their chosen value, first 0), the OVERHEAD_GRID_MS value with the lowest
+    lomo_score (ties to the smaller)."""
+    if method.overhead_ms is not None:
+        return method
+    phases = [p for p in PHASES if method.phase(p).overhead]
+    if not phases:
+        return replace(method, overhead_ms=())
+    records = list(records)
+    chosen: dict[tuple[str, str], float] = {}
+
+    def current() -> "Method":
+        return replace(method, overhead_ms=tuple((b, p, ms) for (b, p), ms in sorted(chosen.items())))
+
+    for phase in phases:
+        for backend in sorted({str(r.get("backend")) for r in records}):
+            scores = []
+            for ms in OVERHEAD_GRID_MS:
+                chosen[(backend, phase)] = ms
+                scores.append((lomo_score(records, current(), phase, backend), ms))
+            chosen[(backend, phase)] = min(scores)[1]
+    return current()
+
+
 def residual_rows(records: Iterable[Mapping[str, Any]], method: "Method | None" = None) -> list[dict[str, Any]]:
     """Bench records -> {id, model, system, backend, phase, x (features), residual} for rows with both
     numbers positive; each phase's replayed value on the method's basis (PhaseMethod.replay), or its
@@ -559,6 +634,8 @@ def residual_rows(records: Iterable[Mapping[str, Any]], method: "Method | None" 
             basis = method.phase_for(phase, r.get("backend")).replay if method else "sweep"
             mix = method.mix_for(phase, r.get("backend")) if method and basis == "client" else None
             o = mixed_replayed(r, phase, mix) if mix else replayed(r, phase, basis)
+            if o is not None and method is not None:
+                o += method.overhead_for(phase, r.get("backend"))
             s = silicon.get(phase)
             if o and s and o > 0 and s > 0 and math.isfinite(o) and math.isfinite(s):
                 out.append({"id": r["id"], "model": r.get("model"), "system": r["system"], "backend": r["backend"],
@@ -641,16 +718,18 @@ def _terms(rows: list[dict[str, Any]], method: Method) -> dict[str, list[dict[st
 
 
 def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, method: Method | None = None,
-        lomo_bands: bool = True) -> dict[str, Any]:
+        lomo_bands: bool = True, fallback: bool = True) -> dict[str, Any]:
     """A profile (JSON-able, format 2) from calibration-split bench records; refuses held-out rows.
 
     lomo_bands: bands from leave-one-model-out residuals (each row scored by a profile fitted
     without its model), because the profile is used on models it never saw; in-sample residuals
     covered only 58 % (TTFT) / 42 % (TPOT) of unseen-model rows with a nominal 80 % band.
+    fallback: False leaves out a client-basis method's sweep_fallback (the inner fits of leave-one-model-out
+    scores and bands read only the main factors).
     """
     method = method or CHOSEN
     records = list(records)
-    method = resolve_mix(records, method)
+    method = resolve_overhead(records, resolve_mix(records, method))
     if method.client_mix and method.decoupled:
         return _fit_decoupled(records, fitted=fitted, source=source, method=method, lomo_bands=lomo_bands)
     if method.per_backend:
@@ -689,13 +768,16 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
     mixes = {f"{b}/{p}": mix.entry() for b, p, mix in method.client_mix if method.phase_for(p, b).replay == "client"}
     if mixes:
         profile["format"], profile["client_mix"] = MIX_FORMAT, mixes
+    if method.overhead_ms:
+        profile["format"] = OVERHEAD_FORMAT
+        profile["overhead_ms"] = {f"{b}/{p}": ms for b, p, ms in method.overhead_ms}
     # bands from calibrated residuals (each row corrected by a profile fitted without the row's
     # model, or in sample by its own profile)
     calibrated: dict[tuple[str, str, str], list[tuple[float, str]]] = defaultdict(list)
     models = sorted({str(r.get("model")) for r in rows})
     for model in (models if lomo_bands and len(models) > 1 else [None]):
         sub = profile if model is None else fit([r for r in records if str(r.get("model")) != model], fitted=fitted,
-                                                source=source, method=method, lomo_bands=False)
+                                                source=source, method=method, lomo_bands=False, fallback=False)
         for x in residual_rows((r for r in records if model is None or str(r.get("model")) == model), method):
             f = _factor(sub, x["system"], x["backend"], x["phase"], x["x"])[0]
             calibrated[(x["system"], x["backend"], x["phase"])].append((x["residual"] - math.log(f),
@@ -731,10 +813,11 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
         entry["band"] = _band(phase_res[p], FALLBACK_WIDEN, method.band(p))
     if not (method.ttft_band.is_reference and method.tpot_band.is_reference):
         profile["band_method"] = {p: vars(method.band(p)).copy() for p in PHASES}
-    if any(method.phase(p).replay == "client" for p in PHASES):
+    if fallback and any(method.phase(p).replay == "client" for p in PHASES):
         # for a sweep without a client replay (open loop, trace, planner): the same method on the sweep basis
+        # (its own overheads: the sweep's replayed values are other numbers)
         sweep_method = replace(method, name=f"{method.name}-sweep", ttft=replace(method.ttft, replay="sweep"),
-                               tpot=replace(method.tpot, replay="sweep"), client_mix=())
+                               tpot=replace(method.tpot, replay="sweep"), client_mix=(), overhead_ms=None)
         profile["sweep_fallback"] = fit(records, fitted=fitted, source=source, method=sweep_method,
                                         lomo_bands=lomo_bands)
     return profile
@@ -794,7 +877,7 @@ def _fit_per_backend(records: list[Mapping[str, Any]], *, fitted: str, source: s
             target["terms"][f"{backend}/{phase}"] = own["terms"][phase]
             target["replay"][f"{backend}/{phase}"] = own["replay"][phase]
     for target in (profile, fallback):
-        target["format"] = PER_BACKEND_FORMAT
+        target["format"] = OVERHEAD_FORMAT if "overhead_ms" in target else PER_BACKEND_FORMAT
         target["slices"] = dict(sorted(target["slices"].items()))
     profile["method"], profile["method_name"] = method.describe(), method.name
     fallback["method"], fallback["method_name"] = method.describe() + " [sweep fallback]", f"{method.name}-sweep"
@@ -860,15 +943,17 @@ def validate(profile: Any) -> dict[str, Any]:
     overrides = sorted(k for k in (*replay, *(profile["terms"] if fmt != 1 and isinstance(profile["terms"], dict)
                                              else ())) if k not in PHASES)
     for key in overrides:  # "<backend>/<phase>" (format 3 only)
-        if fmt not in (PER_BACKEND_FORMAT, MIX_FORMAT) or key.count("/") != 1 or key.split("/")[1] not in PHASES:
+        if fmt not in (PER_BACKEND_FORMAT, MIX_FORMAT, OVERHEAD_FORMAT) or key.count("/") != 1 \
+                or key.split("/")[1] not in PHASES:
             raise ProfileError(f"{key!r}: per-backend keys are '<backend>/<phase>' and need format "
-                               f"{PER_BACKEND_FORMAT} or {MIX_FORMAT}")
+                               f"{PER_BACKEND_FORMAT}, {MIX_FORMAT} or {OVERHEAD_FORMAT}")
         if replay.get(key, "sweep") not in REPLAYS:
             raise ProfileError(f"replay.{key} must be one of {list(REPLAYS)}, got {replay[key]!r}")
     mixes = profile.get("client_mix")
     if mixes is not None or fmt == MIX_FORMAT:
-        if fmt != MIX_FORMAT or not isinstance(mixes, dict) or not mixes:
-            raise ProfileError(f"client_mix (a non-empty object) and format {MIX_FORMAT} go together")
+        if fmt not in (MIX_FORMAT, OVERHEAD_FORMAT) or not isinstance(mixes, dict) or not mixes:
+            raise ProfileError(f"client_mix (a non-empty object) and format {MIX_FORMAT} (or {OVERHEAD_FORMAT}) "
+                               "go together")
         for key, mix in mixes.items():
             backend, _, phase = key.partition("/")
             if phase not in PHASES or not backend or replay_basis(profile, phase, backend) != "client":
@@ -880,6 +965,14 @@ def validate(profile: Any) -> dict[str, Any]:
                                                                     mix.get("native_weight", 0.0))):
                 raise ProfileError(f"client_mix.{key} must be {{weight: 0-1, max_passes: number|null, "
                                    f"chunk_tokens, optional above_weight / native_weight: 0-1}}, got {mix!r}")
+    overhead = profile.get("overhead_ms")
+    if overhead is not None or fmt == OVERHEAD_FORMAT:  # round 18: ms added to the replayed value before the factors
+        if fmt != OVERHEAD_FORMAT or not isinstance(overhead, dict) or not overhead:
+            raise ProfileError(f"overhead_ms (a non-empty object) and format {OVERHEAD_FORMAT} go together")
+        for key, ms in overhead.items():
+            backend, _, phase = key.partition("/")
+            if phase not in PHASES or not backend or not _number(ms) or ms < 0:
+                raise ProfileError(f"overhead_ms.{key}: keys are '<backend>/<phase>', values ms >= 0, got {ms!r}")
     band_method = profile.get("band_method")
     if band_method is not None:  # how the bands were built (provenance; lookups read only the bands)
         if not isinstance(band_method, dict) or set(band_method) != set(PHASES):
@@ -999,6 +1092,9 @@ def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: 
     the backend (format 4) corrects sweep x (client / sweep)^w instead, w from the entry,
     `prefill_passes` (the candidate's first-wave prefill passes, calibration.prefill_passes) and
     `attention_fallback` (its attention timed with bf16 fallback data, attention_fallback; None: unknown).
+    A profile with "overhead_ms" (format 5) corrects (replayed + a): the phase's factor on this report is then
+    factor x (replayed + a) / the report's own mean (the phase's other keys take that factor too, so their a
+    scales with their value: exact for the mean the profile was fitted on, close for medians and percentiles).
     """
     out: dict[str, Any] = {}
     per_phase = concurrency if isinstance(concurrency, Mapping) else {p: concurrency for p in PHASES}
@@ -1007,17 +1103,23 @@ def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: 
         basis = replay_basis(profile, p, backend)
         own = _finite(report.get(f"mean_{p}_ms"))
         seen = _finite((client or {}).get(p))
+        corrected, base = profile, own  # the profile whose factors (and overhead) apply, and the value they correct
         if basis == "client" and seen is not None and seen > 0 and own is not None and own > 0:
             info = lookup(profile, system, backend, p, per_phase.get(p), isl=isl, osl=osl)
             mix = (profile.get("client_mix") or {}).get(f"{backend}/{p}")
             w = 1.0 if mix is None else mix_weight(mix, prefill_passes, attention_fallback)
-            info = {**info, "factor": info["factor"] * (seen / own) ** w}
+            base = own * (seen / own) ** w
+            info = {**info, "factor": info["factor"] * base / own}
             out[f"client_mean_{p}_ms"] = seen
         elif basis == "client":
-            info = lookup(profile["sweep_fallback"], system, backend, p, per_phase.get(p), isl=isl, osl=osl)
+            corrected = profile["sweep_fallback"]
+            info = lookup(corrected, system, backend, p, per_phase.get(p), isl=isl, osl=osl)
             info = {**info, "source": f"sweep_fallback:{info['source']}"}
         else:
             info = lookup(profile, system, backend, p, per_phase.get(p), isl=isl, osl=osl)
+        overhead = (corrected.get("overhead_ms") or {}).get(f"{backend}/{p}", 0.0)
+        if overhead and base is not None and base > 0:  # factor x replayed -> factor x (replayed + a)
+            info = {**info, "factor": info["factor"] * (base + overhead) / base}
         looked[p] = info
     for key, (phase, exponent) in CALIBRATED_KEYS.items():
         v = report.get(key)
