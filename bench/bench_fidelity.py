@@ -1306,7 +1306,7 @@ ROUND17_MEMORY_FRACTION_RULE = (
     "question."
 )
 ROUND18_OVERHEAD_RULE = (
-    "round 18 (a per-request overhead in TTFT), fixed 2026-12-05 23:21 UTC before any candidate was scored on a test "
+    "round 18 (a per-request overhead in TTFT), fixed 2026-12-05 23:20 UTC before any candidate was scored on a test "
     "row. What it rests on (calibration rows, v14's replays): at low concurrency silicon TTFT exceeds the benchmark-"
     "client replay by a roughly constant number of ms while the ratios differ by model (vLLM, 1k ISL, c = 4-16: "
     "MiniMax-M2.5 +17-26 ms, ratio 1.7-2.1; Qwen3-32B +43-52 ms, 1.8-2.0; Llama-3.1-70B +53-110 ms, 2.4-3.4), and at "
@@ -1329,6 +1329,30 @@ ROUND18_OVERHEAD_RULE = (
     "conditions (1)-(4) hold against R (band tolerance 0.10). If it qualifies it becomes replay-v15.json, the default; "
     "otherwise v14 stays. The held-out rows (stored replays, unchanged) are then re-reported once with the default, "
     "never to choose."
+)
+ROUND19_TPOT_OVERHEAD_RULE = (
+    "round 19 (a per-step overhead in TPOT), fixed 2026-12-05 23:23 UTC after round 18's result (P18 did not qualify: "
+    "TTFT score 1.731 -> 1.869 on the 664 test rows, bench/results/round18/round18_refit_P18.json) and before any "
+    "candidate of this round was scored. What it rests on (all 1,135 calibration rows, the 664 test rows among them, "
+    "uncorrected client-replay TPOT against silicon by quartile of the replayed TPOT per (backend, model, mode), read "
+    "23:22 UTC; no candidate scored): on vLLM silicon TPOT exceeds the replayed TPOT by a roughly "
+    "constant 1-2 ms per token while the ratio falls as the step grows (MiniMax-M2.5 +1.8 / +2.1 / +1.5 / +0.8 ms, ratio "
+    "1.26 -> 1.02; Qwen3-32B +1.8 / +1.7 / +2.0 / +5.3 ms, 1.22 -> 1.07; Llama-3.1-70B +0.9 / +1.0 / +1.0 / +2.2 ms); "
+    "on SGLang no common pattern (DeepSeek-R1 -0.9 to +0.7 ms, Qwen3-32B +0.4 to +1.6 ms). v14 leaves TPOT uncorrected "
+    "(round 8: per-slice factors did not transfer between models). A decode step's CPU work (scheduling, sampling, "
+    "detokenisation, the step's launch) adds ms per token, not a ratio, and the replay's step is AIC's kernel times. "
+    "Also known: v14's held-out TPOT (13 % / 35 %, bias -2 %). Change: calibration.PhaseMethod.overhead on TPOT (round "
+    "18's mechanism; OVERHEAD_GRID_MS became per phase, its TTFT values unchanged): TPOT = the client replay's TPOT + a, "
+    "a per backend from OVERHEAD_GRID_MS['tpot'] (0-4 ms) by the lowest leave-one-model-out TPOT score (MdAPE / 10 % + "
+    "P90 / 50 %) of the backend's fit rows, backend by backend, ties to the smaller; still no factor (raw); its band "
+    "refitted on the shifted residuals. Candidate P19 = calibration.V14_TPOT_OVERHEAD fitted on v14's prefix rows and "
+    "replays (--from-json N16,PRE --fit-skip aic/sglang), v14's fixed_lengths sub-profile unchanged. Reference R = "
+    "replay-v14.json; test rows the 664 calibration rows outside the fits, both on the same replays. P19 qualifies iff "
+    "(1) its TPOT score is lower than R's, (2) its TPOT score on each backend's test rows is not higher than R's + 0.05, "
+    "(3) every TTFT number equals R's (a TPOT-only change), (4) TTFT and TPOT band coverage per ROUND10_CLIENT_RULE (3) "
+    "with --band-tolerance 0.10 (compare_refit's round19_conditions). If it qualifies it becomes replay-v15.json, the "
+    "default; otherwise v14 stays. The held-out rows (stored replays) are then re-reported once with the default, never "
+    "to choose."
 )
 ROUND8_TPOT_RULE = (
     "round 8 (TPOT), fixed 2026-12-05 before any candidate was scored (numbers seen: the lead's brief's v6 TPOT "
@@ -2422,6 +2446,13 @@ def compare_refit(records: list[dict[str, Any]], old: dict[str, Any], new: dict[
         "vllm_ttft_within_0.05": b["ttft"].get("score_vllm", 0) <= a["ttft"].get("score_vllm", 0) + 0.05,
         "tpot_not_higher": b["tpot"]["score"] <= a["tpot"]["score"], "bands": bands_ok}
     out["round13_qualifies"] = all(out["round13_conditions"].values())
+    out["round19_conditions"] = {  # ROUND19_TPOT_OVERHEAD_RULE: a TPOT-only change
+        "tpot_lower": b["tpot"]["score"] < a["tpot"]["score"],
+        "tpot_per_backend_within_0.05": all(b["tpot"].get(k, 0) <= v + 0.05 for k, v in a["tpot"].items()
+                                            if k.startswith("score_")),
+        "ttft_unchanged": all(b["ttft"][k] == a["ttft"][k] for k in ("mdape", "p90", "bias", "band_coverage")),
+        "bands": bands_ok}
+    out["round19_qualifies"] = all(out["round19_conditions"].values())
     print(f"refit comparison on {a['rows']} rows outside both fits: TTFT score {a['ttft']['score']} -> "
           f"{b['ttft']['score']}, TPOT {a['tpot']['score']} -> {b['tpot']['score']}, adopted {out['adopted']}")
     return out

@@ -70,3 +70,20 @@ def test_a_bad_overhead_entry_is_refused(change, match):
     p = cal.fit(rows(), fitted="d", source="t", method=OVERHEAD)
     with pytest.raises(cal.ProfileError, match=match):
         cal.validate({**p, **change})
+
+
+def test_a_raw_phase_with_an_overhead_corrects_by_adding_it_only():
+    method = cal.Method("tpot-overhead", cal.PhaseMethod(0.0, replay="client"),
+                        cal.PhaseMethod(0.0, replay="client", raw=True, overhead=True))
+    records = []
+    for m in range(3):
+        for i, step in enumerate((4.0 + m, 8.0, 16.0, 40.0)):
+            r = rec(i, f"m{m}", 100.0)
+            r["ours"]["tpot"], r["silicon"]["tpot"] = step, step + 1.5
+            records.append(r)
+    p = cal.fit(records, fitted="d", source="t", method=method)
+    assert p["overhead_ms"] == {"vllm/tpot": 1.5} and p["slices"]["h200_sxm/vllm/tpot"]["factor"] == 1.0
+    out = cal.calibrate({"mean_ttft_ms": 100.0, "mean_tpot_ms": 5.0, "mean_output_token_throughput_per_user": 200.0},
+                        p, system="h200_sxm", backend="vllm", concurrency=8, client={"ttft": 100.0, "tpot": 6.0})
+    assert out["calibrated_mean_tpot_ms"] == pytest.approx(7.5)  # the client's 6 ms + 1.5 ms
+    assert out["calibrated_mean_output_token_throughput_per_user"] == pytest.approx(200.0 * 5.0 / 7.5)

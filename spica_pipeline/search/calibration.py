@@ -62,9 +62,11 @@ REPLAYS = ("sweep", "client")
 # rounds 14-15 (bench_fidelity.ROUND15_LOCKSTEP_RULE): a profile's FIXED_LENGTHS entry holds the factors fitted on rows
 # whose benchmark client sent exactly the workload's ISL and OSL (evaluation.client_lengths: fixed), replayed so
 FIXED_LENGTHS = "fixed_lengths"
-# round 18 (PhaseMethod.overhead): the per-request costs in ms a phase's overhead is chosen from, per backend, by
-# leave-one-model-out score on the fit rows (OVERHEAD_GRID_MS[0] = 0 keeps the pure multiplicative correction)
-OVERHEAD_GRID_MS = (0.0, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 75.0, 100.0, 150.0, 200.0)
+# PhaseMethod.overhead: the costs in ms a phase's overhead is chosen from, per backend, by leave-one-model-out score
+# on the fit rows (0 first: the pure multiplicative correction); TTFT: per request (round 18), TPOT: per decode step
+# (round 19)
+OVERHEAD_GRID_MS = {"ttft": (0.0, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 75.0, 100.0, 150.0, 200.0),
+                    "tpot": (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)}
 # a phase's score, the distance to issue 14's targets in target units: MdAPE / target + P90 / target (lower is better)
 SCORE_TARGETS = {"ttft": (0.20, 0.50), "tpot": (0.10, 0.50)}
 # the prefill chunk budget a ClientMix gate counts passes in when the candidate does not say (the replay's
@@ -157,7 +159,8 @@ class PhaseMethod:
     balanced_offsets: bool = False
     # round 18: silicon = factor x (replayed + a): a fixed per-request cost a (ms, per backend) the replay does not
     # model (HTTP, tokenisation, scheduling); a multiplicative factor alone over-corrects long prefills to fit short
-    # ones. a from OVERHEAD_GRID_MS by the backend's leave-one-model-out score on the fit rows (resolve_overhead)
+    # ones. a from OVERHEAD_GRID_MS by the backend's leave-one-model-out score on the fit rows (resolve_overhead).
+    # Round 19: the same for TPOT, a per decode step (the engine's CPU work between steps); with raw, factor 1
     overhead: bool = False
 
     def label(self) -> str:
@@ -404,6 +407,8 @@ V13 = replace(V12_BAND_90, name="v13")
 V14 = replace(V12_BAND_90, name="v14")
 # round 18's candidate (bench_fidelity.ROUND18_OVERHEAD_RULE): v14 with a per-request overhead in TTFT, per backend
 V14_OVERHEAD = replace(V14, name="v14-overhead", ttft=replace(V14.ttft, overhead=True))
+# round 19's candidate (bench_fidelity.ROUND19_TPOT_OVERHEAD_RULE): v14 with TPOT = the client replay's + a per-step overhead
+V14_TPOT_OVERHEAD = replace(V14, name="v14-tpot-overhead", tpot=replace(V14.tpot, overhead=True))
 CHOSEN = V14
 METHOD = CHOSEN.describe()
 
@@ -616,7 +621,7 @@ def resolve_overhead(records: Iterable[Mapping[str, Any]], method: "Method") -> 
     for phase in phases:
         for backend in sorted({str(r.get("backend")) for r in records}):
             scores = []
-            for ms in OVERHEAD_GRID_MS:
+            for ms in OVERHEAD_GRID_MS[phase]:
                 chosen[(backend, phase)] = ms
                 scores.append((lomo_score(records, current(), phase, backend), ms))
             chosen[(backend, phase)] = min(scores)[1]
