@@ -16,7 +16,7 @@ from typing import Any
 
 from spica_pipeline.errors import ConfigError, one_line
 
-PACKAGED = Path(__file__).resolve().parent.parent / "calibration" / "replay-v14.json"
+PACKAGED = Path(__file__).resolve().parent.parent / "calibration" / "replay-v15.json"
 HELDOUT_CHECKS = PACKAGED.parent / "heldout_checks.json"
 RAW = "none"  # the held-out check of uncalibrated sweep numbers (`evaluation.calibration: none`)
 

@@ -409,7 +409,12 @@ V14 = replace(V12_BAND_90, name="v14")
 V14_OVERHEAD = replace(V14, name="v14-overhead", ttft=replace(V14.ttft, overhead=True))
 # round 19's candidate (bench_fidelity.ROUND19_TPOT_OVERHEAD_RULE): v14 with TPOT = the client replay's + a per-step overhead
 V14_TPOT_OVERHEAD = replace(V14, name="v14-tpot-overhead", tpot=replace(V14.tpot, overhead=True))
-CHOSEN = V14
+# replay-v15 (the default since round 19, bench_fidelity.ROUND19_TPOT_OVERHEAD_RULE): v14 with TPOT = the client replay's TPOT
+# + a per-step overhead per backend (vLLM 2 ms, SGLang 0), still no TPOT factor; against v14 on the 664 calibration rows
+# outside the fits, same replays: TPOT MdAPE / P90 14.0 / 36.4 % -> 8.0 / 35.1 %, score 2.124 -> 1.501, TTFT unchanged
+# (bench/results/round18/round19_refit_P19.json). Round 18's TTFT overhead (V14_OVERHEAD) did not qualify.
+V15 = replace(V14_TPOT_OVERHEAD, name="v15")
+CHOSEN = V15
 METHOD = CHOSEN.describe()
 
 # report key -> (phase, exponent): calibrated = raw x factor**exponent
