@@ -139,7 +139,9 @@ def test_the_packaged_profile_is_valid_and_fitted_on_calibration_rows_only():
     from spica_pipeline.search.silicon import CALIBRATION_MODELS
 
     p, digest = loader.load_profile("auto")
-    assert p["format"] == (cal.MIX_FORMAT if cal.CHOSEN.client_mix else cal.PROFILE_FORMAT) and digest and p["rows_used"]
+    overhead = any(cal.CHOSEN.phase(ph).overhead for ph in cal.PHASES)
+    expected = cal.OVERHEAD_FORMAT if overhead else cal.MIX_FORMAT if cal.CHOSEN.client_mix else cal.PROFILE_FORMAT
+    assert p["format"] == expected and digest and p["rows_used"]
     assert set(p["phase"]) == set(cal.PHASES)
     # the packaged profile is the shipped method's fit (bench_fidelity.py --fit-calibration)
     assert p["method_name"] == cal.CHOSEN.name and p["method"] == cal.METHOD
@@ -284,7 +286,7 @@ def test_a_calibrated_sweep_ranks_on_calibrated_goodput_and_says_so(tmp_path):
     report = (out / "report.md").read_text()
     assert "Ranked on **calibrated** numbers" in report
     # the packaged profile's recorded held-out check, for the shown backend (tests/test_heldout_check.py)
-    assert "## Accuracy on unseen models (held-out check)" in report and "`replay-v14.json`" in report
+    assert "## Accuracy on unseen models (held-out check)" in report and "`replay-v15.json`" in report
     assert "| vllm | 429 |" in report and "| sglang |" not in report
     assert "# held-out check of these numbers: vllm TTFT median error" in (out / "deploy" / "1" / "dgd.yaml").read_text()
 

@@ -38,8 +38,8 @@ def two_client_profile():
 
 def test_the_packaged_profile_is_v14_with_sglang_fixed_length_factors():
     profile, _ = loader.load_profile("auto")
-    assert loader.PACKAGED.name == "replay-v14.json" and cal.CHOSEN is cal.V14 and profile is not None
-    assert profile["method_name"] == "v14" and cal.fixed_length_backends(profile) == {"sglang"}
+    assert loader.PACKAGED.name == "replay-v15.json" and cal.CHOSEN is cal.V15 and profile is not None
+    assert profile["method_name"] == "v15" and cal.fixed_length_backends(profile) == {"sglang"}
     v13, _ = loader.load_profile(str(loader.PACKAGED.with_name("replay-v13.json")))
     assert v13 is not None and profile[cal.FIXED_LENGTHS] == v13[cal.FIXED_LENGTHS]  # round 16 kept them
     fixed = profile[cal.FIXED_LENGTHS]
