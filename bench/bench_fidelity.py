@@ -734,23 +734,6 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
                 " Round 8 (TTFT): the blend only where the attention was timed with the bf16 fallback data, by "
                 "leave-one-model-out on the 1,135 stored calibration rows (bench_fidelity.py --compare-round8-ttft, "
                 "bench/results/fidelity_calibration_round8_ttft.json, 2026-12-05): " + ROUND8_TTFT_RULE)
-        version = _profile_version(fit_method.name)
-        if version >= 10:
-            profile["provenance"]["round10_choice"] = (
-                "the calibration rows outside the fit, against replay-v9.json (bench_fidelity.py --compare-refit "
-                "--band-tolerance 0.10, bench/results/round10/round10b_refit_V10*.json, 2026-12-05): "
-                + ROUND10_CLIENT_RULE)
-        if version >= 12 and fit_method.name == f"v{version}":
-            profile["provenance"]["round12_choice"] = (
-                "AIC's runners' rows replayed as a sweep replays them (ROUND11_BENCH_IS_SWEEP_RULE), then the TTFT band "
-                "spread by nested leave-one-model-out coverage and the adoption test against replay-v11.json "
-                "(bench/results/round10/round11_refit_V12.json, round12_refit_V12_BAND_90.json, 2026-12-05): "
-                + ROUND11_BENCH_IS_SWEEP_RULE + " " + ROUND12_BAND_RULE)
-        if version >= 11 and fit_method.name == f"v{version}":
-            profile["provenance"]["round10c_choice"] = (
-                "the calibration rows outside the fit, against replay-v10.json (bench_fidelity.py --compare-refit "
-                "--band-tolerance 0.10, bench/results/round10/round10c_refit_V11.json, 2026-12-05): "
-                + ROUND10C_SWEEP_RULE)
         if fit_method.tpot.raw:
             profile["provenance"]["tpot_choice"] = (
                 "leave-one-model-out on the calibration split only (bench_fidelity.py --compare-round8-tpot, "
@@ -765,28 +748,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
                 f"fixed lengths (--clients aic --fixed-lengths), backends {sorted(calibration.fixed_length_backends(profile))}"
                 ", applied to a workload with evaluation.client_lengths: fixed on those backends")
             calibration.validate(profile)
-        if version >= 13 and fit_method.name == f"v{version}":
-            profile["provenance"]["round15_choice"] = (
-                "the main factors without AIC's SGLang runner's rows (--fit-skip aic/sglang) and the fixed-length factors "
-                "beside them, against replay-v12.json on the calibration rows outside the fits (bench_fidelity.py "
-                "--compare-refit --refit-reference-from-json --band-tolerance 0.10, "
-                "bench/results/round14/round15_refit_P15.json, 2026-12-05; round 14's per-client candidate did not "
-                "qualify, round14_refit_P14.json): " + ROUND15_LOCKSTEP_RULE)
-        if version >= 14 and fit_method.name == f"v{version}":
-            profile["provenance"]["round16_choice"] = (
-                "the main factors refitted on InferenceMAX's SGLang rows replayed with their scripts' engine flags "
-                "(--script-flags=with-memory-fraction, bench/results/round16/fidelity_round16_cal_sglang_flags.json), "
-                "against replay-v13.json on "
-                "the calibration rows outside the fits, each on its own replays (bench_fidelity.py --compare-refit "
-                "--refit-reference-from-json --band-tolerance 0.10, bench/results/round16/round16_refit_P16.json, "
-                "2026-12-05): " + ROUND16_SCRIPT_FLAGS_RULE)
-        if version >= 15 and fit_method.name == f"v{version}":
-            profile["provenance"]["round19_choice"] = (
-                "TPOT = the benchmark-client replay's TPOT + a per-step overhead per backend (leave-one-model-out on the "
-                "fit rows), against replay-v14.json on the calibration rows outside the fits, both on the same replays "
-                "(bench_fidelity.py --compare-refit --band-tolerance 0.10, bench/results/round18/round19_refit_P19.json, "
-                "2026-12-05; round 18's TTFT overhead did not qualify, round18/round18_refit_P18.json): "
-                + ROUND19_TPOT_OVERHEAD_RULE)
+        profile["provenance"].update(round_choices(fit_method.name))
         write_json(args.fit_calibration, profile)
         print(f"wrote calibration profile {args.fit_calibration} ({len(profile['rows_used'])} calibration rows)")
         lomo = leave_one_model_out(cal_records, fit_method)
@@ -864,6 +826,46 @@ def _profile_version(method_name: str) -> int:
     """n of a shipped method's name "vn" (and of its candidates "vn-..."); 0 for any other name."""
     match = re.match(r"v(\d+)(?:-|$)", method_name)
     return int(match.group(1)) if match else 0
+
+
+def round_choices(method_name: str) -> dict[str, str]:
+    """The adoption rounds behind a profile fitted with `method_name` (provenance key -> what was compared and the
+    rule): a shipped version "vN" carries every round up to its own; a candidate "vN-..." only round 10's."""
+    version = _profile_version(method_name)
+    shipped = method_name == f"v{version}"
+    rounds = (  # (first version, also for candidates, key, text)
+        (10, True, "round10_choice",
+         "the calibration rows outside the fit, against replay-v9.json (bench_fidelity.py --compare-refit "
+         "--band-tolerance 0.10, bench/results/round10/round10b_refit_V10*.json, 2026-12-05): " + ROUND10_CLIENT_RULE),
+        (12, False, "round12_choice",
+         "AIC's runners' rows replayed as a sweep replays them (ROUND11_BENCH_IS_SWEEP_RULE), then the TTFT band "
+         "spread by nested leave-one-model-out coverage and the adoption test against replay-v11.json "
+         "(bench/results/round10/round11_refit_V12.json, round12_refit_V12_BAND_90.json, 2026-12-05): "
+         + ROUND11_BENCH_IS_SWEEP_RULE + " " + ROUND12_BAND_RULE),
+        (11, False, "round10c_choice",
+         "the calibration rows outside the fit, against replay-v10.json (bench_fidelity.py --compare-refit "
+         "--band-tolerance 0.10, bench/results/round10/round10c_refit_V11.json, 2026-12-05): " + ROUND10C_SWEEP_RULE),
+        (13, False, "round15_choice",
+         "the main factors without AIC's SGLang runner's rows (--fit-skip aic/sglang) and the fixed-length factors "
+         "beside them, against replay-v12.json on the calibration rows outside the fits (bench_fidelity.py "
+         "--compare-refit --refit-reference-from-json --band-tolerance 0.10, "
+         "bench/results/round14/round15_refit_P15.json, 2026-12-05; round 14's per-client candidate did not "
+         "qualify, round14_refit_P14.json): " + ROUND15_LOCKSTEP_RULE),
+        (14, False, "round16_choice",
+         "the main factors refitted on InferenceMAX's SGLang rows replayed with their scripts' engine flags "
+         "(--script-flags=with-memory-fraction, bench/results/round16/fidelity_round16_cal_sglang_flags.json), "
+         "against replay-v13.json on "
+         "the calibration rows outside the fits, each on its own replays (bench_fidelity.py --compare-refit "
+         "--refit-reference-from-json --band-tolerance 0.10, bench/results/round16/round16_refit_P16.json, "
+         "2026-12-05): " + ROUND16_SCRIPT_FLAGS_RULE),
+        (15, False, "round19_choice",
+         "TPOT = the benchmark-client replay's TPOT + a per-step overhead per backend (leave-one-model-out on the "
+         "fit rows), against replay-v14.json on the calibration rows outside the fits, both on the same replays "
+         "(bench_fidelity.py --compare-refit --band-tolerance 0.10, bench/results/round18/round19_refit_P19.json, "
+         "2026-12-05; round 18's TTFT overhead did not qualify, round18/round18_refit_P18.json): "
+         + ROUND19_TPOT_OVERHEAD_RULE),
+    )
+    return {key: text for since, candidates, key, text in rounds if version >= since and (shipped or candidates)}
 
 
 def fit_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

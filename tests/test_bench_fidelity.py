@@ -275,3 +275,15 @@ def test_a_scripts_receive_interval_adds_the_mean_polling_wait_to_ttft():
         kept: dict = {}
         assert bench_fidelity._with_recv_wait(kept, "ours", report, flags) == {"ttft": 100.0, "tpot": 10.0}
         assert kept == {}
+
+
+def test_a_shipped_profile_carries_every_adoption_round_up_to_its_version():
+    import bench_fidelity
+
+    from spica_pipeline.resources import calibration as loader
+
+    packaged = json.loads(loader.PACKAGED.read_text())
+    rounds = {k: v for k, v in packaged["provenance"].items() if k.startswith("round")}
+    assert bench_fidelity.round_choices(packaged["method_name"]) == rounds  # a refit writes what ships
+    assert set(bench_fidelity.round_choices("v14-tpot-overhead")) == {"round10_choice"}  # a candidate: round 10 only
+    assert bench_fidelity.round_choices("test") == {}
