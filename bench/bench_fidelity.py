@@ -1372,6 +1372,23 @@ ROUND19_TPOT_OVERHEAD_RULE = (
     "default; otherwise v14 stays. The held-out rows (stored replays) are then re-reported once with the default, never "
     "to choose."
 )
+ROUND20_REPLAYS_RULE = (
+    "round 20 (the factors refitted on round 17's replays, both profiles scored on them), fixed 2026-12-05 23:57 UTC "
+    "after round 19 (replay-v15 adopted; its held-out check read: TPOT 27 %) and before any score of this round. What it "
+    "rests on (round 17's facts, calibration rows and the replay's memory model, nothing fitted): the scripts' "
+    "--mem-fraction-static is not the replay's memory fraction, and round 16's replays at the scripts' fraction thrash "
+    "on DeepSeek H200 rows (1k/8k c = 64: 201,492 ms against 420 ms measured); replay-v14 and v15 were fitted on them, "
+    "and their SGLang TTFT band, drawn from leave-one-model-out residuals, reaches down to 0.006x at the backend level. "
+    "Round 17 compared P17 on its replays with v14 on round 16's, so its TPOT condition compared two replays of the same "
+    "rows, not two calibrations. Known: round 17's scores (TTFT 1.731 -> 1.727, TPOT 2.124 -> 2.133 on the 664 rows). "
+    "Candidate P20 = replay-v15's method (calibration.V15_ON_ROUND17_REPLAYS, the same method under a candidate's name) "
+    "fitted on v15's prefix rows with round 17's replays of InferenceMAX's SGLang rows (--from-json N17,PRE --fit-skip "
+    "aic/sglang), v15's fixed_lengths sub-profile unchanged. Reference R = replay-v15.json. Test rows: the calibration "
+    "rows outside the fits (the 664), both profiles on the same replays, round 17's ($FS,$N17,$ALL). P20 qualifies iff "
+    "ROUND13_FIT_ROWS_RULE's conditions (1)-(4) hold against R (band tolerance 0.10). If it qualifies it becomes "
+    "replay-v16.json, the default; otherwise v15 stays. Either way the held-out SGLang rows are re-replayed the same way "
+    "(--script-flags, the bench's memory fraction) and re-reported once with the default, never to choose."
+)
 ROUND8_TPOT_RULE = (
     "round 8 (TPOT), fixed 2026-12-05 before any candidate was scored (numbers seen: the lead's brief's v6 TPOT "
     "numbers quoted above and the docs' earlier TPOT diagnosis); calibration split only. Rows: training P = the 465 "

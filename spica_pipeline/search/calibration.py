@@ -414,6 +414,8 @@ V14_TPOT_OVERHEAD = replace(V14, name="v14-tpot-overhead", tpot=replace(V14.tpot
 # outside the fits, same replays: TPOT MdAPE / P90 14.0 / 36.4 % -> 8.0 / 35.1 %, score 2.124 -> 1.501, TTFT unchanged
 # (bench/results/round18/round19_refit_P19.json). Round 18's TTFT overhead (V14_OVERHEAD) did not qualify.
 V15 = replace(V14_TPOT_OVERHEAD, name="v15")
+# round 20's candidate (bench_fidelity.ROUND20_REPLAYS_RULE): v15's method, fitted on round 17's SGLang replays
+V15_ON_ROUND17_REPLAYS = replace(V15, name="v15-on-round17-replays")
 CHOSEN = V15
 METHOD = CHOSEN.describe()
 
