@@ -92,7 +92,7 @@ def test_record_heldout_check_writes_an_entry_per_profile(tmp_path):
         import record_heldout_check as rec
     finally:
         sys.path.remove(str(ROOT / "bench"))
-    result = ROOT / "bench" / "results" / "fidelity_heldout_631_round19_v15.json"
+    result = ROOT / "bench" / "results" / "fidelity_heldout_631_round20_v15.json"
     out = tmp_path / "checks.json"
     assert rec.main([str(result), "--out", str(out)]) == 0
     checks = json.loads(out.read_text())["checks"]
