@@ -87,3 +87,12 @@ def test_a_raw_phase_with_an_overhead_corrects_by_adding_it_only():
                         p, system="h200_sxm", backend="vllm", concurrency=8, client={"ttft": 100.0, "tpot": 6.0})
     assert out["calibrated_mean_tpot_ms"] == pytest.approx(7.5)  # the client's 6 ms + 1.5 ms
     assert out["calibrated_mean_output_token_throughput_per_user"] == pytest.approx(200.0 * 5.0 / 7.5)
+
+
+def test_held_out_rows_are_refused_before_an_overhead_is_chosen_on_them(monkeypatch):
+    chosen = []
+    monkeypatch.setattr(cal, "lomo_score", lambda *a, **k: chosen.append(a) or 0.0)
+    held = [{**r, "split": "heldout"} for r in rows()[:5]]
+    with pytest.raises(cal.ProfileError, match="held-out"):
+        cal.fit(rows()[5:] + held, fitted="d", source="t", method=OVERHEAD)
+    assert chosen == []  # no leave-one-model-out score was computed with a held-out row in the pool

@@ -741,15 +741,17 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
     """
     method = method or CHOSEN
     records = list(records)
+    # before anything is fitted on them (a client mix's weight, an overhead's leave-one-model-out choice)
+    plain = replace(method, client_mix=(), overhead_ms=())
+    held = sorted({r["id"] for r in residual_rows(records, plain) if r["split"] != "calibration"})
+    if held:
+        raise ProfileError(f"calibration may only use calibration-split rows; got held-out {held[:3]}")
     method = resolve_overhead(records, resolve_mix(records, method))
     if method.client_mix and method.decoupled:
         return _fit_decoupled(records, fitted=fitted, source=source, method=method, lomo_bands=lomo_bands)
     if method.per_backend:
         return _fit_per_backend(records, fitted=fitted, source=source, method=method, lomo_bands=lomo_bands)
     rows = residual_rows(records, method)
-    held = sorted({r["id"] for r in rows if r["split"] != "calibration"})
-    if held:
-        raise ProfileError(f"calibration may only use calibration-split rows; got held-out {held[:3]}")
     if not rows:
         raise ProfileError("no calibration rows with replayed and measured TTFT/TPOT")
     terms = _terms(rows, method)
