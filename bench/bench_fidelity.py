@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 from spica_pipeline.config.goal import OptimizationGoal  # noqa: E402
 from spica_pipeline.search import silicon  # noqa: E402
-from spica_pipeline.search.calibration import SCORE_TARGETS  # noqa: E402
+from spica_pipeline.search.calibration import SCORE_TARGETS, target_score  # noqa: E402
 from spica_pipeline.search.evaluation import EvalRequest  # noqa: E402
 from spica_pipeline.search.measurement import CLIENT_LENGTH_SPREAD, benchmark_client_request, quantile  # noqa: E402
 from spica_pipeline.search.measurement import relative_change  # noqa: E402
@@ -1427,8 +1427,7 @@ def _min_wins(folds: int) -> int:
 
 
 def _score(stats: dict[str, Any], phase: str) -> float:
-    t_md, t_p90 = TARGETS[phase]
-    return round(stats["mdape"] / t_md + stats["p90"] / t_p90, 4)
+    return round(target_score(stats["mdape"], stats["p90"], phase), 4)
 
 
 def _beats(challenger: dict[str, Any], reference: dict[str, Any], phase: str) -> tuple[bool, int]:

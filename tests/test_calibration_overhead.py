@@ -1,4 +1,4 @@
-"""Round 18's per-request overhead: silicon = factor x (replayed + a), a chosen per backend by leave-one-model-out."""
+"""The overhead term (rounds 18-19): silicon = factor x (replayed + a), a chosen per backend by leave-one-model-out."""
 
 import json
 from dataclasses import replace

@@ -34,7 +34,7 @@ Pure: fitting works on bench records (dicts), applying on report dicts; files ar
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard
 
@@ -585,29 +585,31 @@ def resolve_mix(records: Iterable[Mapping[str, Any]], method: "Method") -> "Meth
         for b, p, mix in method.client_mix))
 
 
-def phase_score(apes: list[float], phase: str) -> float:
-    """SCORE_TARGETS' score of absolute fractional errors (inf without any)."""
-    if not apes:
-        return math.inf
+def target_score(mdape: float, p90: float, phase: str) -> float:
+    """SCORE_TARGETS' score: MdAPE / its target + P90 / its target (bench_fidelity's scores read it too)."""
     t_md, t_p90 = SCORE_TARGETS[phase]
-    return quantile(apes, 0.5) / t_md + quantile(apes, 0.9) / t_p90
+    return mdape / t_md + p90 / t_p90
 
 
-def lomo_score(records: list[Mapping[str, Any]], method: "Method", phase: str, backend: str) -> float:
-    """The phase's score on `backend`'s rows, each row calibrated by `method` fitted without the row's model."""
-    apes: list[float] = []
-    models = sorted({str(r.get("model")) for r in records})
-    for model in models:
+def lomo_residuals(records: list[Mapping[str, Any]], method: "Method",
+                   keep: Callable[[Mapping[str, Any]], bool] = lambda r: True) -> Iterator[tuple[dict[str, Any], float]]:
+    """(residual row, calibrated residual ln(silicon / (replayed x factor))) of every kept record, its factor from
+    `method` fitted without the record's model; a model without kept records costs no fit."""
+    for model in sorted({str(r.get("model")) for r in records}):
         train = [r for r in records if str(r.get("model")) != model]
-        test = [r for r in records if str(r.get("model")) == model and r.get("backend") == backend]
+        test = [r for r in records if str(r.get("model")) == model and keep(r)]
         if not train or not test:
             continue
         sub = fit(train, fitted="lomo", source="lomo", method=method, lomo_bands=False, fallback=False)
         for x in residual_rows(test, method):
-            if x["phase"] == phase:
-                f = _factor(sub, x["system"], x["backend"], phase, x["x"])[0]
-                apes.append(abs(math.exp(math.log(f) - x["residual"]) - 1.0))
-    return phase_score(apes, phase)
+            yield x, x["residual"] - math.log(_factor(sub, x["system"], x["backend"], x["phase"], x["x"])[0])
+
+
+def lomo_score(records: list[Mapping[str, Any]], method: "Method", phase: str, backend: str) -> float:
+    """The phase's score on `backend`'s rows, each row calibrated by `method` fitted without the row's model."""
+    apes = [abs(math.exp(-res) - 1.0) for x, res in lomo_residuals(records, method, lambda r: r.get("backend") == backend)
+            if x["phase"] == phase]
+    return target_score(quantile(apes, 0.5), quantile(apes, 0.9), phase) if apes else math.inf
 
 
 def resolve_overhead(records: Iterable[Mapping[str, Any]], method: "Method") -> "Method":
@@ -788,14 +790,13 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
     # bands from calibrated residuals (each row corrected by a profile fitted without the row's
     # model, or in sample by its own profile)
     calibrated: dict[tuple[str, str, str], list[tuple[float, str]]] = defaultdict(list)
-    models = sorted({str(r.get("model")) for r in rows})
-    for model in (models if lomo_bands and len(models) > 1 else [None]):
-        sub = profile if model is None else fit([r for r in records if str(r.get("model")) != model], fitted=fitted,
-                                                source=source, method=method, lomo_bands=False, fallback=False)
-        for x in residual_rows((r for r in records if model is None or str(r.get("model")) == model), method):
-            f = _factor(sub, x["system"], x["backend"], x["phase"], x["x"])[0]
-            calibrated[(x["system"], x["backend"], x["phase"])].append((x["residual"] - math.log(f),
-                                                                       str(x.get("model"))))
+    if lomo_bands and len({str(r.get("model")) for r in rows}) > 1:
+        scored: Iterable[tuple[dict[str, Any], float]] = lomo_residuals(records, method)
+    else:
+        scored = ((x, x["residual"] - math.log(_factor(profile, x["system"], x["backend"], x["phase"], x["x"])[0]))
+                  for x in residual_rows(records, method))
+    for x, residual in scored:
+        calibrated[(x["system"], x["backend"], x["phase"])].append((residual, str(x.get("model"))))
     backend_res: dict[tuple[str, str], list[tuple[float, str]]] = defaultdict(list)
     phase_res: dict[str, list[tuple[float, str]]] = defaultdict(list)
     for (system, backend, phase), res in calibrated.items():
