@@ -234,12 +234,12 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, request_ra
     flags = silicon.script_flags(r) if script_flags else None  # ROUND16_SCRIPT_FLAGS_RULE
     # the script's --mem-fraction-static leaves activations outside it, the replay's fraction holds them
     # (ROUND17_MEMORY_FRACTION_RULE): replayed at the bench's own fraction unless asked for round 16's replays
-    replayed_fraction = flags.memory_fraction if flags and script_flags == WITH_MEMORY_FRACTION else 0.9
-    mnbt, fraction = (flags.chunk_tokens, replayed_fraction) if flags else (MNBT, 0.9)
+    fraction = flags.memory_fraction if flags and script_flags == WITH_MEMORY_FRACTION else 0.9
+    mnbt = flags.chunk_tokens if flags else MNBT
     if flags:
         case = silicon.with_script_flags(case, flags)
         rec["script_flags"] = {**vars(flags), "recv_wait_steps": flags.recv_wait_steps,
-                               "replayed_memory_fraction": replayed_fraction}
+                               "replayed_memory_fraction": fraction}
 
     def client_request(c: silicon.SiliconCase, memory_fraction: float = fraction) -> EvalRequest:
         req = EvalRequest(c.sample(version, max_num_batched_tokens=mnbt, memory_fraction=memory_fraction),
