@@ -1,0 +1,233 @@
+"""How close any correction of the replay's numbers could get to silicon, measured on the calibration split.
+
+calibration.fit corrects a replayed TTFT or TPOT by a factor per (system, backend). Issue 14's targets (held-out TTFT
+MdAPE <= 20 %, TPOT <= 10 %, P90 <= 50 %) ask whether a better correction exists. This bench answers with bounds that
+need no candidate: for each grain a correction could key on, the factor of every group is fitted on the very rows it
+is scored on (the median of ln(silicon / replayed) in the group), so no correction of that grain scores better on
+these rows. The grains widen from the profile's own, (system, backend), to one that knows the model and everything a
+row states but its concurrency, and then to a concurrency slope per such configuration. Next to them:
+
+* own model: a factor from k measurements of the model itself on the (system, backend, mode) it runs on, scored
+  on that group's other rows: what a user who measured their own model a few times could reach;
+* transfer: the (system, backend) factor fitted without the row's model, the error a model the profile never saw gets
+  (leave one model out, with each model's signed median bias);
+* floor: bench/results/silicon_repeats.json, how far two measurements of one configuration disagree (read, not
+  recomputed).
+
+Only calibration rows are read: the held-out split stays unread (issue 14's split rule). Each row is compared on its
+benchmark-client replay ("ours" in the bench records), the replay calibration.V15 corrects.
+
+usage: DYN_LOG=warn .venv/bin/python bench/bench_fidelity_ceiling.py --from-json A.json,B.json [--json OUT.json]
+"""
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_fidelity import error_stats, records_by_id  # noqa: E402
+
+from spica_pipeline.search import calibration, silicon  # noqa: E402
+
+PHASES = calibration.PHASES
+TARGETS = calibration.SCORE_TARGETS
+REPEATS = ROOT / "bench" / "results" / "silicon_repeats.json"
+MIN_SLOPE_POINTS = 3  # a concurrency slope needs three concurrencies in its configuration; fewer keep the median
+OWN_MODEL_K = (1, 3, 10)  # measurements of the model itself, on the (system, backend, mode) it will run
+OWN_MODEL_DRAWS = 20
+OWN_MODEL_SEED = 14
+
+
+def _shape(r: Mapping[str, Any]) -> str:
+    """The parallel shape without its running-request cap (the bench sets it to the row's concurrency)."""
+    pools = {pool: {k: v for k, v in (s or {}).items() if k != "max_num_seqs"} for pool, s in (r.get("shape") or {}).items()}
+    return json.dumps(pools, sort_keys=True)
+
+
+def _configuration(r: Mapping[str, Any]) -> tuple:
+    """Everything a record states but its concurrency (bench_silicon_repeats.configuration, less the concurrency)."""
+    return (r.get("model"), r.get("precision"), r.get("system"), r.get("backend"), r.get("silicon_backend_version"),
+            r.get("mode"), r.get("isl"), r.get("osl"), _shape(r), r.get("benchmark_client"))
+
+
+GRAINS: dict[str, Callable[[Mapping[str, Any]], tuple]] = {
+    "backend": lambda r: (r.get("backend"),),
+    "system, backend (the profile's)": lambda r: (r.get("system"), r.get("backend")),
+    "model, system, backend, mode": lambda r: (r.get("model"), r.get("system"), r.get("backend"), r.get("mode")),
+    "configuration but concurrency": _configuration,
+}
+SLOPE_GRAIN = "configuration but concurrency + a concurrency slope"
+
+
+def points(records: list[Mapping[str, Any]], phase: str) -> list[dict[str, Any]]:
+    """(record, ln(silicon / replayed), log2 engine concurrency) of every feasible calibration record with both."""
+    out = []
+    for r in records:
+        if silicon.split_of(str(r.get("model"))) != "calibration":
+            raise ValueError(f"{r.get('id')}: a {r.get('model')} row is not in the calibration split; "
+                             "this bench reads calibration rows only")
+        replayed = calibration.replayed(r, phase, "client")
+        measured = (r.get("silicon") or {}).get(phase)
+        if r.get("status") != "feasible" or not replayed or not measured or replayed <= 0 or measured <= 0:
+            continue
+        out.append({"record": r, "y": math.log(measured / replayed),
+                    "x": math.log2(max(calibration.engine_concurrency(r, phase), 1.0))})
+    return out
+
+
+def _stats(pts: list[dict[str, Any]], fitted: list[float]) -> dict[str, Any]:
+    """error_stats of corrected (replayed x exp(fitted)) against silicon, overall and per backend."""
+    pairs: dict[str, list[tuple[float, float]]] = defaultdict(list, {"all": []})
+    for p, f in zip(pts, fitted):
+        pair = (math.exp(f - p["y"]), 1.0)  # corrected / measured, as a ratio to 1
+        pairs["all"].append(pair)
+        pairs[str(p["record"].get("backend"))].append(pair)
+    return {k: error_stats(v) for k, v in sorted(pairs.items())}
+
+
+def in_sample(pts: list[dict[str, Any]], key: Callable[[Mapping[str, Any]], tuple]) -> list[float]:
+    """Each point's group median of y: the best factor of that grain for these very rows."""
+    groups: dict[tuple, list[float]] = defaultdict(list)
+    for p in pts:
+        groups[key(p["record"])].append(p["y"])
+    medians = {k: statistics.median(v) for k, v in groups.items()}
+    return [medians[key(p["record"])] for p in pts]
+
+
+def with_slope(pts: list[dict[str, Any]]) -> list[float]:
+    """Per configuration, the least-squares line of y on log2 concurrency (its median where fewer than
+    MIN_SLOPE_POINTS concurrencies): a correction that knows the configuration and how its error moves with load."""
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i, p in enumerate(pts):
+        groups[_configuration(p["record"])].append(i)
+    fitted = [0.0] * len(pts)
+    for members in groups.values():
+        xs, ys = [pts[i]["x"] for i in members], [pts[i]["y"] for i in members]
+        if len(set(xs)) < MIN_SLOPE_POINTS:
+            for i in members:
+                fitted[i] = statistics.median(ys)
+            continue
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        for i in members:
+            fitted[i] = my + slope * (pts[i]["x"] - mx)
+    return fitted
+
+
+def transfer(pts: list[dict[str, Any]]) -> tuple[list[float], dict[str, float]]:
+    """Each point's (system, backend) median over the other models' rows (backend median where the slice has no
+    other model; 0 where the backend has none), and each model's signed median bias under it."""
+    fitted = []
+    for p in pts:
+        r, model = p["record"], p["record"].get("model")
+        others = [q for q in pts if q["record"].get("model") != model and q["record"].get("backend") == r.get("backend")]
+        same_slice = [q["y"] for q in others if q["record"].get("system") == r.get("system")]
+        fitted.append(statistics.median(same_slice or [q["y"] for q in others] or [0.0]))
+    by_model: dict[str, list[float]] = defaultdict(list)
+    for p, f in zip(pts, fitted):
+        by_model[str(p["record"].get("model"))].append(math.exp(f - p["y"]) - 1.0)
+    return fitted, {m: round(statistics.median(v), 4) for m, v in sorted(by_model.items())}
+
+
+def own_model(pts: list[dict[str, Any]], k: int, seed: int = OWN_MODEL_SEED) -> dict[str, Any]:
+    """A factor from k measurements of the model itself on one (system, backend, mode), the median of their y,
+    scored on that group's other rows; OWN_MODEL_DRAWS seeded draws per group, pooled. Groups with k rows or fewer
+    are left out (n says how many scored rows remain)."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for p in pts:
+        r = p["record"]
+        groups[(r.get("model"), r.get("system"), r.get("backend"), r.get("mode"))].append(p)
+    rng = random.Random(seed)
+    scored, fitted = [], []
+    for key in sorted(groups, key=str):
+        members = groups[key]
+        if len(members) <= k:
+            continue
+        for _ in range(OWN_MODEL_DRAWS):
+            picked = set(rng.sample(range(len(members)), k))
+            f = statistics.median(members[i]["y"] for i in picked)
+            rest = [m for i, m in enumerate(members) if i not in picked]
+            scored += rest
+            fitted += [f] * len(rest)
+    return {"k": k, "draws": OWN_MODEL_DRAWS, "seed": seed, **_stats(scored, fitted)}
+
+
+def meets(stats: Mapping[str, Any], phase: str) -> bool:
+    md, p90 = TARGETS[phase]
+    return stats.get("n", 0) > 0 and stats["mdape"] <= md and stats["p90"] <= p90
+
+
+def ceiling(records: list[Mapping[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for phase in PHASES:
+        pts = points(records, phase)
+        levels = {"raw replay": _stats(pts, [0.0] * len(pts))}
+        levels |= {name: _stats(pts, in_sample(pts, key)) for name, key in GRAINS.items()}
+        levels[SLOPE_GRAIN] = _stats(pts, with_slope(pts))
+        fitted, bias = transfer(pts)
+        out[phase] = {"rows": len(pts), "in_sample": levels,
+                      "own_model": [own_model(pts, k) for k in OWN_MODEL_K],
+                      "transfer": {"grain": "system, backend, fitted without the row's model",
+                                   **_stats(pts, fitted), "bias_by_model": bias},
+                      "target": {"mdape": TARGETS[phase][0], "p90": TARGETS[phase][1]}}
+    return out
+
+
+def _line(name: str, stats: Mapping[str, Any], phase: str) -> str:
+    cells = [f"{k} {100 * s['mdape']:.0f}/{100 * s['p90']:.0f} %" for k, s in stats.items()
+             if isinstance(s, dict) and s.get("n")]
+    return f"  {name:54s} {'meets' if meets(stats['all'], phase) else '     '}  " + " | ".join(cells)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--from-json", required=True, help="comma-separated bench_fidelity result files, first wins per row")
+    ap.add_argument("--json", help="write the result here")
+    args = ap.parse_args(argv)
+    records = list(records_by_id(args.from_json, "calibration").values())
+    try:
+        result = {"bench": "fidelity_ceiling", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  "command": "bench/bench_fidelity_ceiling.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                  "split": "calibration", "phases": ceiling(records)}
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if REPEATS.exists():
+        floor = json.loads(REPEATS.read_text())["repeats"]
+        result["floor"] = {"source": str(REPEATS.relative_to(ROOT)),
+                           **{k: {p: v[p]["floor"] for p in PHASES} for k, v in floor.items()
+                              if k.startswith("calibration/") and v["configurations_repeated"]}}
+    for phase, r in result["phases"].items():
+        print(f"{phase.upper()} ({r['rows']} calibration rows; MdAPE/P90, target {100 * TARGETS[phase][0]:.0f}/"
+              f"{100 * TARGETS[phase][1]:.0f} %)")
+        for name, stats in r["in_sample"].items():
+            print(_line(name, stats, phase))
+        t = r["transfer"]
+        print(_line("transfer: (system, backend) without the row's model", t, phase))
+        print("  " + ", ".join(f"{m.split('/')[-1]} {100 * b:+.0f} %" for m, b in t["bias_by_model"].items()))
+        for own in r["own_model"]:
+            print(_line(f"own model: {own['k']} measurement(s) on its (system, backend, mode)", own, phase))
+    for k, v in (result.get("floor") or {}).items():
+        if isinstance(v, dict):
+            print(f"floor {k}: " + " | ".join(f"{p.upper()} {100 * v[p]['mdape']:.0f}/{100 * v[p]['p90']:.0f} %"
+                                             for p in PHASES))
+    if args.json:
+        from spica_pipeline.storage import atomic_write_text
+
+        atomic_write_text(Path(args.json), json.dumps(result, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
