@@ -64,6 +64,17 @@ def test_report_lines_flag_a_backend_off_by_more_than_the_bar():
     assert "No held-out check is recorded" in none
 
 
+def test_report_lines_say_how_often_the_bands_held():
+    check = {**CHECK, "band_coverage": {"ttft": 0.7116, "tpot": 0.5895, "goal_e2e": 0.607}}
+    text = "\n".join(report_lines(check, ["vllm"], calibrated=True))
+    assert ("held the measured TTFT on 71 %, TPOT on 59 %, the goal's end-to-end latency on 61 %: for a model "
+            "outside the calibration split, read a band as narrower") in text
+    held = "\n".join(report_lines({**CHECK, "band_coverage": {"ttft": 0.82, "tpot": 0.79}}, ["vllm"], calibrated=True))
+    assert "held the measured TTFT on 82 %, TPOT on 79 %." in held and "narrower" not in held
+    assert "held the measured" not in "\n".join(report_lines(CHECK, ["vllm"], calibrated=True))
+    assert "held the measured" not in "\n".join(report_lines(check, ["vllm"], calibrated=False))
+
+
 def test_backend_check_and_header_line():
     assert backend_check(CHECK, "trtllm") is None and backend_check(None, "vllm") is None
     found = backend_check(CHECK, "sglang")

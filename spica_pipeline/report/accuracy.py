@@ -8,6 +8,9 @@ from typing import Any, Iterable, Mapping
 # were off by more than the tail should be: the report says so in words, not only in the table.
 UNRELIABLE_MDAPE = 0.5
 PHASES = (("ttft", "TTFT"), ("tpot", "TPOT"))
+# A P10-P90 band should hold 80 % of measurements; bench/record_heldout_check.py records how many it held.
+NOMINAL_COVERAGE = 0.8
+COVERAGE_NAMES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("goal_e2e", "the goal's end-to-end latency"))
 
 
 def _pct(v: Any) -> str:
@@ -38,6 +41,19 @@ def backend_check(check: Mapping[str, Any] | None, backend: str | None) -> dict[
     return {"backend": backend, "profile": check.get("profile"), "rows": found.get("rows"),
             **{p: found.get(p) for p, _ in PHASES}, "aic_estimate": found.get("aic"),
             "models": check.get("models"), "source": check.get("source"), "measured_utc": check.get("measured_utc")}
+
+
+def coverage_line(check: Mapping[str, Any]) -> str | None:
+    """How often the profile's P10-P90 bands held the held-out measurements (None where not recorded): a band
+    drawn from calibration models can be narrower on a new one, and the report says by how much."""
+    held = check.get("band_coverage") or {}
+    parts = [f"{name} on {_pct(held[key])}" for key, name in COVERAGE_NAMES if isinstance(held.get(key), (int, float))]
+    if not parts:
+        return None
+    short = any(held[key] < NOMINAL_COVERAGE - 0.05 for key, _ in COVERAGE_NAMES if key in held)
+    return (f"On those rows the P10–P90 bands (nominal {_pct(NOMINAL_COVERAGE)}) held the measured "
+            f"{', '.join(parts)}" + (": for a model outside the calibration split, read a band as narrower than the "
+                                     "error it may have." if short else "."))
 
 
 def unreliable(found: Mapping[str, Any]) -> list[str]:
@@ -81,6 +97,8 @@ def report_lines(check: Mapping[str, Any] | None, backends: Iterable[Any], calib
               *["| " + " | ".join(r) + " |" for r in rows], ""]
     if check.get("note"):
         lines += [f"Not measured: {check['note']}.", ""]
+    if calibrated and (held := coverage_line(check)):
+        lines += [held, ""]
     for model in sorted({str(m) for m in models if m}):
         where = ("one of the calibration models the profile was fitted on (its leave-one-model-out errors "
                  "are in docs/fidelity.md)" if split_of(model) == "calibration" else
