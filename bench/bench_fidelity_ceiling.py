@@ -1,16 +1,18 @@
 """How close any correction of the replay's numbers could get to silicon, measured on the calibration split.
 
 calibration.fit corrects a replayed TTFT or TPOT by a factor per (system, backend). Issue 14's targets (held-out TTFT
-MdAPE <= 20 %, TPOT <= 10 %, P90 <= 50 %) ask whether a better correction exists. This bench answers with bounds that
-need no candidate: for each grain a correction could key on, the factor of every group is fitted on the very rows it
-is scored on (the median of ln(silicon / replayed) in the group), so no correction of that grain scores better on
-these rows. The grains widen from the profile's own, (system, backend), to one that knows the model and everything a
-row states but its concurrency, and then to a concurrency slope per such configuration. Next to them:
+MdAPE <= 20 %, TPOT <= 10 %, P90 <= 50 %) ask whether some correction reaches them on a model it never saw. This
+bench answers without a candidate, in four parts:
 
-* own model: a factor from k measurements of the model itself on the (system, backend, mode) it runs on, scored
-  on that group's other rows: what a user who measured their own model a few times could reach;
-* transfer: the (system, backend) factor fitted without the row's model, the error a model the profile never saw gets
-  (leave one model out, with each model's signed median bias);
+* in sample: for each grain a correction could key on, each group's factor is the median of ln(silicon / replayed)
+  over the very rows it is scored on, about the best a factor of that grain can do there (optimistic; fine grains
+  hold one or two rows per group). The grains go from the profile's own, (system, backend), to ones that know the
+  model and everything a row states but its concurrency, then a concurrency slope per such configuration;
+* transfer: a factor keyed on what a deployment states but not the model, from the backend to (system, backend,
+  mode, ISL, OSL, concurrency), fitted without the row's architecture: the error a model the profile never saw gets
+  (leave one architecture out, with each model's signed median bias);
+* own model: a factor from k measurements of the model itself on the (system, backend, mode) it runs on, scored on
+  that group's other rows: what someone who measured their own model a few times could reach;
 * floor: bench/results/silicon_repeats.json, how far two measurements of one configuration disagree (read, not
   recomputed).
 
@@ -28,7 +30,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,13 +66,17 @@ def _configuration(r: Mapping[str, Any]) -> tuple:
 GRAINS: dict[str, Callable[[Mapping[str, Any]], tuple]] = {
     "backend": lambda r: (r.get("backend"),),
     "system, backend (the profile's)": lambda r: (r.get("system"), r.get("backend")),
+    "system, backend, mode, ISL, OSL": lambda r: (r.get("system"), r.get("backend"), r.get("mode"), r.get("isl"),
+                                                  r.get("osl")),
+    "system, backend, mode, ISL, OSL, concurrency": lambda r: (r.get("system"), r.get("backend"), r.get("mode"),
+                                                               r.get("isl"), r.get("osl"), r.get("concurrency")),
     "model, system, backend, mode": lambda r: (r.get("model"), r.get("system"), r.get("backend"), r.get("mode")),
     "configuration but concurrency": _configuration,
 }
 SLOPE_GRAIN = "configuration but concurrency + a concurrency slope"
 
 
-def points(records: list[Mapping[str, Any]], phase: str) -> list[dict[str, Any]]:
+def points(records: Sequence[Mapping[str, Any]], phase: str) -> list[dict[str, Any]]:
     """(record, ln(silicon / replayed), log2 engine concurrency) of every feasible calibration record with both."""
     out = []
     for r in records:
@@ -125,15 +131,38 @@ def with_slope(pts: list[dict[str, Any]]) -> list[float]:
     return fitted
 
 
-def transfer(pts: list[dict[str, Any]]) -> tuple[list[float], dict[str, float]]:
-    """Each point's (system, backend) median over the other models' rows (backend median where the slice has no
-    other model; 0 where the backend has none), and each model's signed median bias under it."""
+# Two calibration models share one architecture and mostly the same measurements: leaving one out leaves its twin,
+# which a new model does not have, so the transfer leaves out the architecture.
+ARCHITECTURE = {"deepseek-ai/DeepSeek-R1": "DeepSeek-V3", "deepseek-ai/DeepSeek-V3": "DeepSeek-V3"}
+
+
+def architecture(model: Any) -> str:
+    return ARCHITECTURE.get(str(model), str(model))
+
+
+# the grains that do not name the model, coarse to fine: a correction keyed on one can reach a new model
+TRANSFER_GRAINS = ("backend", "system, backend (the profile's)", "system, backend, mode, ISL, OSL",
+                   "system, backend, mode, ISL, OSL, concurrency")
+
+
+def transfer(pts: list[dict[str, Any]], grain: str) -> tuple[list[float], dict[str, float]]:
+    """Each point's group median of y over the rows of other architectures, at `grain` or, where none has a row
+    there, the finest coarser grain of TRANSFER_GRAINS that has one (0 where none has); and each model's signed
+    median bias under it (leave one architecture out)."""
+    chain = [GRAINS[g] for g in reversed(TRANSFER_GRAINS[:TRANSFER_GRAINS.index(grain) + 1])]
+    pools: dict[tuple, dict[str, list[float]]] = {}
+    for level, key in enumerate(chain):
+        for p in pts:
+            pools.setdefault((level, key(p["record"])), defaultdict(list))[architecture(p["record"].get("model"))].append(p["y"])
     fitted = []
     for p in pts:
-        r, model = p["record"], p["record"].get("model")
-        others = [q for q in pts if q["record"].get("model") != model and q["record"].get("backend") == r.get("backend")]
-        same_slice = [q["y"] for q in others if q["record"].get("system") == r.get("system")]
-        fitted.append(statistics.median(same_slice or [q["y"] for q in others] or [0.0]))
+        model, found = architecture(p["record"].get("model")), 0.0
+        for level, key in enumerate(chain):
+            others = [y for m, ys in pools[(level, key(p["record"]))].items() if m != model for y in ys]
+            if others:
+                found = statistics.median(others)
+                break
+        fitted.append(found)
     by_model: dict[str, list[float]] = defaultdict(list)
     for p, f in zip(pts, fitted):
         by_model[str(p["record"].get("model"))].append(math.exp(f - p["y"]) - 1.0)
@@ -168,18 +197,20 @@ def meets(stats: Mapping[str, Any], phase: str) -> bool:
     return stats.get("n", 0) > 0 and stats["mdape"] <= md and stats["p90"] <= p90
 
 
-def ceiling(records: list[Mapping[str, Any]]) -> dict[str, Any]:
+def ceiling(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for phase in PHASES:
         pts = points(records, phase)
         levels = {"raw replay": _stats(pts, [0.0] * len(pts))}
         levels |= {name: _stats(pts, in_sample(pts, key)) for name, key in GRAINS.items()}
         levels[SLOPE_GRAIN] = _stats(pts, with_slope(pts))
-        fitted, bias = transfer(pts)
+        transfers = {}
+        for grain in TRANSFER_GRAINS:
+            fitted, bias = transfer(pts, grain)
+            transfers[grain] = {**_stats(pts, fitted), "bias_by_model": bias}
         out[phase] = {"rows": len(pts), "in_sample": levels,
                       "own_model": [own_model(pts, k) for k in OWN_MODEL_K],
-                      "transfer": {"grain": "system, backend, fitted without the row's model",
-                                   **_stats(pts, fitted), "bias_by_model": bias},
+                      "transfer": transfers,
                       "target": {"mdape": TARGETS[phase][0], "p90": TARGETS[phase][1]}}
     return out
 
@@ -197,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     records = list(records_by_id(args.from_json, "calibration").values())
     try:
-        result = {"bench": "fidelity_ceiling", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        result: dict[str, Any] = {"bench": "fidelity_ceiling", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                   "command": "bench/bench_fidelity_ceiling.py " + " ".join(sys.argv[1:] if argv is None else argv),
                   "split": "calibration", "phases": ceiling(records)}
     except ValueError as e:
@@ -213,9 +244,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{100 * TARGETS[phase][1]:.0f} %)")
         for name, stats in r["in_sample"].items():
             print(_line(name, stats, phase))
-        t = r["transfer"]
-        print(_line("transfer: (system, backend) without the row's model", t, phase))
-        print("  " + ", ".join(f"{m.split('/')[-1]} {100 * b:+.0f} %" for m, b in t["bias_by_model"].items()))
+        for grain, t in r["transfer"].items():
+            print(_line(f"transfer (new architecture): {grain.split(' (')[0]}", t, phase))
+            print("    " + ", ".join(f"{m.split('/')[-1]} {100 * b:+.0f} %" for m, b in t["bias_by_model"].items()))
         for own in r["own_model"]:
             print(_line(f"own model: {own['k']} measurement(s) on its (system, backend, mode)", own, phase))
     for k, v in (result.get("floor") or {}).items():

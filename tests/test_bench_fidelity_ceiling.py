@@ -39,7 +39,8 @@ def test_bounds_narrow_as_the_grain_widens_and_transfer_is_worse():
         mdape = [levels[name]["all"]["mdape"] for name in ("raw replay", "backend", "model, system, backend, mode")]
         assert mdape == sorted(mdape, reverse=True) and mdape[0] > mdape[-1]
         assert levels[bc.SLOPE_GRAIN]["all"]["n"] == len(_records())
-        transfer = result[phase]["transfer"]
+        assert list(result[phase]["transfer"]) == list(bc.TRANSFER_GRAINS)
+        transfer = result[phase]["transfer"]["system, backend (the profile's)"]
         assert transfer["all"]["mdape"] > levels["system, backend (the profile's)"]["all"]["mdape"]
         assert set(transfer["bias_by_model"]) == set(MODELS)
         # positive (over-predicted) where silicon runs the model faster than the other models
@@ -48,6 +49,17 @@ def test_bounds_narrow_as_the_grain_widens_and_transfer_is_worse():
         assert [o["k"] for o in own] == list(bc.OWN_MODEL_K) and own[0]["all"]["n"] > 0
         assert own[-1]["all"]["n"] == 0  # no group holds more than 10 rows here
     assert bc.ceiling(_records()) == result  # seeded
+
+
+def test_transfer_leaves_the_whole_architecture_out():
+    """DeepSeek-R1 and -V3 share one architecture: a factor for one must not come from the other."""
+    rows = [_record(i, "deepseek-ai/DeepSeek-R1", "h200_sxm", "sglang", 2 ** (i + 2), 3.0) for i in range(3)]
+    rows += [_record(10 + i, "deepseek-ai/DeepSeek-V3", "h200_sxm", "sglang", 2 ** (i + 2), 3.0) for i in range(3)]
+    rows += [_record(20 + i, "Qwen/Qwen3-32B", "h200_sxm", "sglang", 2 ** (i + 2), 1.5) for i in range(3)]
+    pts = bc.points(rows, "ttft")
+    _, bias = bc.transfer(pts, "system, backend (the profile's)")
+    assert bias["deepseek-ai/DeepSeek-R1"] == bias["deepseek-ai/DeepSeek-V3"] == -0.5  # from Qwen's 1.5, not 3.0
+    assert bias["Qwen/Qwen3-32B"] == 1.0
 
 
 def test_the_running_request_cap_is_not_part_of_the_configuration():
