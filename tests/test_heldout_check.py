@@ -67,6 +67,7 @@ def test_report_lines_flag_a_backend_off_by_more_than_the_bar():
 def test_report_lines_say_how_often_the_bands_held():
     check = {**CHECK, "band_coverage": {"ttft": 0.7116, "tpot": 0.5895, "goal_e2e": 0.607}}
     text = "\n".join(report_lines(check, ["vllm"], calibrated=True))
+    assert "On all 30 of those rows, every backend, the P10–P90 bands (nominal 80 %)" in text
     assert ("held the measured TTFT on 71 %, TPOT on 59 %, the goal's end-to-end latency on 61 %: for a model "
             "outside the calibration split, read a band as narrower") in text
     held = "\n".join(report_lines({**CHECK, "band_coverage": {"ttft": 0.82, "tpot": 0.79}}, ["vllm"], calibrated=True))

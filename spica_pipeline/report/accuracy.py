@@ -51,7 +51,8 @@ def coverage_line(check: Mapping[str, Any]) -> str | None:
     if not parts:
         return None
     short = any(held[key] < NOMINAL_COVERAGE - 0.05 for key, _ in COVERAGE_NAMES if key in held)
-    return (f"On those rows the P10–P90 bands (nominal {_pct(NOMINAL_COVERAGE)}) held the measured "
+    return (f"On all {check.get('rows')} of those rows, every backend, the P10–P90 bands (nominal "
+            f"{_pct(NOMINAL_COVERAGE)}) held the measured "
             f"{', '.join(parts)}" + (": for a model outside the calibration split, read a band as narrower than the "
                                      "error it may have." if short else "."))
 
