@@ -226,13 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-json", required=True, help="comma-separated bench_fidelity result files, first wins per row")
     ap.add_argument("--json", help="write the result here")
     args = ap.parse_args(argv)
-    records = list(records_by_id(args.from_json, "calibration").values())
     try:
+        records = list(records_by_id(args.from_json, "calibration").values())
         result: dict[str, Any] = {"bench": "fidelity_ceiling", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                   "command": "bench/bench_fidelity_ceiling.py " + " ".join(sys.argv[1:] if argv is None else argv),
                   "split": "calibration", "phases": ceiling(records)}
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (OSError, ValueError, KeyError) as e:  # json.JSONDecodeError is a ValueError
+        print(f"error: {args.from_json}: {e}", file=sys.stderr)
         return 2
     if REPEATS.exists():
         floor = json.loads(REPEATS.read_text())["repeats"]

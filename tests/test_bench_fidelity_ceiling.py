@@ -74,6 +74,7 @@ def test_a_heldout_row_is_refused(tmp_path, capsys):
     path.write_text(json.dumps({"records": rows}))
     assert bc.main(["--from-json", str(path)]) == 2
     assert "zhipuai/GLM-5 row is not in the calibration split" in capsys.readouterr().err
+    assert bc.main(["--from-json", str(tmp_path / "missing.json")]) == 2
     out = tmp_path / "ceiling.json"
     path.write_text(json.dumps({"records": _records()}))
     assert bc.main(["--from-json", str(path), "--json", str(out)]) == 0
