@@ -173,10 +173,10 @@ def own_model(pts: list[dict[str, Any]], k: int, seed: int = OWN_MODEL_SEED) -> 
     """A factor from k measurements of the model itself on one (system, backend, mode), the median of their y,
     scored on that group's other rows; OWN_MODEL_DRAWS seeded draws per group, pooled. Groups with k rows or fewer
     are left out (n says how many scored rows remain)."""
+    key = GRAINS["model, system, backend, mode"]
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for p in pts:
-        r = p["record"]
-        groups[(r.get("model"), r.get("system"), r.get("backend"), r.get("mode"))].append(p)
+        groups[key(p["record"])].append(p)
     rng = random.Random(seed)
     scored, fitted = [], []
     for key in sorted(groups, key=str):

@@ -72,6 +72,8 @@ def test_report_lines_say_how_often_the_bands_held():
             "outside the calibration split, read a band as narrower") in text
     held = "\n".join(report_lines({**CHECK, "band_coverage": {"ttft": 0.82, "tpot": 0.79}}, ["vllm"], calibrated=True))
     assert "held the measured TTFT on 82 %, TPOT on 79 %." in held and "narrower" not in held
+    odd = "\n".join(report_lines({**CHECK, "band_coverage": {"ttft": 0.82, "tpot": None}}, ["vllm"], calibrated=True))
+    assert "held the measured TTFT on 82 %." in odd  # a value that is not a number is left out, not compared
     assert "held the measured" not in "\n".join(report_lines(CHECK, ["vllm"], calibrated=True))
     assert "held the measured" not in "\n".join(report_lines(check, ["vllm"], calibrated=False))
 

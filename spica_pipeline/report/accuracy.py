@@ -46,11 +46,12 @@ def backend_check(check: Mapping[str, Any] | None, backend: str | None) -> dict[
 def coverage_line(check: Mapping[str, Any]) -> str | None:
     """How often the profile's P10-P90 bands held the held-out measurements (None where not recorded): a band
     drawn from calibration models can be narrower on a new one, and the report says by how much."""
-    held = check.get("band_coverage") or {}
-    parts = [f"{name} on {_pct(held[key])}" for key, name in COVERAGE_NAMES if isinstance(held.get(key), (int, float))]
+    recorded = check.get("band_coverage") or {}
+    held = {key: recorded[key] for key, _ in COVERAGE_NAMES if isinstance(recorded.get(key), (int, float))}
+    parts = [f"{name} on {_pct(held[key])}" for key, name in COVERAGE_NAMES if key in held]
     if not parts:
         return None
-    short = any(held[key] < NOMINAL_COVERAGE - 0.05 for key, _ in COVERAGE_NAMES if key in held)
+    short = any(v < NOMINAL_COVERAGE - 0.05 for v in held.values())
     return (f"On all {check.get('rows')} of those rows, every backend, the P10–P90 bands (nominal "
             f"{_pct(NOMINAL_COVERAGE)}) held the measured "
             f"{', '.join(parts)}" + (": for a model outside the calibration split, read a band as narrower than the "
