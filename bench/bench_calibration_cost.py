@@ -1,7 +1,7 @@
 """What the calibration profile costs a real sweep, and whether it changes the pick (issue 14 item 4).
 
 With `evaluation.calibration: auto` a closed-loop candidate is replayed twice: the sweep's ramped
-steady state and the benchmark client the profile was fitted against (resources/replay.py
+steady state and the benchmark client the profile was fitted against (evaluate/replay.py
 `_benchmark_client`). This runs the real `run_sweep` on one config three times in one process
 order, `none`, `auto`, `none` (so drift on a shared box shows as the spread of the two `none`
 runs), each in a fresh output directory, and reports side by side: wall and replay seconds, the

@@ -25,12 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dagster as dg  # noqa: E402
 
-from spica_pipeline.assets.config import SweepLaunchConfig, read_sweep_config  # noqa: E402
-from spica_pipeline.assets.factory import sweeps_definitions  # noqa: E402
-from spica_pipeline.assets.io import ParquetIOManager, SweepStorage  # noqa: E402
-from spica_pipeline.assets.spec import sweep_spec  # noqa: E402
-from spica_pipeline.resources.replay import ReplayEvaluator  # noqa: E402
-from spica_pipeline.resources.vizier import VizierClient  # noqa: E402
+from spica_pipeline.dagster.config import SweepLaunchConfig, read_sweep_config  # noqa: E402
+from spica_pipeline.dagster.factory import sweeps_definitions  # noqa: E402
+from spica_pipeline.dagster.io import ParquetIOManager, SweepStorage  # noqa: E402
+from spica_pipeline.dagster.spec import sweep_spec  # noqa: E402
+from spica_pipeline.evaluate.replay import ReplayEvaluator  # noqa: E402
+from spica_pipeline.optimize.vizier import VizierClient  # noqa: E402
 from spica_pipeline.sweep import run_sweep  # noqa: E402
 
 
@@ -39,7 +39,7 @@ def code_location_load_seconds() -> float:
     server does at start and at each reload)."""
     import subprocess
 
-    code = ("import time; t=time.perf_counter(); import spica_pipeline.definitions as d; "
+    code = ("import time; t=time.perf_counter(); import spica_pipeline.dagster.definitions as d; "
             "d.defs.resolve_asset_graph(); print(time.perf_counter()-t)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1])

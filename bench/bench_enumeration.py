@@ -15,7 +15,7 @@ import time
 _CHILD = r"""
 import json, sys, time
 from spica_pipeline.config import SmartSearchConfig
-from spica_pipeline.search.branches import enumerate_branches
+from spica_pipeline.space.branches import enumerate_branches
 
 args = json.loads(sys.argv[1])
 config = SmartSearchConfig.from_dict({

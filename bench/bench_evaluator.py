@@ -20,10 +20,10 @@ from pathlib import Path
 os.environ.setdefault("DYN_LOG", "warn")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spica_pipeline.resources import timing  # noqa: E402
-from spica_pipeline.resources.pool import EvaluationPool  # noqa: E402
-from spica_pipeline.resources.replay import ReplayEvaluator  # noqa: E402
-from spica_pipeline.search.evaluation import EvalRequest  # noqa: E402
+from spica_pipeline.evaluate import timing  # noqa: E402
+from spica_pipeline.evaluate.evaluator import EvalRequest  # noqa: E402
+from spica_pipeline.evaluate.pool import EvaluationPool  # noqa: E402
+from spica_pipeline.evaluate.replay import ReplayEvaluator  # noqa: E402
 
 MODEL, SKU, BACKEND = "Qwen/Qwen3-32B", "h200_sxm", "vllm"
 GOAL = {"target": "throughput", "sla": None, "pareto_objectives": None}
@@ -55,7 +55,7 @@ COLD_SNIPPET = """
 import sys, time, os
 os.environ.setdefault("DYN_LOG", "warn")
 sys.path.insert(0, {root!r})
-from spica_pipeline.resources import timing
+from spica_pipeline.evaluate import timing
 t0 = time.perf_counter()
 timing.timing_table(timing.EngineIdentity({model!r}, {sku!r}, {backend!r}, {version!r}, tp=4), cache_dir={cache!r})
 print(time.perf_counter() - t0)
@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--candidates", type=int, default=12)
     args = ap.parse_args()
 
-    from spica_pipeline.search.model_hw import latest_backend_version
+    from spica_pipeline.space.model_hw import latest_backend_version
 
     version = latest_backend_version(SKU, BACKEND)
     cache = tempfile.mkdtemp(prefix="spica-bench-")

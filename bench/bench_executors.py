@@ -37,9 +37,9 @@ os.environ.setdefault("DYN_LOG", "warn")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from spica_pipeline.resources.pool import EvaluationPool  # noqa: E402
-from spica_pipeline.resources.ray_pool import RayEvaluationPool, loopback_only  # noqa: E402
-from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest  # noqa: E402
+from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest  # noqa: E402
+from spica_pipeline.evaluate.pool import EvaluationPool  # noqa: E402
+from spica_pipeline.evaluate.ray_pool import RayEvaluationPool, loopback_only  # noqa: E402
 
 SLEEP_S = 0.010
 

@@ -1,7 +1,7 @@
 """Fidelity benchmark: our evaluator and AIC's own estimate against real GPU measurements.
 
 Reads `systems/silicon_sample.csv` from the installed aiconfigurator-core, maps every row the
-evaluator can express (`spica_pipeline.search.silicon`; the rest are counted with a reason),
+evaluator can express (`spica_pipeline.fidelity.silicon`; the rest are counted with a reason),
 replays each through `ReplayEvaluator` pinned to the row (1 model = the AIC checkpoint of the
 row's precision, the row's system/backend/parallel shape/worker counts, round robin, closed loop at
 the row's concurrency with its ISL/OSL, max_num_batched_tokens 8192) and compares mean TTFT and
@@ -11,7 +11,7 @@ mean TPOT with the measured ones. Each row is replayed twice:
   starts at t=0, 10 x concurrency requests, every request counted - AIC's eval runners
   (genai-perf `--concurrency c --request-count 10c`, SGLang bench_serving `--max-concurrency c
   --num-prompts 10c`);
-* "sweep": as sweeps measure (ramped clients, steady-state window, search/measurement.py); the
+* "sweep": as sweeps measure (ramped clients, steady-state window, fidelity/measurement.py); the
   calibration profile is fitted on and applied to this one ("calibrated"), because that is what
   it corrects in a sweep.
 
@@ -23,7 +23,7 @@ ctx_tokens = 8192)`; disagg = prefill `run_static(static_ctx, batch 1)` for TTFT
 
 Errors are fractions: APE = |pred - silicon| / silicon; MdAPE = median APE, p90 = P90 of APE,
 bias = median of (pred - silicon) / silicon (signed). Reported per split (calibration / heldout,
-the binding rule in search/silicon.py), overall and by model, backend, system, mode and load.
+the binding rule in fidelity/silicon.py), overall and by model, backend, system, mode and load.
 
 usage:
   DYN_LOG=warn .venv/bin/python bench/bench_fidelity.py [--split calibration|heldout|all]
@@ -53,11 +53,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from spica_pipeline.config.goal import OptimizationGoal  # noqa: E402
-from spica_pipeline.search import silicon  # noqa: E402
-from spica_pipeline.search.calibration import SCORE_TARGETS, target_score  # noqa: E402
-from spica_pipeline.search.evaluation import EvalRequest  # noqa: E402
-from spica_pipeline.search.measurement import CLIENT_LENGTH_SPREAD, benchmark_client_request, quantile  # noqa: E402
-from spica_pipeline.search.measurement import relative_change  # noqa: E402
+from spica_pipeline.evaluate.evaluator import EvalRequest  # noqa: E402
+from spica_pipeline.fidelity import silicon  # noqa: E402
+from spica_pipeline.fidelity.calibration import SCORE_TARGETS, target_score  # noqa: E402
+from spica_pipeline.fidelity.measurement import (  # noqa: E402
+    CLIENT_LENGTH_SPREAD,
+    benchmark_client_request,
+    quantile,
+    relative_change,  # noqa: E402
+)
 
 GOAL = OptimizationGoal.model_validate({"target": "throughput", "sla": None, "pareto_objectives": None})
 MNBT = 8192
@@ -82,7 +86,7 @@ def silicon_csv_path() -> Path:
 
 
 def load_cases() -> tuple[list[silicon.SiliconRow], list[silicon.SiliconCase | silicon.Inexpressible]]:
-    from spica_pipeline.search.model_hw import _supported_databases, available_models, model_facts
+    from spica_pipeline.space.model_hw import _supported_databases, available_models, model_facts
 
     with open(silicon_csv_path(), newline="") as fh:
         rows = silicon.parse_rows(csv.DictReader(fh))
@@ -131,7 +135,7 @@ def aic_estimate(case: silicon.SiliconCase, version: str) -> tuple[float, float]
     from aiconfigurator_core.sdk.models import get_model
     from aiconfigurator_core.sdk.perf_database import get_database
 
-    from spica_pipeline.search.model_hw import QuietAIC
+    from spica_pipeline.space.model_hw import QuietAIC
 
     r = case.row
     concurrency, isl, osl = _known(r.concurrency, "concurrency"), _known(r.isl, "isl"), _known(r.osl, "osl")
@@ -353,14 +357,14 @@ def start_rows(job: RowJob) -> None:
     """Set up this process to replay rows: the bench's overrides (before any timing table is built) and
     one evaluator. Runs in the bench's own process (--workers 1) and at the start of every worker."""
     global _job, _evaluator
-    from spica_pipeline.resources.replay import ReplayEvaluator
+    from spica_pipeline.evaluate.replay import ReplayEvaluator
 
     if job.fallback_scaling:
-        from spica_pipeline.resources import attention_scaling
+        from spica_pipeline.evaluate import attention_scaling
 
         os.environ[attention_scaling.FALLBACK_SCALING_ENV] = "1"
     if job.gemm_per_tensor is not None:
-        from spica_pipeline.search import perf_data
+        from spica_pipeline.space import perf_data
 
         perf_data.GEMM_PER_TENSOR = frozenset(
             tuple(item.strip().split(":", 1)) for item in job.gemm_per_tensor.split(",")  # type: ignore[misc]
@@ -370,7 +374,7 @@ def start_rows(job: RowJob) -> None:
 
 def replay_row(case: silicon.SiliconCase) -> dict[str, Any]:
     """One row's record (the only row function: --workers 1 calls it here, --workers N in worker processes)."""
-    from spica_pipeline.search.model_hw import latest_backend_version
+    from spica_pipeline.space.model_hw import latest_backend_version
 
     job = _job
     assert job is not None, "start_rows() first"
@@ -392,8 +396,8 @@ def expected_cost(case: silicon.SiliconCase) -> tuple[bool, int]:
 def replay_rows(cases: list[silicon.SiliconCase], job: RowJob, workers: int = 1) -> Iterator[tuple[int, dict[str, Any]]]:
     """(index in `cases`, record) of every row as it finishes: in order in this process (workers 1), or
     on `workers` spawned processes, largest expected cost first. Spawn, not fork: Dynamo's replay runs a
-    Tokio runtime that does not survive a fork (resources/pool.py). The workers share the on-disk timing
-    and KV cache (atomic writes, one build per table under a file lock: resources/timing.py)."""
+    Tokio runtime that does not survive a fork (evaluate/pool.py). The workers share the on-disk timing
+    and KV cache (atomic writes, one build per table under a file lock: evaluate/timing.py)."""
     if workers <= 1:
         start_rows(job)
         for i, case in enumerate(cases):
@@ -464,7 +468,7 @@ def apply_profile(records: list[dict[str, Any]], profile: dict[str, Any]) -> Non
     """Add calibrated values and the band check to every replayed record (in place); a record replayed with
     fixed lengths takes the profile's fixed-length factors where it has them, as a sweep of a fixed-length
     client does (ROUND14_CLIENT_PROFILES_RULE)."""
-    from spica_pipeline.search import calibration
+    from spica_pipeline.fidelity import calibration
 
     for rec in records:
         raw = rec.get("sweep") or {}
@@ -699,7 +703,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             write_json(args.json, result(partial=True))
     profile = None
     if args.fit_calibration:
-        from spica_pipeline.search import calibration
+        from spica_pipeline.fidelity import calibration
 
         # the profile maps what a sweep measures to silicon: per phase its own ("sweep") replay or the
         # benchmark-client replay it runs for a client-basis profile (calibration.PhaseMethod.replay)
@@ -739,7 +743,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
                 "leave-one-model-out on the calibration split only (bench_fidelity.py --compare-round8-tpot, "
                 "bench/results/fidelity_calibration_round8_tpot.json, 2026-12-05): " + ROUND8_TPOT_RULE)
         if args.fixed_lengths_profile:  # ROUND14_CLIENT_PROFILES_RULE: the factors for fixed-length clients beside
-            from spica_pipeline.resources.calibration import load_profile
+            from spica_pipeline.fidelity.profiles import load_profile
 
             fixed, _ = load_profile(args.fixed_lengths_profile)
             profile[calibration.FIXED_LENGTHS] = fixed
@@ -753,7 +757,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         print(f"wrote calibration profile {args.fit_calibration} ({len(profile['rows_used'])} calibration rows)")
         lomo = leave_one_model_out(cal_records, fit_method)
     elif args.calibration != "none":
-        from spica_pipeline.resources.calibration import load_profile
+        from spica_pipeline.fidelity.profiles import load_profile
 
         profile, _ = load_profile(args.calibration)
     if profile is not None and not args.build_only:
@@ -784,7 +788,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         prefix8 = records_by_id(args.compare_round8_ttft)
         final["round8_ttft_comparison"] = compare_round8_ttft(fit_records(records), fit_records(list(prefix8.values())))
     if args.compare_refit:
-        from spica_pipeline.resources.calibration import load_profile
+        from spica_pipeline.fidelity.profiles import load_profile
 
         old_profile, _ = load_profile(args.compare_refit)
         old_records = (fit_records(list(records_by_id(args.refit_reference_from_json, "calibration").values()))
@@ -813,7 +817,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
 
 REPLAY_DESCRIPTIONS = {
     "sweep": "the sweep measurement of each row (ramped closed-loop clients, steady-state window, "
-             "search/measurement.py), i.e. what the profile corrects in a sweep",
+             "fidelity/measurement.py), i.e. what the profile corrects in a sweep",
     "client": "the benchmark-client replay of each row ('ours': every client at t=0, 10 x c requests, every request "
               "counted, a row measured by InferenceMAX's client with its ISL and OSL uniform over [int(0.8 L), L] as "
               "that client drew them, a row of AIC's own runners with fixed lengths (silicon.benchmark_client; before "
@@ -884,7 +888,7 @@ def leave_one_model_out(records: list[dict[str, Any]], method=None, lomo_bands: 
     calibration split's own estimate of how the profile does on a model it never saw."""
     import copy
 
-    from spica_pipeline.search import calibration
+    from spica_pipeline.fidelity import calibration
 
     scored: list[dict[str, Any]] = []
     by_model: dict[str, Any] = {}
@@ -966,7 +970,7 @@ SGLANG_SIGNATURE_RULE = (
     "otherwise the finding is documented and nothing is changed. The sweep replay's bias is reported beside it.")
 FALLBACK_EFFECT_RULE = (
     "round 5 step 1, calibration split only, before any change: every calibration record is 'fallback' when its "
-    "fidelity_note says its attention was timed with bf16 data (search/perf_data.py), else 'native'. Per "
+    "fidelity_note says its attention was timed with bf16 data (space/perf_data.py), else 'native'. Per "
     "(model, backend, system, mode) and pooled per backend, the raw client replay's TTFT/TPOT MdAPE and bias, "
     "and AIC's own estimate where it has one. The round proceeds to step 2 only if the fallback rows' pooled "
     "raw client bias is > 0 in both phases and above the native rows' of the same backend.")
@@ -1454,7 +1458,7 @@ def choose(rows: list[dict[str, Any]], phase: str) -> dict[str, Any]:
 
 
 def calibration_reference(row: dict[str, Any]) -> bool:
-    from spica_pipeline.search import calibration
+    from spica_pipeline.fidelity import calibration
 
     return calibration.PhaseMethod(**row["option"]).is_reference
 
@@ -1483,7 +1487,7 @@ def compare_per_backend(records: list[dict[str, Any]]) -> dict[str, Any]:
     LOMO, then per phase the per-backend profile against v4 on all calibration rows."""
     from dataclasses import replace
 
-    from spica_pipeline.search import calibration
+    from spica_pipeline.fidelity import calibration
 
     _calibration_rows_only(records, "--compare-per-backend")
     base = calibration.V4
@@ -1536,8 +1540,8 @@ def diagnose(records: list[dict[str, Any]]) -> dict[str, Any]:
     raw benchmark-client and AIC error stats of TTFT and TPOT, and how many rows are off by > 50 %."""
     import copy
 
-    from spica_pipeline.search import calibration
-    from spica_pipeline.search.model_hw import model_facts
+    from spica_pipeline.fidelity import calibration
+    from spica_pipeline.space.model_hw import model_facts
 
     _calibration_rows_only(records, "--diagnose")
     scored: list[dict[str, Any]] = []
@@ -1606,7 +1610,7 @@ def sglang_signature(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _uses_fallback(record: dict[str, Any]) -> bool:
-    from spica_pipeline.search import calibration
+    from spica_pipeline.fidelity import calibration
 
     return calibration.record_attention_fallback(record)
 
@@ -1656,7 +1660,7 @@ def fallback_scaling_choice(candidate: dict[str, Any], reference: dict[str, Any]
 def compare_v4_on(records: list[dict[str, Any]], reference_records: list[dict[str, Any]]) -> dict[str, Any]:
     """v4's method on this run's records (e.g. a different client replay) against v4 on its own records,
     per phase, by LOMO on calibration rows (CHOICE_RULE_V5_ROUND3)."""
-    from spica_pipeline.search import calibration
+    from spica_pipeline.fidelity import calibration
 
     _calibration_rows_only([*records, *reference_records], "--compare-v4-on")
     reference = _scored(reference_records, calibration.V4, "v4")
@@ -1680,7 +1684,7 @@ def compare_within(records: list[dict[str, Any]]) -> dict[str, Any]:
     """CHOICE_RULE_V5_ROUND2: v4 with within-model slopes against v4, per phase, on calibration rows."""
     from dataclasses import replace
 
-    from spica_pipeline.search import calibration
+    from spica_pipeline.fidelity import calibration
 
     _calibration_rows_only(records, "--compare-within")
     base = calibration.V4
@@ -1703,7 +1707,7 @@ def compare_balanced(records: list[dict[str, Any]]) -> dict[str, Any]:
     it, per phase, by leave-one-model-out error on calibration rows only."""
     from dataclasses import replace
 
-    from spica_pipeline.search import calibration
+    from spica_pipeline.fidelity import calibration
 
     _calibration_rows_only(records, "--compare-balanced")
     base = calibration.CHOSEN
@@ -1755,7 +1759,7 @@ def _lomo_scored(train: list[dict[str, Any]], test: list[dict[str, Any]], method
     applied to that model's `test` rows (copies)."""
     import copy
 
-    from spica_pipeline.search import calibration
+    from spica_pipeline.fidelity import calibration
 
     scored: list[dict[str, Any]] = []
     for model in sorted({r["model"] for r in test}):
@@ -1790,7 +1794,7 @@ def _wins(challenger: dict[str, Any], reference: dict[str, Any]) -> int:
 
 def round7_candidates():
     """ROUND7_RULE step 2's candidates, in the rule's order: (label, ClientMix for SGLang TTFT)."""
-    from spica_pipeline.search.calibration import ClientMix
+    from spica_pipeline.fidelity.calibration import ClientMix
 
     return [("sweep", ClientMix(0.0)), *((f"blend {w:g}", ClientMix(w)) for w in ROUND7_BLENDS),
             ("blend fitted", ClientMix(None)), *((f"gate {p:g}", ClientMix(1.0, p)) for p in ROUND7_PASSES)]
@@ -1800,7 +1804,7 @@ def _round7_candidate(train: list[dict[str, Any]], test: list[dict[str, Any]], m
                       reference: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One round-7 candidate (7 and 7b): its LOMO row and whether it qualifies under the rules' shared test
     (lower pooled and SGLang TTFT score than the reference, >= 3 SGLang folds won); and its scored records."""
-    from spica_pipeline.search import calibration
+    from spica_pipeline.fidelity import calibration
 
     scored = _lomo_scored(train, test, method)
     row = _round7_row(scored, label)
@@ -1817,7 +1821,7 @@ def compare_round7b(records: list[dict[str, Any]], prefix: list[dict[str, Any]])
     scored by LOMO on all A rows against V5 trained on P."""
     from dataclasses import replace
 
-    from spica_pipeline.search import calibration
+    from spica_pipeline.fidelity import calibration
 
     test, train = _round_rows(records, prefix, "--compare-round7b")
     base = calibration.V5
@@ -1853,7 +1857,7 @@ def compare_round7(records: list[dict[str, Any]], prefix: list[dict[str, Any]]) 
     step 2 SGLang TTFT's replayed value (sweep / blend / gate) on step 1's rows; LOMO scored on all A rows."""
     from dataclasses import replace
 
-    from spica_pipeline.search import calibration
+    from spica_pipeline.fidelity import calibration
 
     test, train_p = _round_rows(records, prefix, "--compare-round7")
     base = calibration.V5
@@ -1898,7 +1902,7 @@ def round8_tpot_candidates():
     only its TPOT phase changed; moe_split: the method fitted separately on dense and on MoE models' rows."""
     from dataclasses import replace
 
-    from spica_pipeline.search.calibration import V6, ClientMix, PhaseMethod
+    from spica_pipeline.fidelity.calibration import V6, ClientMix, PhaseMethod
 
     def tpot(label: str, pm: PhaseMethod, moe_split: bool = False):
         return label, replace(V6, name=f"v6-tpot-{label.replace(' ', '-').replace('/', '-')}", tpot=pm), moe_split
@@ -1920,7 +1924,7 @@ def _round8_tpot_scored(train: list[dict[str, Any]], test: list[dict[str, Any]],
     row is corrected by the fit on its class's (dense / MoE, `moe` by AIC model) training rows."""
     import copy
 
-    from spica_pipeline.search import calibration
+    from spica_pipeline.fidelity import calibration
 
     scored: list[dict[str, Any]] = []
     for model in sorted({r["model"] for r in test}):
@@ -1940,7 +1944,7 @@ def _round8_tpot_scored(train: list[dict[str, Any]], test: list[dict[str, Any]],
 
 def balanced_error_stats(records: list[dict[str, Any]], side: str, phase: str) -> dict[str, Any]:
     """error_stats with each model's rows weighing 1 / its rows (every model weighs the same in the quantiles)."""
-    from spica_pipeline.search.calibration import weighted_quantile
+    from spica_pipeline.fidelity.calibration import weighted_quantile
 
     good = [(r[side][phase], r["silicon"][phase], r["model"]) for r in records if isinstance(r.get(side), dict)
             and r[side].get(phase) is not None and math.isfinite(r[side][phase]) and r["silicon"][phase] > 0]
@@ -1975,8 +1979,8 @@ def _round8_tpot_row(scored: list[dict[str, Any]], label: str, moe: dict[str, bo
 def compare_round8_tpot(records: list[dict[str, Any]], prefix: list[dict[str, Any]]) -> dict[str, Any]:
     """ROUND8_TPOT_RULE: V6 with each candidate TPOT phase, trained on P (the 465-row prefix), scored by leave one
     model out on all A rows (this run's calibration records) against V6 as shipped."""
-    from spica_pipeline.search import calibration
-    from spica_pipeline.search.model_hw import model_facts
+    from spica_pipeline.fidelity import calibration
+    from spica_pipeline.space.model_hw import model_facts
 
     test, train = _round_rows(records, prefix, "--compare-round8-tpot")
     moe = {m: bool(model_facts(m).is_moe) for m in {r["aic_model"] for r in test}}
@@ -2040,7 +2044,7 @@ def compare_bands(records: list[dict[str, Any]]) -> dict[str, Any]:
     import copy
     from dataclasses import replace
 
-    from spica_pipeline.search import calibration
+    from spica_pipeline.fidelity import calibration
 
     _calibration_rows_only(records, "--compare-bands")
     models = sorted({r["model"] for r in records})
@@ -2071,7 +2075,7 @@ def compare_bands(records: list[dict[str, Any]]) -> dict[str, Any]:
               f"width {row['tpot']['width']:.2f} (rows {100 * pooled['tpot']['inside']:.0f}%)", flush=True)
     chosen = {phase: choose_band(rows, phase)["variant"] for phase in TARGETS}
     shipped = {phase: calibration.CHOSEN.band(phase).label() for phase in TARGETS}
-    print(f"   chosen (BAND_RULE): TTFT {chosen['ttft']}, TPOT {chosen['tpot']}; search/calibration.py CHOSEN "
+    print(f"   chosen (BAND_RULE): TTFT {chosen['ttft']}, TPOT {chosen['tpot']}; fidelity/calibration.py CHOSEN "
           f"({calibration.CHOSEN.name}): TTFT {shipped['ttft']}, TPOT {shipped['tpot']}"
           + ("" if shipped == chosen else "  <- differs"))
     return {"rows": len({r["id"] for r in records}), "models": models, "rule": BAND_RULE, "nominal": BAND_NOMINAL,
@@ -2082,7 +2086,7 @@ def compare_methods(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Every per-phase variant on both replay bases (calibration.phase_options) scored by
     leave-one-model-out error on the calibration split only; each phase's choice by CHOICE_RULE. The
     phases are fitted independently, so one comparison per phase option serves both phases."""
-    from spica_pipeline.search import calibration
+    from spica_pipeline.fidelity import calibration
 
     _calibration_rows_only(records, "--compare-methods")
     rows: list[dict[str, Any]] = []
@@ -2102,7 +2106,7 @@ def compare_methods(records: list[dict[str, Any]]) -> dict[str, Any]:
     best = {phase: min(rows, key=lambda r: r[phase]["score"])["variant"] for phase in TARGETS}
     shipped = {phase: calibration.CHOSEN.phase(phase).label() for phase in TARGETS}
     print(f"   chosen ({CHOICE_RULE[:40]}...): TTFT {chosen['ttft']}, TPOT {chosen['tpot']} "
-          f"(lowest pooled score: TTFT {best['ttft']}, TPOT {best['tpot']}); search/calibration.py CHOSEN "
+          f"(lowest pooled score: TTFT {best['ttft']}, TPOT {best['tpot']}); fidelity/calibration.py CHOSEN "
           f"({calibration.CHOSEN.name}): TTFT {shipped['ttft']}, TPOT {shipped['tpot']}"
           + ("" if shipped == chosen else "  <- differs"))
     return {"rows": len({r['id'] for r in records}), "models": sorted({r["model"] for r in records}),
@@ -2129,7 +2133,7 @@ ROUND8_TTFT_RULE = (
     "vLLM 'blend fitted' (w = the Theil-Sen slope of ln(silicon/sweep) on ln(client/sweep) over the training vLLM "
     "rows, clipped to [0, 1]); vLLM 'blend 0.5 if passes <= 1' (w = 0.5 where the first wave's prefill passes = "
     "concurrency per prefill rank x ISL / 8192 are <= 1, else the client replay); SGLang 'blend 0.5 on fallback rows' "
-    "(w = 0.5, v6's, where the candidate's attention was timed with the bf16 fallback data, search/perf_data.py, "
+    "(w = 0.5, v6's, where the candidate's attention was timed with the bf16 fallback data, space/perf_data.py, "
     "known before replay; the client replay, w = 1, where it was timed with its own data). TTFT scores: pooled = "
     "MdAPE/20 % + P90/50 % over all test rows; model-balanced = the mean over the 6 folds of each fold's score (that "
     "model's rows); backend folds = the score of each model with rows of the candidate's backend on those rows (vLLM: "
@@ -2147,7 +2151,7 @@ ROUND8_TTFT_RULE = (
 
 def round8_ttft_candidates():
     """ROUND8_TTFT_RULE's candidates, in the rule's order: (label, backend, ClientMix for that backend's TTFT)."""
-    from spica_pipeline.search.calibration import ClientMix
+    from spica_pipeline.fidelity.calibration import ClientMix
 
     return [*((f"vllm blend {w:g}", "vllm", ClientMix(w)) for w in ROUND8_TTFT_BLENDS),
             ("vllm blend fitted", "vllm", ClientMix(None)),
@@ -2202,7 +2206,7 @@ def _same_tpot(scored: list[dict[str, Any]], ref_scored: list[dict[str, Any]]) -
 
 def compare_round8_ttft(records: list[dict[str, Any]], prefix: list[dict[str, Any]]) -> dict[str, Any]:
     """ROUND8_TTFT_RULE: each backend's TTFT ClientMix candidates against v6, trained on P, LOMO on all test rows."""
-    from spica_pipeline.search import calibration
+    from spica_pipeline.fidelity import calibration
 
     test, train = _round_rows(records, prefix, "--compare-round8-ttft")
     base = calibration.V6
@@ -2295,7 +2299,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          f"'{WITH_MEMORY_FRACTION}': at the script's memory fraction too, as round 16 replayed "
                          "(ROUND16_SCRIPT_FLAGS_RULE); other rows as before")
     ap.add_argument("--fit-method", metavar="NAME", default=None,
-                    help="with --fit-calibration: fit this search/calibration.py method (e.g. V10_NO_MIX) instead "
+                    help="with --fit-calibration: fit this fidelity/calibration.py method (e.g. V10_NO_MIX) instead "
                          "of calibration.CHOSEN")
     ap.add_argument("--sweep-from", metavar="PATH[,PATH]",
                     help="with --no-sweep (--no-aic): take each row's sweep replay (AIC estimate) from these "
@@ -2308,7 +2312,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "steady-state window")
     ap.add_argument("--client-gap-cycles", type=float, default=None,
                     help="--client together: each client's random gap before its next request, uniform in "
-                         "[0, this x the estimated request cycle] (default search/measurement.py CLIENT_GAP_CYCLES)")
+                         "[0, this x the estimated request cycle] (default fidelity/measurement.py CLIENT_GAP_CYCLES)")
     ap.add_argument("--request-ratio", type=float, default=None,
                     help=f"requests per unit of concurrency (default {CLIENT_REQUEST_RATIO:g} for --client together, "
                          f"as AIC's genai-perf/bench_serving runners; {RAMP_REQUEST_RATIO:g} for ramp)")
@@ -2451,7 +2455,7 @@ def compare_refit(records: list[dict[str, Any]], old: dict[str, Any], new: dict[
     profile's (ROUND14: the reference on the spread replays a sweep runs today); both sides score the same row ids."""
     import copy
 
-    from spica_pipeline.search.calibration import FIXED_LENGTHS
+    from spica_pipeline.fidelity.calibration import FIXED_LENGTHS
 
     old_records = records if old_records is None else old_records
     _calibration_rows_only([*records, *old_records], "--compare-refit")
@@ -2496,7 +2500,7 @@ def round9_main(paths: str, out_path: str | None) -> int:
     """--compare-round9 BASE,GEMM[,DP]: the round's comparisons from stored records (no replay)."""
     files = [json.loads(Path(p).read_text())["records"] for p in paths.split(",")]
     base, gemm = files[0], files[1]
-    from spica_pipeline.search.model_hw import checkpoint_quant
+    from spica_pipeline.space.model_hw import checkpoint_quant
 
     def fp8_block(r: dict[str, Any]) -> bool:  # the rows whose dense GEMMs the substitution can change
         return r["backend"] == "vllm" and checkpoint_quant(r["aic_model"]) == "fp8_block"

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_fidelity import error_stats, records_by_id  # noqa: E402
 
-from spica_pipeline.search import calibration, silicon  # noqa: E402
+from spica_pipeline.fidelity import calibration, silicon  # noqa: E402
 
 PHASES = calibration.PHASES
 TARGETS = calibration.SCORE_TARGETS

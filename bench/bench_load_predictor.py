@@ -20,7 +20,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from spica_pipeline.search.load_predictor import LOAD_PREDICTOR_PRESETS, sweep_load_predictor  # noqa: E402
+from spica_pipeline.space.load_predictor import LOAD_PREDICTOR_PRESETS, sweep_load_predictor  # noqa: E402
 
 MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
 

@@ -127,7 +127,7 @@ def read_picks(result_dir: Path) -> list[dict[str, Any]]:
 
 def pick_request(pick: dict[str, Any], config: Any, build: Any):
     """Our EvalRequest for an AI Configurator pick (its engine args override our knob values)."""
-    from spica_pipeline.search.shapes import DisaggShape, RoleShape
+    from spica_pipeline.space.shapes import DisaggShape, RoleShape
 
     space = config.search_space
     selection = {name: values[0] for name, values in space.choice_lists().items()}
@@ -192,8 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         result.update(aic_version=AIC_VERSION, aic_command=" ".join(shown),
                       aic_seconds=round(aic_seconds, 1))
 
-        from spica_pipeline.resources.replay import ReplayEvaluator
-        from spica_pipeline.search.branch_plan import candidate_builder, scorer
+        from spica_pipeline.evaluate.replay import ReplayEvaluator
+        from spica_pipeline.optimize.branch_plan import candidate_builder, scorer
         from spica_pipeline.sweep import evaluation_context, predict_load, run_sweep
 
         load_predictor = predict_load(config)

@@ -38,10 +38,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from spica_pipeline.config import SmartSearchConfig, load_config  # noqa: E402
-from spica_pipeline.search import scoring  # noqa: E402
-from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest  # noqa: E402
+from spica_pipeline.evaluate import scoring  # noqa: E402
+from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest  # noqa: E402
+from spica_pipeline.optimize.study import MemoryJournal, TrialCounter  # noqa: E402
 from spica_pipeline.storage import write_json_result  # noqa: E402
-from spica_pipeline.search.study import MemoryJournal, TrialCounter  # noqa: E402
 
 SPACES_DIR = ROOT / "bench" / "spaces"
 CACHE_DIR = ROOT / "bench" / ".cache"
@@ -69,7 +69,7 @@ class OutcomeCache:
         self.outcomes[key] = outcome.to_dict()
 
     def save(self) -> None:
-        from spica_pipeline.search.evaluation import canonical_json, json_safe
+        from spica_pipeline.evaluate.evaluator import canonical_json, json_safe
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
@@ -175,7 +175,7 @@ def prepare_space(path: Path) -> tuple[SmartSearchConfig, Any]:
 
 
 def exhaustive_truth(config: SmartSearchConfig, prepared: Any, evaluator: CachingEvaluator) -> dict[str, Any]:
-    from spica_pipeline.search.branch_plan import plan_branch
+    from spica_pipeline.optimize.branch_plan import plan_branch
     from spica_pipeline.sweep import run_branch
 
     thorough = with_sweep(config, policy="thorough")
@@ -215,7 +215,7 @@ def exhaustive_truth(config: SmartSearchConfig, prepared: Any, evaluator: Cachin
 
 def run_algorithm(config: SmartSearchConfig, prepared: Any, evaluator: CachingEvaluator, algorithm: str,
                   seed: int, optimum: float, vizier: Any) -> dict[str, Any]:
-    from spica_pipeline.search.branch_plan import BranchPlan, plan_branch
+    from spica_pipeline.optimize.branch_plan import BranchPlan, plan_branch
     from spica_pipeline.sweep import run_branch
 
     cfg = with_sweep(config, algorithm=algorithm, seed=seed, policy="rapid")
@@ -300,7 +300,7 @@ def plan_runs(quick: bool, algorithms: list[str], seeds: int, gp_spaces: list[st
 
 def warm_up(vizier: Any, config: SmartSearchConfig, prepared: Any) -> None:
     """Import Vizier/JAX once before any timed run, so the first algorithm is not charged for it."""
-    from spica_pipeline.search.branch_plan import plan_branch, study_metrics
+    from spica_pipeline.optimize.branch_plan import plan_branch, study_metrics
 
     plan = plan_branch(prepared.branches[0], config)
     study = vizier.open_study(plan.encoding, study_metrics(config.goal), seed=0, algorithm="QUASI_RANDOM_SEARCH")
@@ -316,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
-    from spica_pipeline.resources.replay import ReplayEvaluator
-    from spica_pipeline.resources.vizier import VizierClient
+    from spica_pipeline.evaluate.replay import ReplayEvaluator
+    from spica_pipeline.optimize.vizier import VizierClient
 
     vizier = VizierClient()
     algorithms = [a.strip().upper() for a in args.algorithms.split(",") if a.strip()]

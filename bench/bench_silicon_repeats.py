@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from spica_pipeline.search import silicon  # noqa: E402
+from spica_pipeline.fidelity import silicon  # noqa: E402
 
 PHASES = ("ttft", "tpot")
 COPY_TOLERANCE = 0.005  # relative: 0.5 % apart is one measurement exported twice

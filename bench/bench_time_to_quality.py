@@ -10,7 +10,7 @@ computes rebuilds it), so reruns and every algorithm/seed reuse them (no replay 
 Algorithms:
   ours        the sweep's default: GP-UCB-PE with compile-once programs, asynchronous dispatch
               (in-flight trials pending), cost-aware fill (optimizer <= 25 % of wall time) from the
-              neighbourhood designer (search/neighbourhood.py) and quasi-random;
+              neighbourhood designer (optimize/neighbourhood.py) and quasi-random;
   spica       Spica-style: stock Vizier DEFAULT settings (75,000 acquisition evaluations, ARD 500
               iterations, no padding, stock classes, compile caches cleared), barrier rounds of
               candidates_per_round, duplicates re-asked (up to 10x replacements per round), the
@@ -83,18 +83,18 @@ from bench_sample_efficiency import (  # noqa: E402
     with_sweep,
 )
 
-from spica_pipeline.resources.pool import Completion, EvaluationBackend  # noqa: E402
-from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, canonical_json, spec_hash  # noqa: E402
-from spica_pipeline.search.study import MemoryJournal, TrialCounter  # noqa: E402
+from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest, canonical_json, spec_hash  # noqa: E402
+from spica_pipeline.evaluate.pool import Completion, EvaluationBackend  # noqa: E402
+from spica_pipeline.optimize.study import MemoryJournal, TrialCounter  # noqa: E402
 
-# TTQ_STUDY_<NAME> / TTQ_COST_<NAME>=<python literal>: override a module constant of search/study.py /
-# search/cost.py (candidate switches, e.g. round I's CHARGE_MODEL_RAN); recorded in the output's "overrides"
+# TTQ_STUDY_<NAME> / TTQ_COST_<NAME>=<python literal>: override a module constant of optimize/study.py /
+# optimize/cost.py (candidate switches, e.g. round I's CHARGE_MODEL_RAN); recorded in the output's "overrides"
 OVERRIDES = {k: v for k, v in os.environ.items() if k.startswith(("TTQ_STUDY_", "TTQ_COST_"))}
 for _k, _v in OVERRIDES.items():
     import ast
 
-    import spica_pipeline.search.cost as _cost_module
-    import spica_pipeline.search.study as _study_module
+    import spica_pipeline.optimize.cost as _cost_module
+    import spica_pipeline.optimize.study as _study_module
 
     _module = _study_module if _k.startswith("TTQ_STUDY_") else _cost_module
     _name = _k.split("_", 2)[2]
@@ -109,7 +109,7 @@ ALGORITHMS = ("ours", "spica", "RANDOM_SEARCH", "QUASI_RANDOM_SEARCH")
 # Why Spica-style runs without the neighbourhood designer (rule written before any run with it):
 SPICA_BASELINE_RULE = """Spica-style baseline fix (written 2026-12-05 19:10 UTC, before any run with it).
 Found (no run needed: the recorded designers): run_one's Spica-style path goes through sweep.run_branch, which
-attaches this product's neighbourhood designer (search/neighbourhood.py) to every model-based study. Since 86b1648
+attaches this product's neighbourhood designer (optimize/neighbourhood.py) to every model-based study. Since 86b1648
 (look-alike routing) the baseline's GP look-alikes were swapped for neighbourhood points, and since round G
 (neighbourhood.SEED_BATCH_TO_LOCAL) its seed batches were answered by that designer: every trace_agg Spica-style
 run in bench/results/time_to_quality.json names NEIGHBOURHOOD for its first trials, and its 99 % hits on seeds 0,
@@ -200,7 +200,7 @@ def specs_digest(config, prepared) -> str:
     and must not reuse a truth built from the old replays."""
     import hashlib
 
-    from spica_pipeline.search.branch_plan import candidate_builder, exhaustive_points, plan_branch
+    from spica_pipeline.optimize.branch_plan import candidate_builder, exhaustive_points, plan_branch
     from spica_pipeline.sweep import evaluation_context
 
     thorough = with_sweep(config, policy="thorough")
@@ -227,7 +227,7 @@ def cached_truth(name: str, config, prepared, evaluator) -> dict[str, Any]:
 
 
 def vizier_for(algorithm: str):
-    from spica_pipeline.resources.vizier import VizierClient
+    from spica_pipeline.optimize.vizier import VizierClient
 
     if algorithm == "spica":  # stock Vizier GP-UCB-PE settings and classes
         return VizierClient(algorithm="DEFAULT", compile_once=False, acquisition_evaluations=75000,
@@ -237,7 +237,7 @@ def vizier_for(algorithm: str):
 
 def run_one(name: str, config, prepared, evaluator, algorithm: str, seed: int, optimum: float, budget: int,
             workers: int, scale: float, max_wall_s: float | None = None) -> dict[str, Any]:
-    from spica_pipeline.search.branch_plan import BranchPlan, plan_branch
+    from spica_pipeline.optimize.branch_plan import BranchPlan, plan_branch
     from spica_pipeline.sweep import run_branch
 
     algo = "DEFAULT" if algorithm in ("ours", "spica") else algorithm
@@ -305,15 +305,15 @@ def run_one(name: str, config, prepared, evaluator, algorithm: str, seed: int, o
 
 
 def ask_costs(records, objectives: int) -> dict[str, Any]:
-    """Per model-answered ask of a run (search/study.py `_model_answered`): [position of its first
-    trial, batch size, measured seconds, search/cost.py's predicted seconds, padding bucket], in
+    """Per model-answered ask of a run (optimize/study.py `_model_answered`): [position of its first
+    trial, batch size, measured seconds, optimize/cost.py's predicted seconds, padding bucket], in
     order; plus the seconds of the other asks (neighbourhood / quasi-random). The position is the
     ask's history + pending rows (the driver asks suggestion k with k earlier trials). Judged from
     the recorded designers: a model ask whose every suggestion was replaced by the neighbourhood
     designer (charged since round I, study.CHARGE_MODEL_RAN) counts under "other" here.
     "asks": every ask, [position, batch, seconds, first letter of each trial's designer]."""
-    from spica_pipeline.search import cost
-    from spica_pipeline.search.study import _model_answered
+    from spica_pipeline.optimize import cost
+    from spica_pipeline.optimize.study import _model_answered
 
     asks: dict[int, list[tuple[int, Any]]] = {}
     for index, r in enumerate(records):
@@ -355,7 +355,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def warm_up(config, prepared) -> float:
     """One GP suggest with a small history (pays the compiles), outside the timed runs."""
-    from spica_pipeline.search.branch_plan import plan_branch, study_metrics
+    from spica_pipeline.optimize.branch_plan import plan_branch, study_metrics
 
     plan = plan_branch(prepared.branches[0], config)
     study = vizier_for("ours").open_study(plan.encoding, study_metrics(config.goal), seed=12345)
@@ -374,7 +374,7 @@ def import_warm_up(config, prepared) -> float:
     """One quasi-random suggest, outside the timed runs: pays the process's one-time Vizier/JAX
     import and the designer's first call, which would otherwise land on whichever run comes first
     (ours, seed 0, first space), without compiling any GP program."""
-    from spica_pipeline.search.branch_plan import plan_branch, study_metrics
+    from spica_pipeline.optimize.branch_plan import plan_branch, study_metrics
 
     t0 = time.perf_counter()
     plan = plan_branch(prepared.branches[0], config)
@@ -520,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     spaces = [s.strip() for s in args.spaces.split(",") if s.strip()]
     out = Path(args.out) if args.out else RESULTS / ("time_to_quality_quick.json" if args.quick
                                                       else "time_to_quality.json")
-    from spica_pipeline.resources.replay import ReplayEvaluator
+    from spica_pipeline.evaluate.replay import ReplayEvaluator
 
     result: dict[str, Any] = {
         "benchmark": "time_to_quality", "quick": args.quick, "argv": sys.argv[1:],

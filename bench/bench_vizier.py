@@ -46,10 +46,10 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from spica_pipeline.resources.vizier import VizierClient  # noqa: E402
-from spica_pipeline.search.branches import BranchSpace as Branch  # noqa: E402
-from spica_pipeline.search.encoding import build_encoding  # noqa: E402
-from spica_pipeline.search.shapes import RoleShape as R  # noqa: E402
+from spica_pipeline.optimize.encoding import build_encoding  # noqa: E402
+from spica_pipeline.optimize.vizier import VizierClient  # noqa: E402
+from spica_pipeline.space.branches import BranchSpace as Branch  # noqa: E402
+from spica_pipeline.space.shapes import RoleShape as R  # noqa: E402
 
 
 def quickstart_branch() -> Branch:

@@ -23,7 +23,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from spica_pipeline.resources.calibration import HELDOUT_CHECKS, RAW, load_profile  # noqa: E402
+from spica_pipeline.fidelity.profiles import HELDOUT_CHECKS, RAW, load_profile  # noqa: E402
 from spica_pipeline.storage import write_json_result  # noqa: E402
 
 PHASES = ("ttft", "tpot")

@@ -5,7 +5,10 @@ Each side may be several sim files (e.g. the scalar spaces and pareto_disagg run
 variant lacks is taken from the baseline only when the variant cannot touch it (a scalar-only
 candidate on a Pareto space), which the caller states with --same-as-baseline SPACE.
 """
-import json, statistics, sys
+import json
+import statistics
+import sys
+
 
 def load(paths):
     out = {}

@@ -14,7 +14,14 @@ SEEDS may hold ranges (60-79,100-139). OUT: per seed the evaluations to 95 / 99 
 each trial and a digest of the suggestion sequence (designer, parameters), so two designers can be
 checked for the same suggestions (an identity check) and compared seed by seed.
 """
-import hashlib, heapq, json, math, os, sys, statistics, time
+import hashlib
+import heapq
+import json
+import math
+import os
+import statistics
+import sys
+import time
 
 ROUND_H_RULE = """Round H adoption rule (written 2026-12-05 04:54 UTC, before any round-H variant was simulated and
 before held-out seeds 300-304 were run by anyone).
@@ -43,7 +50,7 @@ ROUND_I_RULE = """Round I adoption rule (written 2026-12-05 10:52 UTC, before an
 held-out seeds 500-504 were run by anyone).
 Diagnosis it rests on (main 5ebaafc, timed, dev seeds 0-4, pareto_disagg, 10:45-10:49 UTC,
 bench/results/time_to_quality_round_i/diag_pareto_0-4_main*.json, per ask: measured vs
-search/cost.py's prediction): asks a model answered cost 0.25-0.51 s against 0.45-0.46 s predicted
+optimize/cost.py's prediction): asks a model answered cost 0.25-0.51 s against 0.45-0.46 s predicted
 (steady state: the table does not under-predict; a bucket's first compile in the process 2.4-2.6 s
 wall, the process's cold first GP call 4.5-5.4 s); the excess is GP asks whose every suggestion
 was a look-alike replaced by the neighbourhood designer (recorded NNNN): the GP ran (0.3-0.6 s
@@ -73,13 +80,23 @@ is adopted and the Pareto optimizer share stays reported as over target. Held-ou
 run once after that, on the landed code, and reported as measured; seeds 0-4 here are dev seeds
 (used to choose); 30-34, 40-44, 50-54, 90-99, 300-304 are spent and not used."""
 from pathlib import Path
+
 os.environ.setdefault("DYN_LOG", "warn")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "bench"))
 import bench_time_to_quality as B
-from bench_sample_efficiency import LEVELS, CachingEvaluator, OutcomeCache, incumbent_series, prepare_space, with_sweep
-from spica_pipeline.resources.pool import Completion, EvaluationBackend
-from spica_pipeline.search.study import MemoryJournal, TrialCounter
+from bench_sample_efficiency import (
+    LEVELS,
+    CachingEvaluator,
+    OutcomeCache,
+    incumbent_series,
+    prepare_space,
+    with_sweep,
+)
+
+from spica_pipeline.evaluate.pool import Completion, EvaluationBackend
+from spica_pipeline.optimize.study import MemoryJournal, TrialCounter
+
 
 class SimBackend(EvaluationBackend):
     def __init__(self, cache, workers):
@@ -103,9 +120,11 @@ class SimBackend(EvaluationBackend):
     def _cancel(self, t): pass
     def _close(self): pass
 
-# SIM_NB_<NAME>=<python literal>: override search/neighbourhood.py's module constant NAME (A/B trials)
+# SIM_NB_<NAME>=<python literal>: override optimize/neighbourhood.py's module constant NAME (A/B trials)
 import ast
-import spica_pipeline.search.neighbourhood as NB
+
+import spica_pipeline.optimize.neighbourhood as NB
+
 # (the designer's keyword defaults were bound at import, so they are overridden too: before this,
 # SIM_NB_EXPLORE_SHARE / GAP_WEIGHT / EXPLORED_WEIGHT changed nothing)
 _KW_DEFAULTS = NB.NeighbourhoodDesigner.__init__.__kwdefaults__ or {}
@@ -130,7 +149,7 @@ def space(name):
     return SPACES[name]
 
 def run(name, algorithm, seed, workers=2):
-    from spica_pipeline.search.branch_plan import BranchPlan, plan_branch
+    from spica_pipeline.optimize.branch_plan import BranchPlan, plan_branch
     from spica_pipeline.sweep import run_branch
     config, prepared, cache, truth = space(name)
     optimum = truth["optimum"]

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from spica_pipeline.errors import ConfigError, SpicaError, TraceError, one_line
-from spica_pipeline.journal import JOURNAL_NAME, QUARANTINE_SUFFIX
+from spica_pipeline.optimize.journal import JOURNAL_NAME, QUARANTINE_SUFFIX
 
 EXIT_OK = 0
 EXIT_NOTHING_FEASIBLE = 1
@@ -253,16 +253,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
     except Exception as err:  # a summary bug must not turn into a traceback either
         return _fail(f"could not summarise config {args.config}: {type(err).__name__}: {err}")
     from spica_pipeline.errors import PolicyFilterError
+    from spica_pipeline.space.model_hw import check_precision
     from spica_pipeline.sweep import check_workload, filter_policies
-
-    from spica_pipeline.search.model_hw import check_precision
 
     try:
         trace_warnings = check_workload(config)
         space = config.search_space
         check_precision(space.precision, space.model_name, space.hardware_sku)  # names field + choices
         if config.sweep.executor == "ray":  # the [ray] extra must be installed: exit 2 now, not at sweep start
-            from spica_pipeline.resources.ray_pool import require_ray
+            from spica_pipeline.evaluate.ray_pool import require_ray
 
             require_ray()
     except TraceError as err:  # names the trace file and line

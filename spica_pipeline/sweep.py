@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, S
 import pandas as pd
 
 from spica_pipeline.config import SmartSearchConfig
-from spica_pipeline.journal import JOURNAL_NAME, FileJournal, RunLock
-from spica_pipeline.search.branch_plan import (
+from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest, Evaluator
+from spica_pipeline.optimize.branch_plan import (
     BranchPlan,
     StudySampler,
     branch_seed,
@@ -29,12 +29,9 @@ from spica_pipeline.search.branch_plan import (
     study_metrics,
     study_settings,
 )
-from spica_pipeline.search.branches import BranchEnumeration, BranchSpace
-from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, Evaluator
-from spica_pipeline.search.ledger import TrialRecord
-from spica_pipeline.search.policies import PolicyFilterResult
-from spica_pipeline.search.shapes import ParallelConfig
-from spica_pipeline.search.study import (
+from spica_pipeline.optimize.journal import JOURNAL_NAME, FileJournal, RunLock
+from spica_pipeline.optimize.ledger import TrialRecord
+from spica_pipeline.optimize.study import (
     BranchOutcome,
     HistoryItem,
     Journal,
@@ -42,15 +39,18 @@ from spica_pipeline.search.study import (
     TrialCounter,
     run_branch_study,
 )
-from spica_pipeline.search.timings import Timings
+from spica_pipeline.optimize.timings import Timings
+from spica_pipeline.space.branches import BranchEnumeration, BranchSpace
+from spica_pipeline.space.policies import PolicyFilterResult
+from spica_pipeline.space.shapes import ParallelConfig
 from spica_pipeline.storage import file_sha256
 
 if TYPE_CHECKING:
+    from spica_pipeline.evaluate.pool import EvaluationBackend
+    from spica_pipeline.optimize.vizier import VizierClient
     from spica_pipeline.report.dgd import DeployOptions
     from spica_pipeline.report.merge import MergeResult
-    from spica_pipeline.resources.pool import EvaluationBackend
-    from spica_pipeline.resources.vizier import VizierClient
-    from spica_pipeline.search.load_predictor import LoadPredictorResult
+    from spica_pipeline.space.load_predictor import LoadPredictorResult
 
 # Bump when anything in the evaluator changes what a replay returns for the same spec: it is part
 # of every spec hash, so old journal entries stop matching instead of being reused wrongly.
@@ -82,7 +82,7 @@ def check_workload(config: SmartSearchConfig) -> list[str]:
     Returns the trace's and the calibration's warnings (one line each, with a count)."""
     from spica_pipeline.config.limits import check_resource_limits
     from spica_pipeline.errors import ConfigError, SpicaError
-    from spica_pipeline.search.parallel import resolve_max_seq_len
+    from spica_pipeline.space.parallel import resolve_max_seq_len
     from spica_pipeline.traces import read_mooncake_trace
 
     space = config.search_space
@@ -111,8 +111,8 @@ def check_calibration(config: SmartSearchConfig) -> list[str]:
     """The profile loads (a ConfigError names a missing or corrupt file), and `client_lengths: fixed` has
     fixed-length factors to select; a warning names the searched backends it changes nothing for."""
     from spica_pipeline.errors import ConfigError
-    from spica_pipeline.resources.calibration import load_profile
-    from spica_pipeline.search.calibration import FIXED_LENGTHS, fixed_length_backends
+    from spica_pipeline.fidelity.calibration import FIXED_LENGTHS, fixed_length_backends
+    from spica_pipeline.fidelity.profiles import load_profile
 
     profile, _ = load_profile(config.evaluation.calibration)
     if config.evaluation.client_lengths != "fixed":
@@ -130,19 +130,19 @@ def check_calibration(config: SmartSearchConfig) -> list[str]:
 
 
 def filter_policies(config: SmartSearchConfig) -> PolicyFilterResult:
-    from spica_pipeline.search.policies import filter_scaling_policies
+    from spica_pipeline.space.policies import filter_scaling_policies
 
     return filter_scaling_policies(config)
 
 
 def predict_load(config: SmartSearchConfig) -> "LoadPredictorResult":
-    from spica_pipeline.load_prediction import load_predictor_for_config
+    from spica_pipeline.space.load_predictor.from_trace import load_predictor_for_config
 
     return load_predictor_for_config(config)
 
 
 def enumerate_branch_spaces(config: SmartSearchConfig) -> BranchEnumeration:
-    from spica_pipeline.search.branches import enumerate_branches
+    from spica_pipeline.space.branches import enumerate_branches
 
     return enumerate_branches(config)
 
@@ -171,7 +171,7 @@ def evaluation_context(config: SmartSearchConfig, load_predictor: "LoadPredictor
         context["load_predictor"] = load_predictor.to_dict()
     if config.workload.trace_path:
         context["trace_sha256"] = file_sha256(config.workload.trace_path)
-    from spica_pipeline.resources.calibration import load_profile
+    from spica_pipeline.fidelity.profiles import load_profile
 
     check_calibration(config)  # ConfigError (exit 2) names a bad file or a profile without fixed-length factors
     profile, digest = load_profile(config.evaluation.calibration)
@@ -445,8 +445,8 @@ def run_sweep(
 def write_results(output_dir: Path, config: SmartSearchConfig, plans: list[BranchPlan], ledger: pd.DataFrame,
                   timings: Timings) -> tuple["MergeResult", dict[str, Path]]:
     """Stage 6: merge the branch ledgers by goal and write every artifact; returns (merge, paths)."""
+    from spica_pipeline.fidelity.profiles import heldout_check
     from spica_pipeline.report import merge_for_config, write_outputs
-    from spica_pipeline.resources.calibration import heldout_check
 
     merge = merge_for_config(ledger, config)
     paths = write_outputs(
@@ -487,7 +487,7 @@ def deploy_options(config: SmartSearchConfig) -> "DeployOptions":
     gpus_per_node = d.gpus_per_node
     if gpus_per_node is None:
         from spica_pipeline.errors import ModelHardwareError
-        from spica_pipeline.search.model_hw import hardware_facts
+        from spica_pipeline.space.model_hw import hardware_facts
 
         try:
             gpus_per_node = hardware_facts(config.search_space.hardware_sku).gpus_per_node
@@ -531,31 +531,31 @@ def warm_history_for(ledger: pd.DataFrame | None, plan: BranchPlan) -> list[Hist
 
 
 def _config_of(rec: TrialRecord) -> ParallelConfig:
-    from spica_pipeline.search.shapes import parallel_config_from_dict
+    from spica_pipeline.space.shapes import parallel_config_from_dict
 
     return parallel_config_from_dict(rec.parallel_config)
 
 
 def default_evaluator() -> Evaluator:
-    from spica_pipeline.resources.replay import ReplayEvaluator
+    from spica_pipeline.evaluate.replay import ReplayEvaluator
 
     return ReplayEvaluator()
 
 
 def default_vizier() -> "VizierClient":
-    from spica_pipeline.resources.vizier import VizierClient
+    from spica_pipeline.optimize.vizier import VizierClient
 
     return VizierClient()
 
 
 def make_pool(evaluator: Evaluator, workers: int, max_eval_seconds: float | None, *, executor: str = "local",
               ray_address: str | None = None) -> "EvaluationBackend":
-    """The evaluation backend `sweep.executor` names (the `EvaluationBackend` of resources/pool.py)."""
+    """The evaluation backend `sweep.executor` names (the `EvaluationBackend` of evaluate/pool.py)."""
     if executor == "ray":
-        from spica_pipeline.resources.ray_pool import RayEvaluationPool
+        from spica_pipeline.evaluate.ray_pool import RayEvaluationPool
 
         return RayEvaluationPool(evaluator, workers, max_eval_seconds, address=ray_address)
-    from spica_pipeline.resources.pool import EvaluationPool
+    from spica_pipeline.evaluate.pool import EvaluationPool
 
     return EvaluationPool(evaluator, workers=workers, max_eval_seconds=max_eval_seconds)
 

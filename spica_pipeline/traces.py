@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from spica_pipeline.errors import TraceError
+from spica_pipeline.storage import file_sha256
 
 MOONCAKE_BLOCK_SIZE = 512
 
@@ -213,7 +214,6 @@ def read_mooncake_trace(
 
 def trace_content_hash(path: str | os.PathLike) -> str:
     """sha256 of the file bytes: a trace edited in place changes the hash, a touch does not."""
-    from spica_pipeline.storage import file_sha256
 
     try:
         return file_sha256(path)

@@ -3,7 +3,7 @@ tests: the stand-in is the production type itself, so `gpu_budget` is required a
 
 from typing import Any
 
-from spica_pipeline.search.branches import BranchSpace
+from spica_pipeline.space.branches import BranchSpace
 
 
 def Branch(deployment_mode: str, parallel_configs: tuple, supported_backends: tuple,

@@ -1,6 +1,6 @@
 """Evaluator fakes for the Dagster tests (importable by path: the e2e code location loads them)."""
 
-from spica_pipeline.search.evaluation import EvalOutcome, Evaluator
+from spica_pipeline.evaluate.evaluator import EvalOutcome, Evaluator
 
 
 class FakeEvaluator(Evaluator):

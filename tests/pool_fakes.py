@@ -3,7 +3,7 @@
 import os
 import time
 
-from spica_pipeline.search.evaluation import EvalOutcome, Evaluator
+from spica_pipeline.evaluate.evaluator import EvalOutcome, Evaluator
 
 
 class FakeEvaluator(Evaluator):

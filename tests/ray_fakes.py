@@ -22,11 +22,10 @@ class PacedEvaluator(FaultyEvaluator):
 
 def register_by_value() -> None:
     """Ship the test fakes to Ray workers inside the pickle (workers cannot import tests/)."""
-    from ray import cloudpickle
-
     import pool_fakes
     import ray_fakes
     import reliability_fakes
+    from ray import cloudpickle
 
     for module in (pool_fakes, reliability_fakes, ray_fakes):
         cloudpickle.register_pickle_by_value(module)

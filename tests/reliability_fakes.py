@@ -4,7 +4,7 @@ module path, so it cannot live inside a test file)."""
 import os
 import time
 
-from spica_pipeline.search.evaluation import EvalOutcome, Evaluator
+from spica_pipeline.evaluate.evaluator import EvalOutcome, Evaluator
 
 # (agg_max_num_seqs, agg_max_num_batched_tokens) -> the fault, injected on 2-replica candidates only
 FAULTS = {(512, 8192): "raise", (1024, 8192): "hang", (1024, 16384): "exit"}

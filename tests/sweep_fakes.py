@@ -1,6 +1,6 @@
 """Importable evaluator fakes for whole-sweep tests (spawned pool workers import them by path)."""
 
-from spica_pipeline.search.evaluation import EvalOutcome, Evaluator
+from spica_pipeline.evaluate.evaluator import EvalOutcome, Evaluator
 
 
 class AggFailsEvaluator(Evaluator):

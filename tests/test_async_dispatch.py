@@ -8,10 +8,16 @@ finishing first. So completion order is fully controlled, and time is a number, 
 import pytest
 from test_study import CountingEvaluator, ScriptedSampler, build, score
 
-from spica_pipeline.resources.pool import Completion, EvaluationBackend
-from spica_pipeline.search.evaluation import EvalOutcome
-from spica_pipeline.search.ledger import content_view
-from spica_pipeline.search.study import MemoryJournal, Proposal, StudySettings, TrialCounter, run_branch_study
+from spica_pipeline.evaluate.evaluator import EvalOutcome
+from spica_pipeline.evaluate.pool import Completion, EvaluationBackend
+from spica_pipeline.optimize.ledger import content_view
+from spica_pipeline.optimize.study import (
+    MemoryJournal,
+    Proposal,
+    StudySettings,
+    TrialCounter,
+    run_branch_study,
+)
 
 SHAPE = ScriptedSampler().shape
 
@@ -197,9 +203,9 @@ def _default_cost_aware_run(run_no):
 @pytest.fixture
 def cost_model_of_this_test(monkeypatch):
     """The suggest-cost constants this test's request counts were chosen against (a GP ask fits
-    after some replays and not after others); refitting search/cost.py must not change what the
+    after some replays and not after others); refitting optimize/cost.py must not change what the
     test exercises, which is that timings never change the ledger."""
-    from spica_pipeline.search import cost
+    from spica_pipeline.optimize import cost
 
     def ask_seconds(rows: int, count: int, objectives: int = 1) -> float:  # the fit of f1c2d33
         if objectives > 1:
@@ -221,7 +227,7 @@ def test_default_cost_aware_fill_gives_the_same_ledger_whatever_the_timings(cost
 
 
 def test_predicted_cost_keeps_the_model_within_its_share_of_predicted_wall_time():
-    from spica_pipeline.search import cost
+    from spica_pipeline.optimize import cost
 
     sampler = DesignerSampler(seed=4, menu=range(2000))
     backend = SimBackend(2)

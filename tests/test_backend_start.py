@@ -13,15 +13,14 @@ import sys
 import time
 
 import pytest
-
 from pool_fakes import BrokenWarmUp
 from reliability_fakes import FaultyEvaluator
 from test_reliability import tiny_config, write_config
 
 from spica_pipeline import cli
 from spica_pipeline.errors import BackendStartError
-from spica_pipeline.resources.pool import EvaluationPool
-from spica_pipeline.search.evaluation import EvalRequest
+from spica_pipeline.evaluate.evaluator import EvalRequest
+from spica_pipeline.evaluate.pool import EvaluationPool
 
 
 def closed_port() -> int:

@@ -91,7 +91,7 @@ def test_recalibrate_reproduces_a_stored_result_without_replaying(tmp_path):
 def test_compare_methods_scores_every_variant_on_calibration_rows(tmp_path):
     import bench_fidelity
 
-    from spica_pipeline.search import calibration
+    from spica_pipeline.fidelity import calibration
 
     records = [r for r in json.loads((RESULTS / "fidelity_calibration.json").read_text())["records"]
                if (r.get("sweep") or {}).get("ttft")][:80]
@@ -108,7 +108,7 @@ def test_compare_methods_scores_every_variant_on_calibration_rows(tmp_path):
 def test_the_choice_rule_needs_a_pooled_win_and_four_of_six_folds():
     import bench_fidelity
 
-    from spica_pipeline.search import calibration
+    from spica_pipeline.fidelity import calibration
 
     def row(option, score, folds):
         return {"variant": option.label(), "option": vars(option),
@@ -128,7 +128,7 @@ def test_the_choice_rule_needs_a_pooled_win_and_four_of_six_folds():
 def test_with_four_folds_a_challenger_must_win_three():
     import bench_fidelity
 
-    from spica_pipeline.search import calibration
+    from spica_pipeline.fidelity import calibration
 
     def row(option, score, folds):
         return {"variant": option.label(), "option": vars(option),
@@ -263,7 +263,8 @@ def test_fit_skip_leaves_a_clients_rows_out_of_the_fit(tmp_path):
 def test_a_scripts_receive_interval_adds_the_mean_polling_wait_to_ttft():
     """ROUND16_SCRIPT_FLAGS_RULE: (N - 1) / 2 decode steps of the replay's own mean TPOT; the replayed TTFT kept."""
     import bench_fidelity
-    from spica_pipeline.search import silicon
+
+    from spica_pipeline.fidelity import silicon
 
     rec: dict = {}
     report = {"mean_ttft_ms": 100.0, "mean_tpot_ms": 10.0}
@@ -280,7 +281,7 @@ def test_a_scripts_receive_interval_adds_the_mean_polling_wait_to_ttft():
 def test_a_shipped_profile_carries_every_adoption_round_up_to_its_version():
     import bench_fidelity
 
-    from spica_pipeline.resources import calibration as loader
+    from spica_pipeline.fidelity import profiles as loader
 
     packaged = json.loads(loader.PACKAGED.read_text())
     rounds = {k: v for k, v in packaged["provenance"].items() if k.startswith("round")}

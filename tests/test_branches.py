@@ -5,8 +5,8 @@ import pytest
 
 from spica_pipeline.config import SmartSearchConfig
 from spica_pipeline.errors import ModelHardwareError, NoViableParallelConfig
-from spica_pipeline.search.branches import BranchSpace, enumerate_branches, knob_choices_for
-from spica_pipeline.search.shapes import RoleShape
+from spica_pipeline.space.branches import BranchSpace, enumerate_branches, knob_choices_for
+from spica_pipeline.space.shapes import RoleShape
 
 pytestmark = pytest.mark.integration  # real aiconfigurator-core data
 
@@ -164,7 +164,7 @@ def test_knob_choices_for_plain_values():
 
 
 def test_branch_space_feeds_the_encoding():
-    from spica_pipeline.search.encoding import build_encoding
+    from spica_pipeline.optimize.encoding import build_encoding
 
     result = enumerate_branches(config(backend=["vllm", "sglang"], goal={"target": "pareto"},
                                        workload={"isl": 1000, "osl": 100, "num_request_ratio": 4.0}))

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from spica_pipeline.errors import ConfigError
-from spica_pipeline.resources import calibration as loader
-from spica_pipeline.search import calibration as cal
+from spica_pipeline.fidelity import calibration as cal
+from spica_pipeline.fidelity import profiles as loader
 
 
 def record(i, system="h200_sxm", backend="vllm", c=8, ttft_ratio=2.0, tpot_ratio=0.5, split="calibration"):
@@ -136,7 +136,7 @@ def test_calibrate_puts_calibrated_and_bands_beside_raw():
 
 
 def test_the_packaged_profile_is_valid_and_fitted_on_calibration_rows_only():
-    from spica_pipeline.search.silicon import CALIBRATION_MODELS
+    from spica_pipeline.fidelity.silicon import CALIBRATION_MODELS
 
     p, digest = loader.load_profile("auto")
     overhead = any(cal.CHOSEN.phase(ph).overhead for ph in cal.PHASES)
@@ -186,10 +186,10 @@ def test_cli_exits_2_naming_a_corrupt_profile(tmp_path):
 
 
 def test_bands_reach_candidates_csv_report_and_deploy_output():
+    from spica_pipeline.evaluate.scoring import Candidate
     from spica_pipeline.report.deploy import deployment_dict
     from spica_pipeline.report.markdown import _bands
     from spica_pipeline.report.tables import candidates_frame
-    from spica_pipeline.search.scoring import Candidate
 
     report = {"output_throughput_tok_s": 1000.0, "mean_ttft_ms": 100.0, "mean_tpot_ms": 10.0,
               "mean_output_token_throughput_per_user": 100.0}
@@ -293,8 +293,8 @@ def test_a_calibrated_sweep_ranks_on_calibrated_goodput_and_says_so(tmp_path):
 
 def test_sla_attainment_is_a_share_of_the_window_it_was_counted_in():
     """goodput_completed_requests counts the steady-state window's requests, so the share is of those."""
+    from spica_pipeline.evaluate.scoring import Candidate
     from spica_pipeline.report.tables import sla_attainment
-    from spica_pipeline.search.scoring import Candidate
 
     report = {"completed_requests": 64.0, "window_counted_requests": 42.0, "goodput_completed_requests": 42.0,
               "calibrated_goodput_completed_requests": 21.0}
@@ -350,8 +350,8 @@ def test_calibrate_reads_the_client_replay_and_falls_back_to_the_sweep_fit_witho
 
 
 def test_benchmark_client_request_is_the_bench_replay():
-    from spica_pipeline.search import measurement
-    from spica_pipeline.search.evaluation import EvalRequest
+    from spica_pipeline.evaluate.evaluator import EvalRequest
+    from spica_pipeline.fidelity import measurement
 
     req = EvalRequest({"backend": "vllm"}, {"isl": 100, "osl": 10, "concurrency": 4, "num_request_ratio": 6},
                       {"target": "throughput"}, {"calibration": {"setting": "auto"}, "router_repeats": 2})
@@ -377,11 +377,11 @@ def test_benchmark_client_request_is_the_bench_replay():
 def _fake_replay(monkeypatch, tmp_path, vary):
     """The replay and its timing/KV inputs stubbed, so ReplayEvaluator runs without perf data; the
     FakeReplay records each replay call (client before sweep)."""
+    import dynamo._core as core
     from test_replay import FakeReplay
 
-    import dynamo._core as core
-    from spica_pipeline.resources import timing
-    from spica_pipeline.search import kv as kv_mod
+    from spica_pipeline.evaluate import timing
+    from spica_pipeline.space import kv as kv_mod
 
     f = FakeReplay(vary=vary)
     monkeypatch.setattr(core, "run_mocker_trace_replay", f.trace)
@@ -401,8 +401,8 @@ def evaluate_with_profile(tmp_path, profile, name):
     from test_deploy import agg_sample
     from test_replay import THROUGHPUT
 
-    from spica_pipeline.resources.replay import ReplayEvaluator
-    from spica_pipeline.search.evaluation import EvalRequest
+    from spica_pipeline.evaluate.evaluator import EvalRequest
+    from spica_pipeline.evaluate.replay import ReplayEvaluator
 
     path = tmp_path / name
     path.write_text(json.dumps(profile))
@@ -415,8 +415,8 @@ def test_a_client_profile_makes_the_evaluator_replay_the_benchmark_client(monkey
     from test_deploy import agg_sample
     from test_replay import THROUGHPUT
 
-    from spica_pipeline.resources.replay import ReplayEvaluator
-    from spica_pipeline.search.evaluation import EvalRequest
+    from spica_pipeline.evaluate.evaluator import EvalRequest
+    from spica_pipeline.evaluate.replay import ReplayEvaluator
 
     f = _fake_replay(monkeypatch, tmp_path, [200.0, 50.0])  # the first call is the client replay, the second the sweep's
     path = tmp_path / "client.json"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from spica_pipeline.resources import calibration as loader
-from spica_pipeline.search import calibration as cal
+from spica_pipeline.fidelity import calibration as cal
+from spica_pipeline.fidelity import profiles as loader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from spica_pipeline.search import calibration as cal
+from spica_pipeline.fidelity import calibration as cal
 
 OVERHEAD = cal.Method("overhead-test", cal.PhaseMethod(0.0, replay="client", overhead=True), cal.PhaseMethod(0.0))
 

@@ -3,8 +3,8 @@
 import json
 from dataclasses import replace
 
-from spica_pipeline.resources import calibration as loader
-from spica_pipeline.search import calibration as cal
+from spica_pipeline.fidelity import calibration as cal
+from spica_pipeline.fidelity import profiles as loader
 
 
 def test_replay_v12_is_v9s_method_without_sglangs_client_mix():

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from spica_pipeline.search import calibration as cal
+from spica_pipeline.fidelity import calibration as cal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import bench_fidelity as bf  # noqa: E402
@@ -110,7 +110,7 @@ def test_balanced_error_stats_weigh_each_model_the_same():
 
 
 def test_the_comparison_scores_every_candidate_and_applies_the_rule(monkeypatch):
-    import spica_pipeline.search.model_hw as model_hw
+    import spica_pipeline.space.model_hw as model_hw
 
     monkeypatch.setattr(model_hw, "model_facts", lambda m: SimpleNamespace(is_moe=m.startswith("moe")))
     rows = bf.fit_records(sample())
@@ -139,7 +139,7 @@ def test_the_comparison_refuses_held_out_rows():
 def test_the_shipped_v8_is_v7s_ttft_and_an_uncorrected_tpot():
     import json
 
-    from spica_pipeline.resources import calibration as loader
+    from spica_pipeline.fidelity import profiles as loader
 
     profile, _ = loader.load_profile(str(loader.PACKAGED.with_name("replay-v8.json")))
     v7 = json.loads(loader.PACKAGED.with_name("replay-v7.json").read_text())  # the default when round 8 TPOT landed
@@ -163,7 +163,7 @@ def test_replay_v9_is_v8s_method_refitted_on_round_9s_replays():
     mapping made feasible) with the round-9 replays."""
     import json
 
-    from spica_pipeline.resources import calibration as loader
+    from spica_pipeline.fidelity import profiles as loader
 
     profile, _ = loader.load_profile(str(loader.PACKAGED.with_name("replay-v9.json")))
     v8 = json.loads(loader.PACKAGED.with_name("replay-v8.json").read_text())

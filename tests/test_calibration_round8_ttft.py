@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from spica_pipeline.resources import calibration as loader
-from spica_pipeline.search import calibration as cal
+from spica_pipeline.fidelity import calibration as cal
+from spica_pipeline.fidelity import profiles as loader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
@@ -30,7 +30,7 @@ BASE = cal.Method("r8-test", cal.PhaseMethod(0.0, replay="client"), cal.PhaseMet
 
 
 def test_the_fallback_is_read_from_the_note_perf_data_writes():
-    from spica_pipeline.search import perf_data
+    from spica_pipeline.space import perf_data
 
     assert cal.attention_fallback(NOTE) and not cal.attention_fallback(None) and not cal.attention_fallback("other")
 

@@ -9,8 +9,8 @@ from test_calibration import CLIENT, _fake_replay, client_record
 
 from spica_pipeline.config import SmartSearchConfig
 from spica_pipeline.errors import ConfigError
-from spica_pipeline.resources import calibration as loader
-from spica_pipeline.search import calibration as cal
+from spica_pipeline.fidelity import calibration as cal
+from spica_pipeline.fidelity import profiles as loader
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -117,8 +117,8 @@ def test_a_fixed_length_sweep_replays_sglangs_client_in_lockstep_and_corrects_it
     from test_deploy import agg_sample
     from test_replay import THROUGHPUT
 
-    from spica_pipeline.resources.replay import ReplayEvaluator
-    from spica_pipeline.search.evaluation import EvalRequest
+    from spica_pipeline.evaluate.evaluator import EvalRequest
+    from spica_pipeline.evaluate.replay import ReplayEvaluator
 
     f = _fake_replay(monkeypatch, tmp_path, [200.0, 50.0])  # the client replay first, then the sweep's
     path = tmp_path / "v.json"

@@ -65,7 +65,7 @@ def test_defaults():
 @pytest.mark.parametrize("algorithm,share", [("DEFAULT", 0.25), ("RANDOM_SEARCH", None), ("QUASI_RANDOM_SEARCH", None)])
 def test_a_model_free_study_is_never_filled_from_another_designer(algorithm, share, monkeypatch):
     """The cost-aware fill replaces model-based asks only: a random study stays random."""
-    from spica_pipeline.search.branch_plan import study_settings
+    from spica_pipeline.optimize.branch_plan import study_settings
 
     monkeypatch.delenv("SPICA_VIZIER_ALGO", raising=False)
     assert study_settings(build(sweep={"algorithm": algorithm})).optimizer_share == share

@@ -1,4 +1,4 @@
-"""load_config / from_yaml: safe, bounded YAML and the three one-line ConfigError shapes."""
+"""load_config: safe, bounded YAML and the three one-line ConfigError shapes."""
 
 import time
 from pathlib import Path
@@ -37,7 +37,7 @@ def error_of(path) -> str:
 
 def test_good_file_loads_both_ways(tmp_path):
     p = write(tmp_path, GOOD)
-    a, b = load_config(p), SmartSearchConfig.from_yaml(str(p))
+    a, b = load_config(p), load_config(str(p))
     assert a == b and a.workload.concurrency == 4
 
 

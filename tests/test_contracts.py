@@ -22,22 +22,22 @@ from reliability_fakes import FaultyEvaluator
 from sweep_fakes import AggFailsEvaluator, CapacityEvaluator
 from test_deploy import agg_sample, disagg_sample
 
-from spica_pipeline.journal import FileJournal
-from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest, Evaluator, Status
-from spica_pipeline.search.study import Journal, MemoryJournal
+from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest, Evaluator, Status
+from spica_pipeline.optimize.journal import FileJournal
+from spica_pipeline.optimize.study import Journal, MemoryJournal
 
 THROUGHPUT = {"target": "throughput"}
 TINY = {"isl": 256, "osl": 8, "concurrency": 1, "num_request_ratio": 1}
 
 
 def _replay():
-    from spica_pipeline.resources.replay import ReplayEvaluator
+    from spica_pipeline.evaluate.replay import ReplayEvaluator
 
     return ReplayEvaluator()
 
 
 def _version():
-    from spica_pipeline.search.model_hw import latest_backend_version
+    from spica_pipeline.space.model_hw import latest_backend_version
 
     return latest_backend_version("h200_sxm", "vllm")
 

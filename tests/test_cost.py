@@ -1,6 +1,6 @@
-"""search/cost.py: the predictions the default cost-aware fill decides on (no clock involved)."""
+"""optimize/cost.py: the predictions the default cost-aware fill decides on (no clock involved)."""
 
-from spica_pipeline.search import cost
+from spica_pipeline.optimize import cost
 
 
 def test_suggest_cost_follows_the_padding_bucket_and_the_batch():
@@ -14,7 +14,7 @@ def test_suggest_cost_follows_the_padding_bucket_and_the_batch():
 
 def test_suggest_cost_at_eight_is_the_measured_median():
     """The table's k = 8 level is bench/results/vizier_after_first.json's median CPU seconds, the
-    higher of the trial counts that share a bucket (search/cost.py docstring)."""
+    higher of the trial counts that share a bucket (optimize/cost.py docstring)."""
     import json
     from pathlib import Path
 
@@ -27,7 +27,7 @@ def test_suggest_cost_at_eight_is_the_measured_median():
 
 
 def test_the_bucket_is_the_vizier_adapters_padding():
-    from spica_pipeline.resources.vizier import trial_bucket
+    from spica_pipeline.optimize.vizier import trial_bucket
 
     for rows in (1, 8, 31, 32, 33, 64, 65, 100, 128, 129, 300):
         assert cost.suggest_bucket(rows) == trial_bucket(rows)
@@ -55,8 +55,8 @@ def test_a_finished_trial_is_predicted_from_the_request_count_its_outcome_record
 def test_an_ask_is_charged_as_a_model_ask_only_when_a_model_answered_a_trial():
     """A model's seed batch handed to the neighbourhood designer (SEED_BATCH_TO_LOCAL) ran no
     model: charged as the designer that answered (round H), from the recorded designers only."""
-    from spica_pipeline.search.neighbourhood import NEIGHBOURHOOD
-    from spica_pipeline.search.study import _model_answered
+    from spica_pipeline.optimize.neighbourhood import NEIGHBOURHOOD
+    from spica_pipeline.optimize.study import _model_answered
 
     assert not _model_answered([NEIGHBOURHOOD] * 3 + ["QUASI_RANDOM_SEARCH"])  # seed batch, answered locally
     assert not _model_answered(["QUASI_RANDOM_SEARCH"] * 4)  # seed batch kept
@@ -84,7 +84,7 @@ def _replacing_run(ran, journal=None, backend=None):
     from test_async_dispatch import SimBackend
     from test_study import build, score
 
-    from spica_pipeline.search.study import StudySettings, run_branch_study
+    from spica_pipeline.optimize.study import StudySettings, run_branch_study
 
     sampler = _ReplacingSampler(ran, seed=4, menu=range(2000))
     settings = StudySettings(per_round=4, max_rounds=20, workers=2, replay_estimate_s=0.2)
@@ -96,7 +96,7 @@ def _replacing_run(ran, journal=None, backend=None):
 def test_a_model_ask_is_charged_when_the_model_ran_whoever_answered_its_trials():
     """Round I (study.CHARGE_MODEL_RAN): a model batch whose every suggestion was replaced still
     ran the model, so it is charged: the model keeps to its share of predicted wall time."""
-    from spica_pipeline.search import study
+    from spica_pipeline.optimize import study
 
     assert study.CHARGE_MODEL_RAN
     charged, sampler = _replacing_run(ran=True)
@@ -111,7 +111,7 @@ def test_the_model_ran_flag_is_journalled_so_a_resume_charges_the_same():
     import pytest
     from test_async_dispatch import SimBackend, rows
 
-    from spica_pipeline.search.study import MemoryJournal
+    from spica_pipeline.optimize.study import MemoryJournal
 
     clean, _ = _replacing_run(ran=True)
     for kill_after in (3, 11, 25):

@@ -11,14 +11,14 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 import pytest
-
 from dagster_fakes import FakeEvaluator, InfeasibleEvaluator, SlowEvaluator
-from spica_pipeline.assets import checks
-from spica_pipeline.assets.config import SweepLaunchConfig, read_sweep_config
-from spica_pipeline.assets.factory import sweeps_definitions
-from spica_pipeline.assets.io import ParquetIOManager, SweepStorage
-from spica_pipeline.assets.sources import build_watch_sensor, file_sha256, watched_files
-from spica_pipeline.assets.spec import sweep_spec
+
+from spica_pipeline.dagster import checks
+from spica_pipeline.dagster.config import SweepLaunchConfig, read_sweep_config
+from spica_pipeline.dagster.factory import sweeps_definitions
+from spica_pipeline.dagster.io import ParquetIOManager, SweepStorage
+from spica_pipeline.dagster.sources import build_watch_sensor, file_sha256, watched_files
+from spica_pipeline.dagster.spec import sweep_spec
 from spica_pipeline.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,7 +44,7 @@ EXHAUSTIVE_YAML = TINY_YAML.replace("parallel_evals: 1", "parallel_evals: 1\n  p
 
 
 def _resources(tmp_path, evaluator=None):
-    from spica_pipeline.resources.vizier import VizierClient
+    from spica_pipeline.optimize.vizier import VizierClient
 
     return {
         "io_manager": ParquetIOManager(base_dir=str(tmp_path / "assets")),
@@ -93,7 +93,7 @@ def _failed_run_message(tmp_path, spec) -> str:
 
 
 def test_definitions_load_with_the_bundled_sweeps():
-    from spica_pipeline.definitions import defs
+    from spica_pipeline.dagster.definitions import defs
 
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
     bundled = {p.stem for p in (REPO / "examples" / "configs").glob("*.yaml")}
@@ -284,7 +284,7 @@ def test_a_dagster_study_gives_the_ledger_spica_sweep_gives(tmp_path):
     """One code path: the same config and seed through the Dagster partition and through
     `spica sweep` (run_sweep) give the same ledger (timing columns aside)."""
     from spica_pipeline.config.loader import load_config
-    from spica_pipeline.search.ledger import content_view
+    from spica_pipeline.optimize.ledger import content_view
     from spica_pipeline.sweep import run_sweep
 
     yaml = (TINY_YAML.replace("max_rounds: 1", "max_rounds: 3").replace("parallel_evals: 1", "parallel_evals: 2")
@@ -334,7 +334,7 @@ def test_materialize_pareto_goal_reports_front_and_hypervolume(tmp_path):
 def test_materialize_real_replay_with_warm_start(tmp_path):
     """The tiny sweep with the real replay and Vizier RANDOM_SEARCH, then a nightly-style
     warm-started rerun that sees the first run's trials."""
-    from spica_pipeline.resources.replay import ReplayEvaluator
+    from spica_pipeline.evaluate.replay import ReplayEvaluator
 
     os.environ.setdefault("DYN_LOG", "warn")
     defs = sweeps_definitions([_spec(tmp_path, "tiny", TINY_YAML)],
@@ -355,7 +355,7 @@ def test_materialize_real_replay_with_warm_start(tmp_path):
 
 
 def test_warm_start_only_for_an_unchanged_space(tmp_path):
-    from spica_pipeline.assets.studies import SPACES_FILE, previous_ledger
+    from spica_pipeline.dagster.studies import SPACES_FILE, previous_ledger
 
     assert previous_ledger(tmp_path, "agg", "h1")[0] is None
     pd.DataFrame({"branch": ["agg"], "trial": [1]}).to_parquet(tmp_path / "ledger.parquet")
@@ -391,8 +391,8 @@ def test_checks_pass_and_fail():
 def test_merged_ledger_renumbers_trials_and_their_cache_references():
     import pandas as pd
 
-    from spica_pipeline.assets.result import merged_ledger
     from spica_pipeline.config import load_config
+    from spica_pipeline.dagster.result import merged_ledger
 
     config = load_config(str(REPO / "examples" / "configs" / "quickstart.yaml"))
     agg = pd.DataFrame({"trial": [1, 2], "reason": [None, "feasible (same spec as trial 1)"]})
@@ -412,7 +412,7 @@ def test_object_store_urls_for_assets_journals_and_outputs(tmp_path):
     root = "memory://spica-url-test"
 
     def resources(local):
-        from spica_pipeline.resources.vizier import VizierClient
+        from spica_pipeline.optimize.vizier import VizierClient
 
         return {"io_manager": ParquetIOManager(base_dir=f"{root}/assets"),
                 "sweep_storage": SweepStorage(base_dir=root, local_dir=str(local)),

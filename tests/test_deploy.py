@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from spica_pipeline.search.deploy import DeploymentPlan, build_deployment_plan
+from spica_pipeline.space.plan import DeploymentPlan, build_deployment_plan
 
 
 def agg_sample(**over):

@@ -8,9 +8,9 @@ import pytest
 
 from spica_pipeline.config import load_config
 from spica_pipeline.report.dgd import dgd_manifest, manifest_gpus, manifest_name, validate_manifest
-from spica_pipeline.search.branches import enumerate_branches
-from spica_pipeline.search.deploy import planner_config_for
-from spica_pipeline.search.sample import unroll_sample
+from spica_pipeline.space.branches import enumerate_branches
+from spica_pipeline.space.plan import planner_config_for
+from spica_pipeline.space.sample import unroll_sample
 from spica_pipeline.sweep import deploy_options, filter_policies
 
 pytestmark = pytest.mark.integration  # real aiconfigurator-core data for the pools

@@ -3,15 +3,13 @@
 import itertools
 
 import pytest
+from branch_stub import Branch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from branch_stub import Branch
-
-from spica_pipeline.search.encoding import CONSTANT_PARAM, build_encoding, enumerate_space, space_size
-from spica_pipeline.search.shapes import DisaggShape as D
-from spica_pipeline.search.shapes import RoleShape as R
-
+from spica_pipeline.optimize.encoding import CONSTANT_PARAM, build_encoding, enumerate_space, space_size
+from spica_pipeline.space.shapes import DisaggShape as D
+from spica_pipeline.space.shapes import RoleShape as R
 
 AGG_POOL = (R(tp=1, replicas=4), R(tp=2, replicas=2), R(tp=2, attention_dp=2), R(tp=4, moe_ep=4))
 AGG_SUPPORT = (("vllm", "sglang"), ("vllm", "sglang"), ("sglang",), ("vllm", "sglang"))

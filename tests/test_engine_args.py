@@ -4,15 +4,9 @@ import pytest
 from test_deploy import agg_sample, disagg_sample
 
 from spica_pipeline.errors import CandidateBuildError, InfeasibleKVCapacity
-from spica_pipeline.search.engine_args import (
-    EngineFacts,
-    EngineIdentity,
-    KvCapacity,
-    ReplaySettings,
-    build_replay_call,
-    role_gpus,
-)
-from spica_pipeline.search.evaluation import EvalRequest
+from spica_pipeline.evaluate.engine_args import EngineFacts, ReplaySettings, build_replay_call, role_gpus
+from spica_pipeline.evaluate.evaluator import EvalRequest
+from spica_pipeline.space.engine import EngineIdentity, KvCapacity
 
 THROUGHPUT = {"target": "throughput", "sla": None, "pareto_objectives": None}
 SYNTH = {"isl": 100, "osl": 100, "concurrency": 4, "num_request_ratio": 2}
@@ -73,7 +67,7 @@ def build(sample, workload=SYNTH, goal=THROUGHPUT, facts=None, **settings):
 
 def test_agg_synthetic_arguments():
     call, derived = build(agg_sample())
-    # 4 ramped closed-loop clients (search/measurement.py), MIN_TURNS requests each
+    # 4 ramped closed-loop clients (fidelity/measurement.py), MIN_TURNS requests each
     assert call.function == "synthetic" and call.args == (100, 100, 4) and call.repeats == 1
     kw = call.kwargs
     assert kw["num_workers"] == 2 and kw["replay_concurrency"] is None and kw["turns_per_session"] == 8

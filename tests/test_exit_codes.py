@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from reliability_fakes import FaultyEvaluator
 from test_reliability import ROOT, content, env, outcome_hashes, tiny_config, write_config
 

@@ -7,9 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spica_pipeline.resources import timing
-from spica_pipeline.resources import attention_scaling
-from spica_pipeline.search.engine_args import EngineIdentity
+from spica_pipeline.evaluate import attention_scaling, timing
+from spica_pipeline.space.engine import EngineIdentity
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
@@ -55,7 +54,7 @@ def test_timing_key_changes_with_the_scaling(monkeypatch, tmp_path):
     monkeypatch.setattr(timing, "fidelity_note_of", lambda identity: None)
     monkeypatch.setattr(timing, "_timing_memo", {})
     monkeypatch.setattr(attention_scaling, "attention_dtype_ratio", lambda system: (0.7, "src"))
-    monkeypatch.setattr("spica_pipeline.search.model_hw.model_facts",
+    monkeypatch.setattr("spica_pipeline.space.model_hw.model_facts",
                         lambda model: type("F", (), {"is_mla": model.startswith("deepseek")})())
     monkeypatch.delenv(attention_scaling.FALLBACK_SCALING_ENV, raising=False)
     qwen = EngineIdentity("Qwen/Qwen3-32B", "h200_sxm", "sglang", "0.5.14", tp=2)

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import yaml
 
+from spica_pipeline.fidelity import profiles as rc
 from spica_pipeline.report import merge_candidates, write_outputs
 from spica_pipeline.report.accuracy import UNRELIABLE_MDAPE, backend_check, header_line, report_lines
-from spica_pipeline.resources import calibration as rc
-
 from tests.test_report import GOAL, WORKLOAD, make_ledger
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from spica_pipeline.journal import FileJournal, OutputDirBusy, RunLock
-from spica_pipeline.search.evaluation import EvalOutcome
+from spica_pipeline.evaluate.evaluator import EvalOutcome
+from spica_pipeline.optimize.journal import FileJournal, OutputDirBusy, RunLock
 
 
 def test_journal_round_trip_and_torn_last_line(tmp_path):
@@ -29,7 +29,7 @@ def test_journal_round_trip_and_torn_last_line(tmp_path):
 def test_second_sweep_on_the_same_directory_is_refused(tmp_path):
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from spica_pipeline.journal import RunLock\n"
+         "import sys, time; from spica_pipeline.optimize.journal import RunLock\n"
          f"with RunLock({str(tmp_path)!r}):\n    print('held', flush=True); time.sleep(30)"],
         stdout=subprocess.PIPE, text=True)
     try:
@@ -52,7 +52,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 
 from spica_pipeline.errors import JournalError  # noqa: E402
-from spica_pipeline.journal import FORMAT_VERSION  # noqa: E402
+from spica_pipeline.optimize.journal import FORMAT_VERSION  # noqa: E402
 
 
 def _journal_with_three(path):
@@ -143,8 +143,8 @@ def test_a_failed_append_is_cut_back_so_no_half_line_stays(tmp_path):
     path = tmp_path / "journal.jsonl"
     script = (
         "import resource, signal, sys\n"
-        "from spica_pipeline.journal import FileJournal\n"
-        "from spica_pipeline.search.evaluation import EvalOutcome\n"
+        "from spica_pipeline.optimize.journal import FileJournal\n"
+        "from spica_pipeline.evaluate.evaluator import EvalOutcome\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))\n"
         f"j = FileJournal({str(path)!r})\n"
@@ -189,7 +189,7 @@ def test_output_files_honour_the_umask(tmp_path):
 
 def test_record_log_rows_equal_the_ledger_built_at_the_end():
     """The anytime writes read rows built once per record; they must equal a ledger built at the end."""
-    from spica_pipeline.search.ledger import TrialRecord
+    from spica_pipeline.optimize.ledger import TrialRecord
     from spica_pipeline.sweep import RecordLog, ledger_frame
 
     records = [TrialRecord("agg", i, i // 2, "vizier", "feasible" if i % 3 else "failed", None if i % 3 else "boom",
@@ -205,7 +205,7 @@ def test_record_log_rows_equal_the_ledger_built_at_the_end():
 
 def test_shapes_hash_like_their_field_tuples():
     """Shapes cache their hash; the value must stay the dataclass one (set and dict orders)."""
-    from spica_pipeline.search.shapes import DisaggShape, RoleShape
+    from spica_pipeline.space.shapes import DisaggShape, RoleShape
 
     a, b = RoleShape(tp=2, replicas=3), RoleShape(tp=4, moe_ep=4)
     assert hash(a) == hash((2, 1, 1, 1, 1, 3)) and hash(a) == hash(a)

@@ -1,7 +1,7 @@
 import pytest
 
 from spica_pipeline.errors import InfeasibleKVCapacity
-from spica_pipeline.search.kv_load import resolve_kv_load, role_kv_capacity_tokens
+from spica_pipeline.space.kv_load import resolve_kv_load, role_kv_capacity_tokens
 
 
 class FakeEstimate:

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from spica_pipeline.search.load_predictor import (
+from spica_pipeline.space.load_predictor import (
     LoadPredictorResult,
     Windows,
     evaluate_entry,
@@ -17,7 +17,7 @@ from spica_pipeline.search.load_predictor import (
     window_loss,
     winner_fields,
 )
-from spica_pipeline.search.load_predictor.predictors import ConstantPredictor
+from spica_pipeline.space.load_predictor.predictors import ConstantPredictor
 
 FAST = ["constant_last", "kalman_default_raw", "kalman_default_log1p", "kalman_reactive_raw",
         "kalman_reactive_log1p"]
@@ -214,7 +214,7 @@ def test_load_predictor_for_config_reads_the_trace(tmp_path):
     import importlib.util
     from pathlib import Path
 
-    from spica_pipeline.load_prediction import load_predictor_for_config
+    from spica_pipeline.space.load_predictor.from_trace import load_predictor_for_config
 
     spec = importlib.util.spec_from_file_location(
         "gen_sine_trace", Path(__file__).resolve().parents[1] / "scripts" / "gen_sine_trace.py")
@@ -232,7 +232,7 @@ def test_load_predictor_for_config_reads_the_trace(tmp_path):
 
 def test_load_predictor_for_config_bad_trace_names_the_line(tmp_path):
     from spica_pipeline.errors import TraceError
-    from spica_pipeline.load_prediction import load_predictor_for_config
+    from spica_pipeline.space.load_predictor.from_trace import load_predictor_for_config
 
     path = tmp_path / "bad.jsonl"
     path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n{"timestamp": 5}\n')
@@ -241,7 +241,7 @@ def test_load_predictor_for_config_bad_trace_names_the_line(tmp_path):
 
 
 def test_load_predictor_for_config_synthetic():
-    from spica_pipeline.load_prediction import load_predictor_for_config
+    from spica_pipeline.space.load_predictor.from_trace import load_predictor_for_config
 
     config = _config({"isl": 100, "osl": 10, "request_rate": 5, "num_request_ratio": 10}, ["hybrid_180_5"], FAST)
     assert load_predictor_for_config(config).reason == "static_workload_constant"

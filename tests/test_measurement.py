@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from spica_pipeline.search import measurement as m
+from spica_pipeline.fidelity import measurement as m
 
 
 def closed_loop_records(clients=4, turns=5, cycle=100.0, ttft=10.0, itl=2.0, osl=46, start_gap=25.0):
@@ -144,7 +144,7 @@ def test_p90_itl_is_over_window_requests_so_the_gate_agrees_with_goodput():
 
 
 def test_stored_columns_are_described_including_prefixed_ones():
-    from spica_pipeline.assets.io import column_description
+    from spica_pipeline.dagster.io import column_description
 
     assert "window" in column_description("window_counted_requests")
     assert column_description("calibrated_p90_itl_ms").startswith("calibrated")

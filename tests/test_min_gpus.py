@@ -5,7 +5,7 @@ from sweep_fakes import CapacityEvaluator
 
 from spica_pipeline.config import SmartSearchConfig
 from spica_pipeline.errors import ConfigError
-from spica_pipeline.search import scoring
+from spica_pipeline.evaluate import scoring
 from spica_pipeline.sweep import run_sweep
 
 CONFIG = {

@@ -1,8 +1,8 @@
 import pytest
 
 from spica_pipeline.errors import ModelHardwareError, NoPerfDatabase
-from spica_pipeline.search import model_hw
-from spica_pipeline.search.model_hw import (
+from spica_pipeline.space import model_hw
+from spica_pipeline.space.model_hw import (
     available_models,
     available_systems,
     enable_wideep,

@@ -1,4 +1,4 @@
-"""The cost-aware fill's neighbourhood designer (search/neighbourhood.py), alone and in the study loop.
+"""The cost-aware fill's neighbourhood designer (optimize/neighbourhood.py), alone and in the study loop.
 
 Fakes: `FakeStudy` stands in for the Vizier study (a seeded pick of unseen points, named like the
 quasi-random designer), `SimBackend` (test_async_dispatch) for the evaluation backend; the designer,
@@ -10,19 +10,19 @@ import pytest
 from branch_stub import Branch
 from test_async_dispatch import SimBackend
 
-from spica_pipeline.search.branch_plan import StudySampler, SuggestingStudy, propose
-from spica_pipeline.search.encoding import build_encoding, enumerate_space
-from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest
-from spica_pipeline.search.ledger import content_view
-from spica_pipeline.search.neighbourhood import (
+from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest
+from spica_pipeline.optimize.branch_plan import StudySampler, SuggestingStudy, propose
+from spica_pipeline.optimize.encoding import build_encoding, enumerate_space
+from spica_pipeline.optimize.ledger import content_view
+from spica_pipeline.optimize.neighbourhood import (
     NEIGHBOURHOOD,
     NeighbourhoodDesigner,
     config_steps,
     crowding,
     hv_contributions,
 )
-from spica_pipeline.search.shapes import RoleShape
-from spica_pipeline.search.study import MemoryJournal, Scored, StudySettings, point_key, run_branch_study
+from spica_pipeline.optimize.study import MemoryJournal, Scored, StudySettings, point_key, run_branch_study
+from spica_pipeline.space.shapes import RoleShape
 
 POOL = tuple([RoleShape(tp=1, replicas=r) for r in range(1, 9)] + [RoleShape(tp=2, replicas=r) for r in range(1, 5)]
              + [RoleShape(tp=4, replicas=1), RoleShape(tp=4, replicas=2), RoleShape(tp=8, replicas=1)])
@@ -227,7 +227,7 @@ def test_without_the_probe_the_own_config_values_mix_with_look_alikes_elsewhere(
 
 
 def test_the_probe_waits_while_another_config_is_level_and_a_front_never_probes():
-    from spica_pipeline.search import neighbourhood
+    from spica_pipeline.optimize import neighbourhood
 
     base, best, near, told = probe_scenario()
     # the best config leads by 10 % (> PROBE_LEAD): probed; by 1 %: as without the probe
@@ -405,7 +405,7 @@ def test_the_incumbent_improves_on_the_plain_fill():
 def test_only_a_model_based_algorithm_gets_the_local_fill():
     from test_config import build as config
 
-    from spica_pipeline.search.branch_plan import local_designer
+    from spica_pipeline.optimize.branch_plan import local_designer
 
     assert local_designer(config(), ENCODING, 0) is not None  # DEFAULT: GP-UCB-PE, filled when it costs too much
     for algorithm in ("RANDOM_SEARCH", "QUASI_RANDOM_SEARCH"):
@@ -468,7 +468,7 @@ def gp_sweep(backend, seed=0, journal=None, study=None):
 
 
 def test_a_model_asks_look_alikes_go_to_the_local_designer_and_each_trial_names_it(monkeypatch):
-    from spica_pipeline.search import neighbourhood
+    from spica_pipeline.optimize import neighbourhood
 
     monkeypatch.setattr(neighbourhood, "SEED_BATCH_TO_LOCAL", False)  # the model's seed batches kept (below)
     result, sampler = gp_sweep(LayoutBackend())
@@ -534,7 +534,7 @@ class FixedGP(FakeStudy):
 def look_alike_scenario():
     """Four trials on four layouts (no pair on one layout, so every knob is believed inert), two
     fresh points on two new layouts, and two look-alikes: one of a known layout, one of fresh_a's."""
-    from spica_pipeline.search.study import HistoryItem
+    from spica_pipeline.optimize.study import HistoryItem
 
     by_config: dict = {}
     for s, c in SPACE:
@@ -549,7 +549,7 @@ def look_alike_scenario():
 
 
 def test_replace_mode_swaps_each_look_alike_in_place_and_names_each_trials_designer(monkeypatch):
-    from spica_pipeline.search import neighbourhood
+    from spica_pipeline.optimize import neighbourhood
 
     configs, history, fresh_a, fresh_b, alike_known, alike_batch = look_alike_scenario()
 
@@ -579,7 +579,7 @@ class MixedGP(LookAlikeGP):
 
 
 def test_replace_mode_in_the_loop_records_mixed_designers_per_trial_and_resumes_exactly(monkeypatch):
-    from spica_pipeline.search import neighbourhood
+    from spica_pipeline.optimize import neighbourhood
 
     result, sampler = gp_sweep(LayoutBackend(), study=MixedGP(0))
     asks: dict[int, set[str]] = {}
@@ -598,7 +598,7 @@ def test_replace_mode_in_the_loop_records_mixed_designers_per_trial_and_resumes_
 
 def test_the_round_loop_records_each_trials_own_designer(monkeypatch):
     """The barrier path (no backend) takes the designers per suggestion too."""
-    from spica_pipeline.search import neighbourhood
+    from spica_pipeline.optimize import neighbourhood
 
     sampler = StudySampler(MixedGP(0), ENCODING, NeighbourhoodDesigner(ENCODING, SCALAR, seed=0))
 

@@ -5,14 +5,14 @@ from collections import defaultdict
 import pytest
 
 from spica_pipeline.errors import NoPerfDatabase, NoViableParallelConfig
-from spica_pipeline.search.parallel import (
+from spica_pipeline.space.parallel import (
     GPU_LADDER,
     RULES,
     check_pins,
     engine_shapes_at,
     parallel_configs_for,
 )
-from spica_pipeline.search.shapes import DisaggShape, RoleShape
+from spica_pipeline.space.shapes import DisaggShape, RoleShape
 
 pytestmark = pytest.mark.integration  # real aiconfigurator-core estimates
 
@@ -47,7 +47,7 @@ def test_moe_patterns_at_4_and_none_at_1():
 
 
 def test_backend_filters_are_recorded():
-    from spica_pipeline.search.parallel import _Pruned
+    from spica_pipeline.space.parallel import _Pruned
 
     pruned = {r: _Pruned() for r in RULES}
     shapes = engine_shapes_at(True, "trtllm", 4, pruned)

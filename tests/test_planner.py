@@ -1,4 +1,4 @@
-"""The planner scaling_policy (search/planner.py): unit checks on fake snapshots, then the real replay."""
+"""The planner scaling_policy (evaluate/planner.py): unit checks on fake snapshots, then the real replay."""
 
 import importlib.util
 import math
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from spica_pipeline.search.planner import EngineModel, build_scaling_policy
+from spica_pipeline.evaluate.planner import EngineModel, build_scaling_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 SLA_GOAL = {"target": "goodput", "sla": {"ttft_ms": 500.0, "itl_ms": 50.0}}
@@ -159,7 +159,7 @@ def test_throughput_scaling_follows_the_forecast():
 
 
 def test_raising_forecaster_falls_back_to_last_value(monkeypatch):
-    from spica_pipeline.search.load_predictor import predictors
+    from spica_pipeline.space.load_predictor import predictors
 
     s = agg_sample(enable_throughput_scaling=True, throughput_adjustment_interval_seconds=10,
                    load_predictor="constant", load_predictor_log1p=False)

@@ -2,7 +2,7 @@ import pytest
 
 from spica_pipeline.config import SmartSearchConfig
 from spica_pipeline.errors import PolicyFilterError
-from spica_pipeline.search.policies import (
+from spica_pipeline.space.policies import (
     filter_policies,
     filter_scaling_policies,
     is_static,

@@ -4,8 +4,8 @@ import pytest
 from pool_fakes import BrokenWarmUp, FakeEvaluator
 
 from spica_pipeline.errors import BackendStartError
-from spica_pipeline.resources.pool import EvaluationPool
-from spica_pipeline.search.evaluation import EvalRequest
+from spica_pipeline.evaluate.evaluator import EvalRequest
+from spica_pipeline.evaluate.pool import EvaluationPool
 
 
 def req(behaviour="ok", **extra):

@@ -2,8 +2,8 @@
 that include every input, and a backend AIC cannot time dropped before sampling."""
 
 import json
-from dataclasses import replace
 import sys
+from dataclasses import replace
 
 import pydantic
 import pytest
@@ -13,10 +13,10 @@ from test_engine_args import FakeFacts, build
 from spica_pipeline.config import SmartSearchConfig
 from spica_pipeline.config.precision import CHOICES, Precision, precision_of
 from spica_pipeline.errors import ModelHardwareError, PerfModelError
-from spica_pipeline.resources import timing
-from spica_pipeline.search import branches as branches_mod
-from spica_pipeline.search import perf_data
-from spica_pipeline.search.engine_args import EngineIdentity
+from spica_pipeline.evaluate import timing
+from spica_pipeline.space import branches as branches_mod
+from spica_pipeline.space import perf_data
+from spica_pipeline.space.engine import EngineIdentity
 
 MLA_MISSING = ('perf database error: context MLA data missing for ContextKey { fmha_quant: "fp8", '
                'kv_quant: "fp8" } at /x/h200_sxm/sglang/0.5.16')
@@ -52,7 +52,7 @@ def test_precision_names_are_aics():
 
 @pytest.mark.integration
 def test_unsupported_precision_names_field_and_choices():
-    from spica_pipeline.search.model_hw import check_precision
+    from spica_pipeline.space.model_hw import check_precision
 
     check_precision(Precision(weights="fp8", kv_cache="fp8"), "Qwen/Qwen3-32B", "h200_sxm")
     with pytest.raises(ModelHardwareError, match=r"search_space.precision.weights: 'nvfp4' .* valid choices: "
@@ -78,8 +78,8 @@ def test_cli_validate_unsupported_precision_exit_2(tmp_path, capsys):
 
 def test_precision_travels_in_sample_identity_and_deploy_flags():
     from spica_pipeline.report.dgd import sglang_args, vllm_args
-    from spica_pipeline.search.sample import unroll_sample
-    from spica_pipeline.search.shapes import RoleShape
+    from spica_pipeline.space.sample import unroll_sample
+    from spica_pipeline.space.shapes import RoleShape
 
     space = SmartSearchConfig.from_dict({
         "search_space": {"model_name": "Qwen/Qwen3-32B", "hardware_sku": "h200_sxm", "deployment_mode": ["agg"],
@@ -103,8 +103,8 @@ def precision_of_fields(sample):
 
 
 def test_unset_precision_leaves_the_sample_unchanged():
-    from spica_pipeline.search.sample import unroll_sample
-    from spica_pipeline.search.shapes import RoleShape
+    from spica_pipeline.space.sample import unroll_sample
+    from spica_pipeline.space.shapes import RoleShape
 
     space = SmartSearchConfig.from_dict({
         "search_space": {"model_name": "Qwen/Qwen3-32B", "hardware_sku": "h200_sxm", "deployment_mode": ["agg"]},
@@ -258,7 +258,7 @@ def test_kv_key_includes_every_dtype(monkeypatch, tmp_path):
 
 
 def test_kv_estimate_passes_the_precision(monkeypatch):
-    from spica_pipeline.search import kv
+    from spica_pipeline.space import kv
 
     got = {}
 

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from spica_pipeline.search.load_predictor.predictors import (
+from spica_pipeline.space.load_predictor.predictors import (
     ArimaPredictor,
     ConstantPredictor,
     KalmanPredictor,

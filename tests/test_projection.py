@@ -1,13 +1,12 @@
 """Projection onto the legal pool (spec §6.3, §11 item 26)."""
 
 import pytest
-
 from branch_stub import Branch
 
-from spica_pipeline.search.encoding import CONSTANT_PARAM, build_encoding
-from spica_pipeline.search.projection import attention_mode, config_features, ffn_mode, project
-from spica_pipeline.search.shapes import DisaggShape as D
-from spica_pipeline.search.shapes import RoleShape as R
+from spica_pipeline.optimize.encoding import CONSTANT_PARAM, build_encoding
+from spica_pipeline.optimize.projection import attention_mode, config_features, ffn_mode, project
+from spica_pipeline.space.shapes import DisaggShape as D
+from spica_pipeline.space.shapes import RoleShape as R
 
 
 def branch(mode, configs, backends=("vllm",), *, budget, knob_choices=None):
@@ -148,7 +147,12 @@ def test_projection_is_deterministic_and_history_independent():
 
 def _reference_project(requested, backend, pool, supported, budget, exclude=()):
     """Spec §6.3 written as a plain loop over the pool: the oracle for the indexed projection."""
-    from spica_pipeline.search.projection import _transform, is_categorical_feature, pool_budget, pool_is_moe
+    from spica_pipeline.optimize.projection import (
+        _transform,
+        is_categorical_feature,
+        pool_budget,
+        pool_is_moe,
+    )
 
     b, moe = pool_budget(pool, budget), pool_is_moe(pool)
     cands = [c for c, sup in zip(pool, supported) if backend in sup]

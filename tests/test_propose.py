@@ -1,11 +1,10 @@
 """Dedup-aware projection: a suggestion that lands on an evaluated point moves to its nearest
 unevaluated neighbour, and only falls back to the duplicate when nothing else is left."""
 
-from spica_pipeline.search.encoding import build_encoding
-from spica_pipeline.search.shapes import RoleShape
-from spica_pipeline.search.study import point_key
-from spica_pipeline.search.encoding import enumerate_space
-from spica_pipeline.search.branch_plan import finite_points, propose
+from spica_pipeline.optimize.branch_plan import finite_points, propose
+from spica_pipeline.optimize.encoding import build_encoding, enumerate_space
+from spica_pipeline.optimize.study import point_key
+from spica_pipeline.space.shapes import RoleShape
 
 
 class Branch:
@@ -35,8 +34,8 @@ def test_collapsed_suggestion_moves_to_nearest_unevaluated_point():
 
 def test_strict_sla_gate_marks_a_slow_candidate_infeasible():
     from spica_pipeline.config import SmartSearchConfig
-    from spica_pipeline.search.evaluation import EvalOutcome
-    from spica_pipeline.search.branch_plan import scorer
+    from spica_pipeline.evaluate.evaluator import EvalOutcome
+    from spica_pipeline.optimize.branch_plan import scorer
 
     def config(gate):
         return SmartSearchConfig.from_dict({
@@ -62,7 +61,7 @@ def test_finite_points_counts_what_enumerate_space_yields():
 
 def test_a_searched_kv_load_ratio_reaches_the_sample_and_the_spec_hash():
     from spica_pipeline.config import SmartSearchConfig
-    from spica_pipeline.search.branch_plan import candidate_builder
+    from spica_pipeline.optimize.branch_plan import candidate_builder
 
     config = SmartSearchConfig.from_dict({
         "search_space": {"model_name": "Qwen/Qwen3-32B", "hardware_sku": "h200_sxm", "gpu_budget": 4,
@@ -80,7 +79,7 @@ def test_a_searched_kv_load_ratio_reaches_the_sample_and_the_spec_hash():
     assert low.spec_hash != high.spec_hash
     # the request carries the goal typed (the config's own), hashed as its JSON dump
     assert low.goal is config.goal and low.to_dict()["goal"] == config.goal.model_dump(mode="json")
-    from spica_pipeline.search.evaluation import EvalRequest
+    from spica_pipeline.evaluate.evaluator import EvalRequest
 
     as_dict = EvalRequest(low.sample, low.workload, config.goal.model_dump(mode="json"), low.context)
     assert as_dict.goal == config.goal and as_dict.spec_hash == low.spec_hash

@@ -25,9 +25,9 @@ from ray_fakes import PacedEvaluator, register_by_value, watchdog  # noqa: E402
 from reliability_fakes import FaultyEvaluator  # noqa: E402
 
 from spica_pipeline.config import SmartSearchConfig  # noqa: E402
-from spica_pipeline.resources.pool import evaluate_safely  # noqa: E402
-from spica_pipeline.resources.ray_pool import RayEvaluationPool, loopback_only  # noqa: E402
-from spica_pipeline.search.evaluation import EvalRequest  # noqa: E402
+from spica_pipeline.evaluate.evaluator import EvalRequest  # noqa: E402
+from spica_pipeline.evaluate.pool import evaluate_safely  # noqa: E402
+from spica_pipeline.evaluate.ray_pool import RayEvaluationPool, loopback_only  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -97,10 +97,10 @@ def wait_ready(pool, n: int, timeout: float = 120.0) -> list[dict]:
 # ---- choosing the backend (no Ray started) ------------------------------------------------
 
 def test_executor_choice_config_cli_and_dagster_resource():
-    from spica_pipeline.assets.config import config_hash
     from spica_pipeline.cli import _with_overrides, build_parser
-    from spica_pipeline.resources.executor import EvaluationBackendResource
-    from spica_pipeline.resources.pool import EvaluationPool
+    from spica_pipeline.dagster.config import config_hash
+    from spica_pipeline.dagster.resources import EvaluationBackendResource
+    from spica_pipeline.evaluate.pool import EvaluationPool
 
     local = SmartSearchConfig.from_dict(tiny_config())
     on_ray = SmartSearchConfig.from_dict(tiny_config(executor="ray", ray_address="127.0.0.1:6379"))
@@ -128,8 +128,8 @@ LOCAL = """
 import json, os, sys
 from pool_fakes import FakeEvaluator
 from ray_fakes import register_by_value
-from spica_pipeline.resources.ray_pool import RayEvaluationPool
-from spica_pipeline.search.evaluation import EvalRequest
+from spica_pipeline.evaluate.ray_pool import RayEvaluationPool
+from spica_pipeline.evaluate.evaluator import EvalRequest
 
 if __name__ == "__main__":
     import ray
@@ -244,8 +244,8 @@ def test_the_real_replay_evaluator_on_ray_gives_the_in_process_result(cluster, t
     """ReplayEvaluator (a Dagster resource) survives the trip to a Ray actor: same report, same derived."""
     from test_replay_integration import THROUGHPUT, agg
 
-    from spica_pipeline.resources.replay import ReplayEvaluator
-    from spica_pipeline.search.model_hw import latest_backend_version
+    from spica_pipeline.evaluate.replay import ReplayEvaluator
+    from spica_pipeline.space.model_hw import latest_backend_version
 
     evaluator = ReplayEvaluator(cache_dir=str(tmp_path / "cache"))
     request = EvalRequest(agg(latest_backend_version("h200_sxm", "vllm"), tp=2, replicas=2, used_gpus=4),

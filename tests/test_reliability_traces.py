@@ -29,7 +29,7 @@ MODEL = "Qwen/Qwen3-32B"
 
 
 def model_context() -> int:
-    from spica_pipeline.resources.timing import model_context_length
+    from spica_pipeline.evaluate.timing import model_context_length
 
     context = model_context_length(MODEL)
     assert context is not None and context < 50000, f"{MODEL} context {context}: the corpus assumes < 50000"

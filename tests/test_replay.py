@@ -5,16 +5,16 @@ import pickle
 import sys
 import types
 
+import dynamo._core as core
 import pytest
 from test_deploy import agg_sample, disagg_sample
 
-import dynamo._core as core
 from spica_pipeline.errors import InfeasibleKVCapacity
-from spica_pipeline.resources import replay as replay_mod
-from spica_pipeline.resources import timing
-from spica_pipeline.resources.replay import ReplayEvaluator, summarise_repeats
-from spica_pipeline.search import kv as kv_mod
-from spica_pipeline.search.evaluation import EvalRequest
+from spica_pipeline.evaluate import replay as replay_mod
+from spica_pipeline.evaluate import timing
+from spica_pipeline.evaluate.evaluator import EvalRequest
+from spica_pipeline.evaluate.replay import ReplayEvaluator, summarise_repeats
+from spica_pipeline.space import kv as kv_mod
 
 THROUGHPUT = {"target": "throughput", "sla": None, "pareto_objectives": None}
 GOODPUT = {"target": "goodput", "sla": {"ttft_ms": 500.0, "itl_ms": 30.0, "e2e_ms": None}, "pareto_objectives": None}
@@ -137,9 +137,9 @@ def test_goodput_threads_sla_on_planner_path(fake, tmp_path, monkeypatch):
         built.append((sample["planner_scaling_policy"], goal.target.value, workload.get("trace_path")))  # typed goal
         return Policy()
 
-    planner = types.ModuleType("spica_pipeline.search.planner")
+    planner = types.ModuleType("spica_pipeline.evaluate.planner")
     planner.build_scaling_policy = build_scaling_policy
-    monkeypatch.setitem(sys.modules, "spica_pipeline.search.planner", planner)
+    monkeypatch.setitem(sys.modules, "spica_pipeline.evaluate.planner", planner)
     s = agg_sample(planner_scaling_policy="load_180_5", enable_load_scaling=True,
                    throughput_adjustment_interval_seconds=180, load_adjustment_interval_seconds=5,
                    max_num_fpm_samples=64, fpm_sample_bucket_size=16, load_scaling_down_sensitivity=80,
@@ -168,7 +168,7 @@ def test_synthetic_concurrency(fake):
     wl = {"isl": 100, "osl": 100, "concurrency": 4, "num_request_ratio": 25}
     out = ev().evaluate(EvalRequest(agg_sample(), wl, THROUGHPUT))
     fn, args, kw = fake.calls[0]
-    # 4 ramped clients (search/measurement.py): one session each, started one cycle / 4 apart,
+    # 4 ramped clients (fidelity/measurement.py): one session each, started one cycle / 4 apart,
     # each sending its next request when the previous completes; 25 requests per client
     assert fn == "synthetic" and args == (100, 100, 4)
     assert kw["replay_concurrency"] is None and kw["turns_per_session"] == 25 and kw["inter_turn_delay_ms"] == 0
@@ -298,7 +298,7 @@ def test_pickles_by_config():
 
 
 def test_missing_planner_module_fails_the_build(fake, monkeypatch):
-    monkeypatch.setitem(sys.modules, "spica_pipeline.search.planner", None)  # import raises ImportError
+    monkeypatch.setitem(sys.modules, "spica_pipeline.evaluate.planner", None)  # import raises ImportError
     s = agg_sample(planner_scaling_policy="load_180_5", enable_load_scaling=True,
                    throughput_adjustment_interval_seconds=180, load_adjustment_interval_seconds=5)
     out = ev().evaluate(EvalRequest(s, {"isl": 10, "osl": 10, "concurrency": 2, "num_request_ratio": 2}, THROUGHPUT))
@@ -315,7 +315,7 @@ def test_resource_fields_validated():
 
 
 def test_synthetic_context_check_counts_input_and_output():
-    from spica_pipeline.search.engine_args import CandidateBuildError, check_context
+    from spica_pipeline.evaluate.engine_args import CandidateBuildError, check_context
 
     check_context(40904, 56, 40960)
     with pytest.raises(CandidateBuildError, match=r"workload.isl=40904 \+ workload.osl=283 = 41187 tokens"):
@@ -354,7 +354,7 @@ def test_a_bug_is_an_internal_error_with_traceback(fake, monkeypatch, caplog):
 
     monkeypatch.setattr(timing, "kv_capacity", typo)
     wl = {"isl": 100, "osl": 100, "concurrency": 4, "num_request_ratio": 2}
-    with caplog.at_level("ERROR", logger="spica_pipeline.resources.replay"):
+    with caplog.at_level("ERROR", logger="spica_pipeline.evaluate.replay"):
         out = ev().evaluate(EvalRequest(agg_sample(), wl, THROUGHPUT))
     assert out.status == "failed" and out.reason.startswith("internal error: KeyError: 'tokens_per_rank'")
     assert any(r.exc_info and r.exc_info[0] is KeyError for r in caplog.records)
@@ -373,7 +373,7 @@ def test_engine_args_is_pure():
     """search/engine_args imports neither Dagster, the resources, the replay nor AIC."""
     import subprocess
 
-    code = ("import sys, spica_pipeline.search.engine_args; "
+    code = ("import sys, spica_pipeline.evaluate.engine_args; "
             "print([m for m in sys.modules if m.split('.')[0] in ('dagster', 'dynamo', 'aiconfigurator_core') "
             "or m.startswith('spica_pipeline.resources')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from test_deploy import agg_sample, disagg_sample
 
-from spica_pipeline.resources import timing
-from spica_pipeline.resources.replay import ReplayEvaluator
-from spica_pipeline.search.evaluation import EvalRequest
+from spica_pipeline.evaluate import timing
+from spica_pipeline.evaluate.evaluator import EvalRequest
+from spica_pipeline.evaluate.replay import ReplayEvaluator
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +20,7 @@ THROUGHPUT = {"target": "throughput", "sla": None, "pareto_objectives": None}
 
 @pytest.fixture(scope="module")
 def version():
-    from spica_pipeline.search.model_hw import latest_backend_version
+    from spica_pipeline.space.model_hw import latest_backend_version
 
     return latest_backend_version(SKU, BACKEND)
 
@@ -41,15 +41,15 @@ def single(isl, osl=8):
 def test_single_request_ttft_equals_aic_prefill(evaluator, version):
     out = evaluator.evaluate(EvalRequest(agg(version, tp=2, replicas=1, used_gpus=2), single(4096), THROUGHPUT))
     assert out.status == "feasible", out.reason
-    # one closed-loop client sends MIN_TURNS requests one after another (search/measurement.py), each alone
-    from spica_pipeline.search.measurement import MIN_TURNS
+    # one closed-loop client sends MIN_TURNS requests one after another (fidelity/measurement.py), each alone
+    from spica_pipeline.fidelity.measurement import MIN_TURNS
 
     assert out.report["completed_requests"] == MIN_TURNS
     ident = timing.EngineIdentity(MODEL, SKU, BACKEND, version, tp=2)
     aic = timing._AicStep(ident).prefill(4096)
     assert out.report["mean_ttft_ms"] == pytest.approx(aic, rel=0.02)
     # the evaluator's capacity is the same estimate kv_load_ratio resolution uses
-    from spica_pipeline.search.kv import estimate_kv_tokens
+    from spica_pipeline.space.kv import estimate_kv_tokens
 
     per_rank = estimate_kv_tokens(MODEL, SKU, BACKEND, version, (2, 1, 1, 1, 1), max_num_tokens=8192,
                                   max_batch_size=256, memory_fraction=0.9)
@@ -104,7 +104,7 @@ def test_small_prefill_pool_saturates_under_heavy_load(evaluator, version):
 def test_goodput_never_exceeds_throughput(evaluator, version):
     goal = {"target": "goodput", "sla": {"ttft_ms": 300.0, "itl_ms": 25.0}, "pareto_objectives": None}
     # a load the engine sustains: at 8 req/s TPOT settles near 90 ms, so the steady-state window
-    # (search/measurement.py) rightly has no goodput at all (only the first requests met the SLA)
+    # (fidelity/measurement.py) rightly has no goodput at all (only the first requests met the SLA)
     wl = {"isl": 2048, "osl": 128, "request_rate": 4.0, "num_request_ratio": 30}
     out = evaluator.evaluate(EvalRequest(agg(version, tp=2, replicas=1, used_gpus=2), wl, goal))
     assert out.status == "feasible", out.reason
@@ -169,7 +169,7 @@ def test_cached_identity_is_reused_the_second_time(tmp_path, version):
 
 def test_pool_worker_runs_the_real_evaluator(evaluator, version):
     """The Dagster resource survives the spawn round trip and gives the in-process result."""
-    from spica_pipeline.resources.pool import EvaluationPool
+    from spica_pipeline.evaluate.pool import EvaluationPool
 
     request = EvalRequest(agg(version, tp=2, replicas=2, used_gpus=4),
                           {"isl": 1024, "osl": 64, "request_rate": 5.0, "num_request_ratio": 20}, THROUGHPUT)

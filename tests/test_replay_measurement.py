@@ -6,9 +6,8 @@ import types
 from test_deploy import agg_sample
 from test_replay import THROUGHPUT, FakeReplay, ev, fake  # noqa: F401  (fixture)
 
-from spica_pipeline.resources.replay import ReplayEvaluator
-
-from spica_pipeline.search.evaluation import EvalRequest
+from spica_pipeline.evaluate.evaluator import EvalRequest
+from spica_pipeline.evaluate.replay import ReplayEvaluator
 
 WL = {"isl": 100, "osl": 10, "concurrency": 2, "num_request_ratio": 8}
 
@@ -61,7 +60,7 @@ def test_jitter_replays_a_generated_trace_of_ramped_sessions(fake, tmp_path):  #
 
 def test_the_replays_own_summary_drops_its_summation_order_noise():
     """The mocker sums in a hash map's order: two replays of one spec can differ in the last bits of a mean."""
-    from spica_pipeline.resources.replay import order_free
+    from spica_pipeline.evaluate.replay import order_free
 
     a = order_free({"mean_tpot_ms": 18.265402285714288, "num_requests": 8, "policy": "lru", "power_w": None,
                     "inf": float("inf")})

@@ -1,4 +1,4 @@
-"""Disk cache rules of resources/timing.py with the AIC calls replaced by counters."""
+"""Disk cache rules of evaluate/timing.py with the AIC calls replaced by counters."""
 
 import json
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from spica_pipeline.errors import InfeasibleKVCapacity
-from spica_pipeline.resources import timing
+from spica_pipeline.evaluate import timing
 
 IDENT = timing.EngineIdentity("m", "h200_sxm", "vllm", "0.24.0", tp=2)
 
@@ -115,7 +115,7 @@ def _build_in_process(cache_dir, queue):
     """Spawned child: build one identity's table with a slow fake builder, report the call count."""
     import time as _time
 
-    from spica_pipeline.resources import timing as t
+    from spica_pipeline.evaluate import timing as t
 
     calls = []
 

@@ -1,4 +1,4 @@
-"""Merge by goal and the output layer, on a synthetic ledger shaped like search/ledger.py's."""
+"""Merge by goal and the output layer, on a synthetic ledger shaped like optimize/ledger.py's."""
 
 import json
 import math
@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 import yaml
 
+from spica_pipeline.evaluate import scoring
 from spica_pipeline.report import merge_candidates, write_outputs
 from spica_pipeline.report.dgd import manifest_gpus, validate_manifest
 from spica_pipeline.report.tables import describe_candidate
-from spica_pipeline.search import scoring
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -296,7 +296,7 @@ def test_importing_scoring_and_report_leaves_jax_alone():
     import subprocess
     import sys
 
-    code = ("import os, sys; import spica_pipeline.search.scoring, spica_pipeline.report; "
+    code = ("import os, sys; import spica_pipeline.evaluate.scoring, spica_pipeline.report; "
             "print('JAX_PLATFORMS' in os.environ, 'jax' in sys.modules, 'vizier' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={k: v for k, v in __import__("os").environ.items() if k != "JAX_PLATFORMS"})
@@ -304,7 +304,7 @@ def test_importing_scoring_and_report_leaves_jax_alone():
 
 
 def test_describe_candidate_in_words():
-    from spica_pipeline.search.scoring import Candidate
+    from spica_pipeline.evaluate.scoring import Candidate
 
     cfg = {"deployment_mode": "agg", "backend": "vllm", "backend_version": "0.24.0", "tp": 2, "pp": 1,
            "attention_dp": 1, "moe_tp": 1, "moe_ep": 1, "replicas": 4, "used_gpus": 8,
@@ -349,7 +349,7 @@ def test_merge_for_config_reads_goal_and_budget(tmp_path):
 
 
 def test_merge_reads_a_ledger_built_from_trial_records():
-    from spica_pipeline.search.ledger import TrialRecord
+    from spica_pipeline.optimize.ledger import TrialRecord
 
     cfg = {"deployment_mode": "agg", "backend": "vllm", "tp": 2, "replicas": 2, "used_gpus": 4}
     report = {"output_throughput_tok_s": 1000.0, "gpu_hours": 1.0, "duration_ms": 9e5,

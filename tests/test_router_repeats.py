@@ -1,8 +1,8 @@
 """KV-router repeats are skipped where routing has no choice (issue 15 item 6)."""
 
-from spica_pipeline.search.evaluation import EvalOutcome
-from spica_pipeline.search.sample import router_repeats_for, unroll_sample
-from spica_pipeline.search.shapes import DisaggShape, RoleShape
+from spica_pipeline.evaluate.evaluator import EvalOutcome
+from spica_pipeline.space.sample import router_repeats_for, unroll_sample
+from spica_pipeline.space.shapes import DisaggShape, RoleShape
 from tests.test_unroll import agg_sel, disagg_sel, space
 
 ONE = RoleShape(tp=8, moe_ep=8)
@@ -54,7 +54,7 @@ class CountingEvaluator:
 
 def test_candidate_builder_sets_one_repeat_for_single_worker_roles():
     from spica_pipeline.config import SmartSearchConfig
-    from spica_pipeline.search.branch_plan import candidate_builder
+    from spica_pipeline.optimize.branch_plan import candidate_builder
 
     config = SmartSearchConfig.from_dict({
         "search_space": {"model_name": "m", "hardware_sku": "h200_sxm", "router_mode": ["kv_router"]},

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from spica_pipeline.config.goal import GOODPUT_KEY, Target
-from spica_pipeline.search import scoring
-from spica_pipeline.search.scoring import Candidate
+from spica_pipeline.evaluate import scoring
+from spica_pipeline.evaluate.scoring import Candidate
 
 REPORT = {
     "output_throughput_tok_s": 5000.0,
@@ -262,7 +262,7 @@ def test_hypervolume_empty_and_bad_directions():
 
 def test_ranking_reads_calibrated_goal_metrics_when_present():
     """With a calibration profile the report carries calibrated_<key>; picks rank on it, raw stays beside."""
-    from spica_pipeline.search import scoring
+    from spica_pipeline.evaluate import scoring
 
     fast_raw = {"output_throughput_tok_s": 1000.0, "calibrated_output_throughput_tok_s": 600.0}
     slow_raw = {"output_throughput_tok_s": 900.0, "calibrated_output_throughput_tok_s": 800.0}
@@ -280,7 +280,7 @@ def test_ranking_reads_calibrated_goal_metrics_when_present():
 
 
 def test_minimised_and_pareto_goals_and_the_sla_gate_use_calibrated_values():
-    from spica_pipeline.search import scoring
+    from spica_pipeline.evaluate import scoring
 
     report = {"mean_e2e_latency_ms": 100.0, "calibrated_mean_e2e_latency_ms": 180.0,
               "mean_output_token_throughput_per_user": 50.0, "calibrated_mean_output_token_throughput_per_user": 40.0,

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from spica_pipeline.search import silicon
+from spica_pipeline.fidelity import silicon
 
 MODELS = {"Qwen/Qwen3-32B", "Qwen/Qwen3-32B-FP8", "nvidia/Llama-3.1-70B-Instruct-FP8",
           "meta-llama/Meta-Llama-3.1-70B", "zai-org/GLM-5-FP8", "nvidia/GLM-5-NVFP4", "deepseek-ai/DeepSeek-R1",

@@ -4,10 +4,9 @@ import random
 
 import pytest
 
-from spica_pipeline.search.evaluation import EvalOutcome, EvalRequest
-from spica_pipeline.search.ledger import TrialRecord, content_view
-from spica_pipeline.search.shapes import RoleShape
-from spica_pipeline.search.study import (
+from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest
+from spica_pipeline.optimize.ledger import TrialRecord, content_view
+from spica_pipeline.optimize.study import (
     MemoryJournal,
     Proposal,
     Scored,
@@ -15,6 +14,7 @@ from spica_pipeline.search.study import (
     TrialCounter,
     run_branch_study,
 )
+from spica_pipeline.space.shapes import RoleShape
 
 SHAPE = RoleShape(tp=4, replicas=2)
 

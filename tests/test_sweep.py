@@ -4,7 +4,7 @@ import pytest
 from sweep_fakes import AggFailsEvaluator
 
 from spica_pipeline.config import SmartSearchConfig
-from spica_pipeline.resources.vizier import VizierClient
+from spica_pipeline.optimize.vizier import VizierClient
 from spica_pipeline.sweep import run_sweep
 
 CONFIG = {
@@ -65,7 +65,7 @@ def test_the_stock_baseline_study_runs_without_the_neighbourhood_designer(monkey
     """bench_time_to_quality's Spica-style baseline (`neighbourhood=False`) is the Vizier study alone:
     no seed batch or look-alike goes to this product's neighbourhood designer (SPICA_BASELINE_RULE)."""
     import spica_pipeline.sweep as sweep
-    from spica_pipeline.search.branch_plan import plan_branch
+    from spica_pipeline.optimize.branch_plan import plan_branch
 
     data = {**CONFIG, "search_space": {**CONFIG["search_space"], "deployment_mode": ["agg"],
                                        "agg_max_num_seqs": [256, 512, 1024],

@@ -8,7 +8,12 @@ from test_report import GOAL, make_ledger
 
 from spica_pipeline.report import merge_candidates, write_outputs
 from spica_pipeline.report.sweep_result import (
-    REASON_CATEGORIES, STATUSES, classify, config_sha256, ledger_to_sweep_result, sweep_result_to_ledger,
+    REASON_CATEGORIES,
+    STATUSES,
+    classify,
+    config_sha256,
+    ledger_to_sweep_result,
+    sweep_result_to_ledger,
     to_json_text,
 )
 

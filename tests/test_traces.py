@@ -8,6 +8,7 @@ from shared_data import REAL_TRACE, require
 from spica_pipeline.errors import TraceError
 from spica_pipeline.traces import read_mooncake_trace, trace_content_hash
 
+
 def _row(ts=0, isl=1000, osl=10, hash_ids="auto"):
     row = {"timestamp": ts, "input_length": isl, "output_length": osl}
     if hash_ids == "auto":

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 from spica_pipeline.config import SearchSpace
-from spica_pipeline.search.sample import unroll_sample
-from spica_pipeline.search.shapes import DisaggShape, RoleShape
+from spica_pipeline.space.sample import unroll_sample
+from spica_pipeline.space.shapes import DisaggShape, RoleShape
 
 TEP4x2 = RoleShape(tp=4, moe_ep=4, replicas=2)
 TEP8 = RoleShape(tp=8, moe_ep=8)

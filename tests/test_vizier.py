@@ -6,14 +6,12 @@ import subprocess
 import sys
 
 import pytest
-
 from branch_stub import Branch
 
 from spica_pipeline.errors import ConfigError
-from spica_pipeline.resources.vizier import ALGO_ENV, VizierClient, derive_seed, resolve_algorithm
-from spica_pipeline.search.encoding import CONSTANT_PARAM, build_encoding
-from spica_pipeline.search.shapes import RoleShape as R
-
+from spica_pipeline.optimize.encoding import CONSTANT_PARAM, build_encoding
+from spica_pipeline.optimize.vizier import ALGO_ENV, VizierClient, derive_seed, resolve_algorithm
+from spica_pipeline.space.shapes import RoleShape as R
 
 POOL = (R(tp=1, replicas=4), R(tp=2, replicas=2), R(tp=2, attention_dp=2), R(tp=4), R(tp=1, replicas=2))
 BRANCH = Branch(
@@ -168,7 +166,7 @@ def test_zero_parameter_space_works():
 
 
 def test_import_does_not_touch_jax():
-    code = ("import os, sys; import spica_pipeline.resources.vizier as v; "
+    code = ("import os, sys; import spica_pipeline.optimize.vizier as v; "
             "print(os.environ.get('JAX_PLATFORMS'), 'jax' in sys.modules, 'vizier' in sys.modules)")
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
@@ -178,9 +176,9 @@ def test_import_does_not_touch_jax():
 def test_open_study_sets_cpu_platform_and_cache(tmp_path):
     code = (
         "import os; from types import SimpleNamespace as NS\n"
-        "from spica_pipeline.resources.vizier import VizierClient\n"
-        "from spica_pipeline.search.encoding import build_encoding\n"
-        "from spica_pipeline.search.shapes import RoleShape\n"
+        "from spica_pipeline.optimize.vizier import VizierClient\n"
+        "from spica_pipeline.optimize.encoding import build_encoding\n"
+        "from spica_pipeline.space.shapes import RoleShape\n"
         "b = NS(deployment_mode='agg', parallel_configs=(RoleShape(tp=1), RoleShape(tp=2)), "
         "supported_backends=(('vllm',), ('vllm',)), knob_choices={}, gpu_budget=2, float_ranges={})\n"
         f"c = VizierClient(algorithm='QUASI_RANDOM_SEARCH', jax_cache_dir={str(tmp_path)!r})\n"
@@ -214,7 +212,7 @@ def test_gp_bandit_is_seeded():
 def test_floor_padding_keeps_one_trial_shape_across_rounds():
     import numpy as np
 
-    from spica_pipeline.resources.vizier import _floor_padding
+    from spica_pipeline.optimize.vizier import _floor_padding
 
     pad = _floor_padding(32)
     for n in (1, 5, 17, 32):

@@ -4,7 +4,6 @@ history) compiles no XLA program, for one and two objectives (no timings asserte
 import random
 
 import pytest
-
 from test_vizier import ENC, PARETO, SINGLE, client, fake_eval
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"

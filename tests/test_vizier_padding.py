@@ -2,12 +2,11 @@
 unpadded, on the same trials (pure functions, no suggest: seconds, not minutes)."""
 
 import pytest
-
 from branch_stub import Branch
 
-from spica_pipeline.resources.vizier import VizierClient
-from spica_pipeline.search.encoding import build_encoding
-from spica_pipeline.search.shapes import RoleShape as R
+from spica_pipeline.optimize.encoding import build_encoding
+from spica_pipeline.optimize.vizier import VizierClient
+from spica_pipeline.space.shapes import RoleShape as R
 
 POOL = (R(tp=1, replicas=4), R(tp=2, replicas=2), R(tp=2, attention_dp=2), R(tp=4), R(tp=1, replicas=2))
 BRANCH = Branch(
@@ -54,7 +53,7 @@ def _stock_and_shared_scores(designer, data, predictive, predictive_all, trust_r
     import jax
     from vizier._src.algorithms.designers import gp_ucb_pe
 
-    from spica_pipeline.resources.vizier import _shared_score_class
+    from spica_pipeline.optimize.vizier import _shared_score_class
 
     cfg = designer._config
     pe_kw = dict(ucb_coefficient=cfg.ucb_coefficient, explore_ucb_coefficient=cfg.explore_region_ucb_coefficient,
@@ -76,7 +75,7 @@ def test_multi_task_ard_loss_ignores_padded_rows():
     import jax
     import numpy as np
 
-    from spica_pipeline.resources.vizier import _masked_loss
+    from spica_pipeline.optimize.vizier import _masked_loss
 
     _, data0, m0, params = _model(False, PARETO)
     _, data1, m1, _ = _model(True, PARETO)
@@ -93,7 +92,7 @@ def test_multi_task_ard_loss_ignores_padded_rows():
 
 
 def test_single_metric_loss_passes_through():
-    from spica_pipeline.resources.vizier import _masked_loss
+    from spica_pipeline.optimize.vizier import _masked_loss
 
     _, _, model, _ = _model(True, [("throughput", "max")])
     fn = model.loss_with_aux
@@ -107,7 +106,7 @@ def test_pe_score_with_precomputed_threshold_matches_vizier(metrics):
     from vizier._src.algorithms.designers import gp_ucb_pe
     from vizier._src.jax import stochastic_process_model as sp
 
-    from spica_pipeline.resources.vizier import _threshold_pe_class
+    from spica_pipeline.optimize.vizier import _threshold_pe_class
 
     designer, data, model, params = _model(True, metrics)
     predictive = sp.UniformEnsemblePredictive(
@@ -149,7 +148,7 @@ def test_shared_row_loss_equals_per_metric_loss():
     import jax
     import numpy as np
 
-    from spica_pipeline.resources.vizier import _masked_loss
+    from spica_pipeline.optimize.vizier import _masked_loss
 
     _, _, model, params = _model(True, PARETO)
     shared = _masked_loss(model.loss_with_aux)
@@ -169,7 +168,7 @@ def test_independent_precompute_predicts_like_vizier():
     import numpy as np
     from vizier._src.jax import stochastic_process_model as sp
 
-    from spica_pipeline.resources.vizier import _precompute_predictive
+    from spica_pipeline.optimize.vizier import _precompute_predictive
 
     designer, data, model, params = _model(True, PARETO)
     assert data.labels.padded_array.shape[0] == 32
@@ -196,7 +195,7 @@ def test_fast_posterior_score_matches_vizier(metrics, noise_is_high):
     from vizier._src.algorithms.designers.gp import acquisitions
     from vizier._src.jax import stochastic_process_model as sp
 
-    from spica_pipeline.resources.vizier import _precompute_predictive, _shared_score_class
+    from spica_pipeline.optimize.vizier import _precompute_predictive, _shared_score_class
 
     designer, data, model, params = _model(True, metrics)
     gp = sp.StochasticProcessWithCoroutine(model.coroutine, jax.tree.map(lambda a: np.asarray(a)[None], params))
@@ -228,7 +227,7 @@ def test_shares_kernel_needs_equal_kernel_parameters():
     import numpy as np
     from vizier._src.jax import stochastic_process_model as sp
 
-    from spica_pipeline.resources.vizier import _precompute_predictive, _shares_kernel
+    from spica_pipeline.optimize.vizier import _precompute_predictive, _shares_kernel
 
     _, data, model, params = _model(True, PARETO)
     batched = jax.tree.map(lambda a: np.asarray(a)[None], params)

@@ -1,16 +1,15 @@
-"""Pure pieces of the GP speed-ups in resources/vizier.py: the LAPACK lowering of batched
+"""Pure pieces of the GP speed-ups in optimize/vizier.py: the LAPACK lowering of batched
 triangular solves, the scipy-driven ARD optimiser and the shared trial bucket (no suggest: seconds)."""
 
 import itertools
 
 import numpy as np
 import pytest
-
-from spica_pipeline.resources.vizier import VizierClient
-from spica_pipeline.search.encoding import build_encoding
-
 from branch_stub import Branch
-from spica_pipeline.search.shapes import RoleShape as R
+
+from spica_pipeline.optimize.encoding import build_encoding
+from spica_pipeline.optimize.vizier import VizierClient
+from spica_pipeline.space.shapes import RoleShape as R
 
 ENC = build_encoding(Branch("agg", (R(tp=1), R(tp=2)), (("vllm",), ("vllm",)), {}, 2, {"x": (0.0, 1.0)}))
 
@@ -87,7 +86,7 @@ def test_scipy_ard_optimizer_respects_bounds_and_is_deterministic(jax_setup):
     import jax.numpy as jnp
     from vizier._src.jax import stochastic_process_model as sp
 
-    from spica_pipeline.resources.vizier import scipy_ard_optimizer
+    from spica_pipeline.optimize.vizier import scipy_ard_optimizer
 
     target = {"a": jnp.array([0.3, -2.0]), "b": jnp.array([5.0])}
 
@@ -107,7 +106,7 @@ def test_scipy_ard_optimizer_respects_bounds_and_is_deterministic(jax_setup):
 
 
 def test_trial_bucket_rule():
-    from spica_pipeline.resources.vizier import trial_bucket
+    from spica_pipeline.optimize.vizier import trial_bucket
 
     assert [trial_bucket(n) for n in (0, 1, 8, 32, 33, 64, 65, 108, 128, 129)] == [
         32, 32, 32, 32, 64, 64, 128, 128, 128, 256]
@@ -121,7 +120,7 @@ def test_one_padded_row_count_per_suggest():
     bucket's programs, not a (history, history + pending) pair."""
     import numpy as np
 
-    from spica_pipeline.resources.vizier import _floor_padding, trial_bucket
+    from spica_pipeline.optimize.vizier import _floor_padding, trial_bucket
 
     pad = _floor_padding(trial_bucket(60 + 8))
     for n in (1, 30, 60, 67):
@@ -130,7 +129,7 @@ def test_one_padded_row_count_per_suggest():
 
 
 def test_persistent_cache_dir_resolution():
-    from spica_pipeline.resources.vizier import resolve_cache_dir
+    from spica_pipeline.optimize.vizier import resolve_cache_dir
 
     default = VizierClient.model_fields["jax_cache_dir"].default
     home = resolve_cache_dir(default, {})

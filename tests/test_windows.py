@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spica_pipeline.search.load_predictor.windows import Windows, build_windows
+from spica_pipeline.space.load_predictor.windows import Windows, build_windows
 
 ROOT = Path(__file__).resolve().parents[1]
 

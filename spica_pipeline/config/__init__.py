@@ -14,7 +14,8 @@ from spica_pipeline.config.goal import (
     planner_target,
     target_direction,
 )
-from spica_pipeline.config.loader import load_config, parse_yaml_text, render_validation_error
+from spica_pipeline.config.loader import load_config, parse_yaml_text
+from spica_pipeline.config.messages import render_validation_error
 from spica_pipeline.config.model import SmartSearchConfig
 from spica_pipeline.config.search_space import SearchSpace
 from spica_pipeline.config.sweep import ALGORITHMS, SweepConfig

@@ -2,15 +2,15 @@
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
+from spica_pipeline.config.messages import render_validation_error
+from spica_pipeline.config.model import SmartSearchConfig
 from spica_pipeline.errors import ConfigError, one_line
-
-if TYPE_CHECKING:
-    from spica_pipeline.config.model import SmartSearchConfig
+from spica_pipeline.traces import path_problem
 
 MAX_CONFIG_BYTES = 1 << 20  # a sweep config is a page of YAML; refuse anything near a megabyte
 MAX_ALIASES = 64  # anchors are fine for sharing a list or two, not for building bombs
@@ -122,39 +122,6 @@ def _yaml_reason(err: yaml.YAMLError) -> str:
     return one_line(str(err))
 
 
-def _loc(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out
-
-
-def render_validation_error(err: ValidationError) -> str:
-    """`<dotted field path>: <reason>` for the first error, plus `(+N more)`."""
-    errors = err.errors(include_url=False)
-    first = errors[0]
-    msg = str(first.get("msg", "invalid value"))
-    kind = first.get("type", "")
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
-    elif kind == "extra_forbidden":
-        msg = "unknown key (not allowed here)"
-    elif kind == "missing":
-        msg = "field required"
-    else:
-        msg = msg[:1].lower() + msg[1:]
-        if kind not in ("missing",) and "input" in first:
-            msg += f" (got {first['input']!r})" if len(repr(first["input"])) <= 80 else ""
-    path = _loc(tuple(first.get("loc", ())))
-    text = f"{path}: {msg}" if path else msg
-    if len(errors) > 1:
-        text += f" (+{len(errors) - 1} more)"
-    return one_line(text)
-
-
 def parse_yaml_text(text: str, path: str | Path = "<string>") -> Any:
     """Parse YAML with the bounded loader; raises ConfigError("malformed YAML in ...")."""
     loader = BoundedSafeLoader(text)
@@ -168,12 +135,8 @@ def parse_yaml_text(text: str, path: str | Path = "<string>") -> Any:
         loader.dispose()
 
 
-def load_config(path: str | Path) -> "SmartSearchConfig":
+def load_config(path: str | Path) -> SmartSearchConfig:
     """Read, parse and validate a config file; every failure is one `ConfigError` line."""
-    from spica_pipeline.config.model import SmartSearchConfig
-
-    from spica_pipeline.traces import path_problem
-
     p = Path(path)
     problem = path_problem(p)
     if problem is not None and problem != "does not exist":  # a FIFO or /dev/zero would block or never end
@@ -202,10 +165,8 @@ def load_config(path: str | Path) -> "SmartSearchConfig":
     return validate_config(data, path)
 
 
-def validate_config(data: dict[str, Any], where: str | Path) -> "SmartSearchConfig":
+def validate_config(data: dict[str, Any], where: str | Path) -> SmartSearchConfig:
     """A parsed config mapping, validated; any failure is one `ConfigError` line naming `where`."""
-    from spica_pipeline.config.model import SmartSearchConfig
-
     try:
         return SmartSearchConfig.model_validate(data)
     except ValidationError as err:

@@ -1,6 +1,5 @@
 """`SmartSearchConfig`: the validated sweep input and its cross-section rules (spec §2, §3.2, §4)."""
 
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -78,10 +77,3 @@ class SmartSearchConfig(StrictModel):
     def from_dict(cls, data: dict[str, Any]) -> "SmartSearchConfig":
         """Validate a plain dict (raises pydantic.ValidationError; load_config renders it)."""
         return cls.model_validate(data)
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> "SmartSearchConfig":
-        """Read, safely parse and validate a YAML file; every failure is a one-line ConfigError."""
-        from spica_pipeline.config.loader import load_config
-
-        return load_config(path)

@@ -5,7 +5,7 @@ from typing import Any, Iterable
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from spica_pipeline.config import presets
-from spica_pipeline.config.loader import render_validation_error
+from spica_pipeline.config.messages import render_validation_error
 from spica_pipeline.config.precision import Precision
 from spica_pipeline.config.types import (
     Bool,
@@ -18,7 +18,6 @@ from spica_pipeline.config.types import (
     PosInt,
     StrictModel,
 )
-
 
 
 def _check_choices(field: str, value: list[Any], allowed: tuple[Any, ...]) -> list[Any]:

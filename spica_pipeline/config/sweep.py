@@ -7,6 +7,7 @@ from typing import Literal, get_args
 from pydantic import field_validator, model_validator
 
 from spica_pipeline.config.types import Fraction, NonNegInt, PosFloat, PosInt, StrictModel, at_most_one
+from spica_pipeline.errors import ConfigError
 
 DEFAULT_MAX_ROUNDS = 20
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*$")
@@ -29,7 +30,7 @@ def parse_duration(value: "str | int | float") -> float:
     return seconds
 
 # The Vizier designers a sweep may name: the one list (CLI help, Dagster launch config, the Vizier resource).
-# how the cost-aware fill judges the optimizer share (search/study.py, search/cost.py)
+# how the cost-aware fill judges the optimizer share (optimize/study.py, optimize/cost.py)
 CostAware = Literal["predicted", "measured", "off"]
 Algorithm = Literal["DEFAULT", "GAUSSIAN_PROCESS_BANDIT", "RANDOM_SEARCH", "QUASI_RANDOM_SEARCH", "NSGA2"]
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
@@ -41,7 +42,6 @@ ALGO_ENV = "SPICA_VIZIER_ALGO"
 def resolve_algorithm(configured: str | None, explicit: str | None = None) -> str:
     """SPICA_VIZIER_ALGO (operator escape hatch) > explicit argument > config; an unknown name is a
     ConfigError naming where it came from (so `spica validate` refuses it, not the first study)."""
-    from spica_pipeline.errors import ConfigError
 
     env = os.environ.get(ALGO_ENV, "").strip()
     name, source = (env, ALGO_ENV) if env else ((explicit, "algorithm") if explicit else (configured, "algorithm"))
@@ -65,8 +65,8 @@ class SweepConfig(StrictModel):
     failure_breaker: NonNegInt = 5
     # Cost-aware asks: while model-based suggestions would take more than `optimizer_share` of a
     # branch's wall time, fill asks from the cheap designers: the neighbourhood designer
-    # (search/neighbourhood.py), then quasi-random (recorded per trial).
-    # predicted (default): judged from predicted seconds (search/cost.py), so the same seed gives
+    # (optimize/neighbourhood.py), then quasi-random (recorded per trial).
+    # predicted (default): judged from predicted seconds (optimize/cost.py), so the same seed gives
     # the same ledger; measured: from measured seconds (adapts to the machine, but two fresh runs
     # can differ); off (or optimizer_share: null): the configured algorithm answers every ask.
     cost_aware: CostAware = "predicted"
@@ -80,7 +80,7 @@ class SweepConfig(StrictModel):
     algorithm: Algorithm = "DEFAULT"
     # kv_router candidates are replayed this many times (routing ties break randomly).
     router_repeats: PosInt = 3
-    # Where candidate replays run (resources/pool.py interface): spawned processes on this machine,
+    # Where candidate replays run (evaluate/pool.py interface): spawned processes on this machine,
     # or warm actors on a Ray cluster (docs/ray.md). Neither changes a result, only where it runs.
     executor: Literal["local", "ray"] = "local"
     # Ray cluster address; None reads RAY_ADDRESS, and with neither a local Ray is started.

@@ -6,7 +6,12 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from spica_pipeline.report.deploy import write_deploy_folder
+from spica_pipeline.report.markdown import render_report
 from spica_pipeline.report.merge import MergeResult, merge_candidates, merge_for_config
+from spica_pipeline.report.plots import convergence_png, pareto_png
+from spica_pipeline.report.sweep_result import ledger_to_sweep_result, to_json_text
+from spica_pipeline.report.tables import arrow_safe, candidates_frame, describe_candidate
 from spica_pipeline.storage import atomic_write_bytes, atomic_write_parquet, atomic_write_text
 
 
@@ -47,10 +52,6 @@ def write_outputs(
     heldout_check: the recorded held-out check of the numbers ranked on (resources/calibration.heldout_check),
     shown per backend in report.md and deploy/<rank>/.
     """
-    from spica_pipeline.report.deploy import write_deploy_folder
-    from spica_pipeline.report.markdown import render_report
-    from spica_pipeline.report.plots import convergence_png, pareto_png
-    from spica_pipeline.report.tables import arrow_safe, candidates_frame, describe_candidate
 
     out = Path(output_dir)
     m = merge_result
@@ -70,8 +71,6 @@ def write_outputs(
         paths[f"deploy_record_{rank}"] = written["record"]
     _drop_stale_deploy_folders(out / "deploy", keep=len(m.top(top_n)))
     if config_json is not None:
-        from spica_pipeline.report.sweep_result import ledger_to_sweep_result, to_json_text
-
         doc = ledger_to_sweep_result(ledger_df, m, config_json=config_json, top_n=top_n, goal=goal_summary)
         paths["recommendation"] = atomic_write_text(out / "recommendation.json", to_json_text(doc))
     files = {k: str(p.relative_to(out)) for k, p in paths.items()}

@@ -4,6 +4,8 @@ in report.md and the deploy records, so each accuracy claim names its measuremen
 
 from typing import Any, Iterable, Mapping
 
+from spica_pipeline.fidelity.silicon import split_of
+
 # A median error above the issue's P90 target (50 %) means most numbers of that backend and phase
 # were off by more than the tail should be: the report says so in words, not only in the table.
 UNRELIABLE_MDAPE = 0.5
@@ -67,7 +69,6 @@ def report_lines(check: Mapping[str, Any] | None, backends: Iterable[Any], calib
                  models: Iterable[Any] = ()) -> list[str]:
     """report.md's section: the held-out errors of the numbers ranked on, for the backends shown;
     `models`: the sweep's model names, said to be in the calibration split or not."""
-    from spica_pipeline.search.silicon import split_of
 
     shown = sorted({str(b) for b in backends if b})
     lines = ["## Accuracy on unseen models (held-out check)", ""]

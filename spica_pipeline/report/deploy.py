@@ -10,9 +10,15 @@ from typing import Any, Mapping
 
 import yaml
 
+from spica_pipeline.config.goal import planner_target as goal_planner_target
 from spica_pipeline.config.precision import precision_of
-from spica_pipeline.search.scoring import Candidate
-from spica_pipeline.search.shapes import SHAPE_KEYS
+from spica_pipeline.evaluate.scoring import Candidate
+from spica_pipeline.report.accuracy import backend_check, header_line
+from spica_pipeline.report.dgd import dgd_manifest, manifest_name, validate_manifest
+from spica_pipeline.report.tables import candidate_bands
+from spica_pipeline.space.plan import planner_config_for
+from spica_pipeline.space.shapes import SHAPE_KEYS
+from spica_pipeline.storage import atomic_write_text
 
 ROLE_ENGINE_KEYS = ("max_num_batched_tokens", "max_num_seqs", "block_size", "gpu_memory_utilization",
                     "enable_prefix_caching")
@@ -49,7 +55,6 @@ def deployment_dict(c: Candidate, rank: int, *, target: str | None = None,
                     heldout_check: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The deployment document for one candidate; `config` carries the full flat sample verbatim.
     heldout_check: the numbers' recorded held-out check (report/accuracy.py), shown for its backend."""
-    from spica_pipeline.report.accuracy import backend_check
 
     cfg = c.config
     mode = cfg.get("deployment_mode", c.branch)
@@ -94,7 +99,6 @@ def deployment_dict(c: Candidate, rank: int, *, target: str | None = None,
 
 def _bands(c: Candidate, target: str | None) -> dict[str, Any]:
     """P10-P90 bands of calibrated TTFT/TPOT and of the goal value (empty without a calibration profile)."""
-    from spica_pipeline.report.tables import candidate_bands
 
     found = candidate_bands(c, target)
     if not found:
@@ -116,7 +120,6 @@ def dgd_yaml(c: Candidate, rank: int, doc: Mapping[str, Any], *, target: str | N
              heldout_check: Mapping[str, Any] | None = None) -> str:
     """The manifest with a header saying where it came from, what replay predicted for it and how far
     such predictions were off on unseen models (the recorded held-out check)."""
-    from spica_pipeline.report.accuracy import header_line
 
     lines = [f"# Spica pick #{rank} ({c.branch}, spec {c.spec_hash}): {doc['metadata']['name']}",
              "# Generated from the replayed sample; validated against the vendored DGD CRD schema subset",
@@ -179,10 +182,6 @@ def write_deploy_folder(out_dir: Any, c: Candidate, rank: int, *, target: str | 
     """
     from pathlib import Path
 
-    from spica_pipeline.report.dgd import dgd_manifest, manifest_name, validate_manifest
-    from spica_pipeline.config.goal import planner_target as goal_planner_target
-    from spica_pipeline.search.deploy import planner_config_for
-    from spica_pipeline.storage import atomic_write_text
 
     d = Path(out_dir)
     paths: dict[str, Any] = {}

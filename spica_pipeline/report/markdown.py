@@ -7,12 +7,18 @@ from typing import Any, Mapping
 import pandas as pd
 
 from spica_pipeline.config.goal import Target
+from spica_pipeline.evaluate import scoring
 from spica_pipeline.report import accuracy
 from spica_pipeline.report.merge import MergeResult
 from spica_pipeline.report.tables import (
-    candidate_bands, describe_candidate, fmt_value, goal_value, plot_axes, router_spread_pct, sla_attainment,
+    candidate_bands,
+    describe_candidate,
+    fmt_value,
+    goal_value,
+    plot_axes,
+    router_spread_pct,
+    sla_attainment,
 )
-from spica_pipeline.search import scoring
 
 TOP_RANKED = 10
 

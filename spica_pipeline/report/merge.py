@@ -1,6 +1,6 @@
 """Stage 6, merge by goal: all branches' feasible ledger rows become one ranked list or one front.
 
-Input is the sweep ledger (one row per trial, JSON-string columns as written by search/ledger.py).
+Input is the sweep ledger (one row per trial, JSON-string columns as written by optimize/ledger.py).
 The merge re-scores each feasible row from its stored replay report, so the result depends only on
 the goal and the reports, never on how a branch happened to sign or store its score.
 """
@@ -14,8 +14,8 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from spica_pipeline.config.goal import Target, objectives_for
-from spica_pipeline.search import scoring
-from spica_pipeline.search.scoring import Candidate
+from spica_pipeline.evaluate import scoring
+from spica_pipeline.evaluate.scoring import Candidate
 
 STATUSES = ("feasible", "infeasible", "failed", "timed_out", "unsupported", "cached")
 REQUIRED_COLUMNS = ("branch", "status", "spec_hash", "config", "report", "used_gpus")

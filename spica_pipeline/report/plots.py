@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from spica_pipeline.search import scoring  # noqa: E402
+from spica_pipeline.evaluate import scoring  # noqa: E402
 from spica_pipeline.report.merge import MergeResult  # noqa: E402
 from spica_pipeline.report.tables import goal_value  # noqa: E402
 

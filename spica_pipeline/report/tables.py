@@ -8,8 +8,9 @@ import pandas as pd
 
 from spica_pipeline.config.goal import Target
 from spica_pipeline.config.precision import precision_of
-from spica_pipeline.search import scoring
-from spica_pipeline.search.scoring import Candidate
+from spica_pipeline.evaluate import scoring
+from spica_pipeline.evaluate.scoring import Candidate
+from spica_pipeline.fidelity.calibration import bands
 
 UNITS = {
     "throughput": "tok/s",
@@ -29,7 +30,7 @@ SPREAD_METRICS = ("output_throughput_tok_s", "goodput_output_throughput_tok_s", 
 def sla_attainment(c: Candidate) -> float | None:
     """Share of completed requests that met the SLA (replay's goodput count, at calibrated latencies
     when a calibration profile was on); None without an SLA. The counts are of the steady-state
-    window's requests when the replay was windowed (search/measurement.py), so the share is too."""
+    window's requests when the replay was windowed (fidelity/measurement.py), so the share is too."""
     done = c.metrics.get("window_counted_requests", c.metrics.get("completed_requests"))
     good = c.metrics.get("calibrated_goodput_completed_requests", c.metrics.get("goodput_completed_requests"))
     if done is None or good is None or done <= 0:
@@ -62,7 +63,6 @@ def goal_value(c: Candidate, target: str) -> float:
 def candidate_bands(c: Candidate, target: str | None) -> dict[str, tuple[float, float]]:
     """The P10-P90 bands of a candidate's calibrated TTFT, TPOT and, for a scalar goal, its goal
     value (empty without a calibration profile): the one reading for the table, report.md and deploy."""
-    from spica_pipeline.search.calibration import bands
 
     goal = target if target and target != Target.PARETO else None
     return bands(c.metrics, goal, goal_value(c, goal) if goal else None)

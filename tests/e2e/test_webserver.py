@@ -35,10 +35,10 @@ import sys
 sys.path.insert(0, {tests!r})
 from dagster import DefaultSensorStatus
 from dagster_fakes import FakeEvaluator
-from spica_pipeline.assets.factory import sweeps_definitions
-from spica_pipeline.assets.io import ParquetIOManager, SweepStorage
-from spica_pipeline.assets.spec import sweep_spec
-from spica_pipeline.resources.vizier import VizierClient
+from spica_pipeline.dagster.factory import sweeps_definitions
+from spica_pipeline.dagster.io import ParquetIOManager, SweepStorage
+from spica_pipeline.dagster.spec import sweep_spec
+from spica_pipeline.optimize.vizier import VizierClient
 
 defs = sweeps_definitions(
     [sweep_spec("e2e_a", {a!r}), sweep_spec("e2e_b", {b!r})],

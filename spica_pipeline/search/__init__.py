@@ -1,1 +1,0 @@
-"""Pure search-domain logic: no Dagster import and no file or network I/O in this package."""
