@@ -21,8 +21,19 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from spica_pipeline.errors import ConfigError, SpicaError, TraceError, one_line
+from spica_pipeline.config import SmartSearchConfig, load_config, presets, render_validation_error
+from spica_pipeline.config.sweep import ALGO_ENV, ALGORITHMS, resolve_algorithm
+from spica_pipeline.errors import ConfigError, PolicyFilterError, SpicaError, TraceError, one_line
+from spica_pipeline.evaluate.ray_pool import require_ray
 from spica_pipeline.optimize.journal import JOURNAL_NAME, QUARANTINE_SUFFIX
+from spica_pipeline.progress import ProgressPrinter
+from spica_pipeline.report import merge_for_config
+from spica_pipeline.report.sweep_result import ledger_to_sweep_result, sweep_result_to_ledger, to_json_text
+from spica_pipeline.report.tables import describe_candidate
+from spica_pipeline.space.model_hw import check_precision
+from spica_pipeline.storage import atomic_write_parquet, atomic_write_text
+from spica_pipeline.sweep import check_workload, filter_policies, goal_summary, run_sweep
+from spica_pipeline.traces import path_problem
 
 EXIT_OK = 0
 EXIT_NOTHING_FEASIBLE = 1
@@ -136,7 +147,6 @@ def internal_error(err: BaseException, debug: bool, log_dir: Path | None = None)
 
 def load_or_report(path: str) -> Any:
     """Load a config; returns the config, or an int exit code after printing one line."""
-    from spica_pipeline.config import load_config
 
     try:
         return load_config(path)
@@ -154,7 +164,6 @@ def _choices_text(values: list[Any]) -> str:
 
 def _inert_reason(space: Any, name: str) -> str | None:
     """Why a list knob never reaches the study (spec §6.1 pruning), or None when it does."""
-    from spica_pipeline.config import presets
 
     if name == "load_predictor_candidates":
         return f"{len(space.load_predictor_candidates)} entries, swept by the load-predictor sub-sweep"
@@ -237,7 +246,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if isinstance(config, int):
         return config
     trace = config.workload.trace_path
-    from spica_pipeline.traces import path_problem
 
     problem = path_problem(trace) if trace is not None else None
     if problem is not None:
@@ -252,16 +260,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         lines = summarize(config)
     except Exception as err:  # a summary bug must not turn into a traceback either
         return _fail(f"could not summarise config {args.config}: {type(err).__name__}: {err}")
-    from spica_pipeline.errors import PolicyFilterError
-    from spica_pipeline.space.model_hw import check_precision
-    from spica_pipeline.sweep import check_workload, filter_policies
 
     try:
         trace_warnings = check_workload(config)
         space = config.search_space
         check_precision(space.precision, space.model_name, space.hardware_sku)  # names field + choices
         if config.sweep.executor == "ray":  # the [ray] extra must be installed: exit 2 now, not at sweep start
-            from spica_pipeline.evaluate.ray_pool import require_ray
 
             require_ray()
     except TraceError as err:  # names the trace file and line
@@ -278,7 +282,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for line in lines:
         print(line)
     if algorithm != config.sweep.algorithm:
-        from spica_pipeline.config.sweep import ALGO_ENV
 
         print(f"algorithm {algorithm} (from {ALGO_ENV}, overriding sweep.algorithm {config.sweep.algorithm})")
     if filtered.dropped:
@@ -288,7 +291,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def _resolve_algorithm(config: Any) -> str:
     """The Vizier algorithm a study would use, SPICA_VIZIER_ALGO included (ConfigError if unknown)."""
-    from spica_pipeline.config.sweep import resolve_algorithm
 
     return resolve_algorithm(config.sweep.algorithm)
 
@@ -297,7 +299,6 @@ def _with_overrides(config: Any, args: argparse.Namespace) -> Any:
     """Apply --seed/--policy/--algorithm/--executor/--ray-address/--time-budget and validate again (e.g. thorough + a float range)."""
     from pydantic import ValidationError
 
-    from spica_pipeline.config import SmartSearchConfig, render_validation_error
 
     overrides = {k: v for k, v in (("seed", args.seed), ("policy", args.policy),
                                    ("algorithm", args.algorithm), ("executor", args.executor),
@@ -317,8 +318,6 @@ def _with_overrides(config: Any, args: argparse.Namespace) -> Any:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Run a sweep; results and the resumable journal go under --output-dir."""
-    from spica_pipeline.progress import ProgressPrinter
-    from spica_pipeline.sweep import run_sweep
 
     config = load_or_report(args.config)
     if isinstance(config, int):
@@ -372,7 +371,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for line in merge.failure_summary():
             print(f"  {line}", file=sys.stderr)
         return EXIT_NOTHING_FEASIBLE
-    from spica_pipeline.report.tables import describe_candidate
 
     lines = merge.cli_lines()
     if merge.is_pareto:
@@ -388,10 +386,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     """A sweep's ledger as an AI Simulate SweepResult (recommendation.json)."""
     import pandas as pd
 
-    from spica_pipeline.report import merge_for_config
-    from spica_pipeline.report.sweep_result import ledger_to_sweep_result, to_json_text
-    from spica_pipeline.storage import atomic_write_text
-    from spica_pipeline.sweep import goal_summary
 
     config = load_or_report(args.config)
     if isinstance(config, int):
@@ -421,8 +415,6 @@ def cmd_import(args: argparse.Namespace) -> int:
     """A recommendation.json written by spica export back into ledger.parquet (+ config.json)."""
     import json
 
-    from spica_pipeline.report.sweep_result import sweep_result_to_ledger
-    from spica_pipeline.storage import atomic_write_parquet, atomic_write_text
 
     try:
         doc = json.loads(Path(args.input).read_text())
@@ -447,7 +439,6 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from spica_pipeline.config.sweep import ALGORITHMS
 
     parser = argparse.ArgumentParser(prog="spica", description=DESCRIPTION)
     parser.add_argument("--debug", action="store_true", default=False,

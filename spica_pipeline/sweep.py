@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, S
 import pandas as pd
 
 from spica_pipeline.config import SmartSearchConfig
+from spica_pipeline.config.limits import check_resource_limits
+from spica_pipeline.errors import ConfigError, ModelHardwareError, SpicaError
 from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest, Evaluator
+from spica_pipeline.evaluate.pool import EvaluationPool
+from spica_pipeline.evaluate.ray_pool import RayEvaluationPool
+from spica_pipeline.evaluate.replay import ReplayEvaluator
+from spica_pipeline.fidelity.calibration import FIXED_LENGTHS, fixed_length_backends
+from spica_pipeline.fidelity.profiles import heldout_check, load_profile
 from spica_pipeline.optimize.branch_plan import (
     BranchPlan,
     StudySampler,
@@ -40,10 +47,18 @@ from spica_pipeline.optimize.study import (
     run_branch_study,
 )
 from spica_pipeline.optimize.timings import Timings
-from spica_pipeline.space.branches import BranchEnumeration, BranchSpace
-from spica_pipeline.space.policies import PolicyFilterResult
-from spica_pipeline.space.shapes import ParallelConfig
-from spica_pipeline.storage import file_sha256
+from spica_pipeline.optimize.vizier import VizierClient
+from spica_pipeline.report import merge_for_config, write_outputs
+from spica_pipeline.report.dgd import DeployOptions
+from spica_pipeline.report.tables import candidates_frame
+from spica_pipeline.space.branches import BranchEnumeration, BranchSpace, enumerate_branches
+from spica_pipeline.space.load_predictor.from_trace import load_predictor_for_config
+from spica_pipeline.space.model_hw import hardware_facts
+from spica_pipeline.space.parallel import resolve_max_seq_len
+from spica_pipeline.space.policies import PolicyFilterResult, filter_scaling_policies
+from spica_pipeline.space.shapes import ParallelConfig, parallel_config_from_dict
+from spica_pipeline.storage import atomic_write_parquet, atomic_write_text, file_sha256
+from spica_pipeline.traces import read_mooncake_trace
 
 if TYPE_CHECKING:
     from spica_pipeline.evaluate.pool import EvaluationBackend
@@ -80,10 +95,6 @@ def check_workload(config: SmartSearchConfig) -> list[str]:
     (config/limits.py) refuse what no replay can serve; the calibration profile loads and serves the
     benchmark client's lengths (`check_calibration`). Never a failure per candidate.
     Returns the trace's and the calibration's warnings (one line each, with a count)."""
-    from spica_pipeline.config.limits import check_resource_limits
-    from spica_pipeline.errors import ConfigError, SpicaError
-    from spica_pipeline.space.parallel import resolve_max_seq_len
-    from spica_pipeline.traces import read_mooncake_trace
 
     space = config.search_space
     workload = config.workload
@@ -110,9 +121,6 @@ def check_workload(config: SmartSearchConfig) -> list[str]:
 def check_calibration(config: SmartSearchConfig) -> list[str]:
     """The profile loads (a ConfigError names a missing or corrupt file), and `client_lengths: fixed` has
     fixed-length factors to select; a warning names the searched backends it changes nothing for."""
-    from spica_pipeline.errors import ConfigError
-    from spica_pipeline.fidelity.calibration import FIXED_LENGTHS, fixed_length_backends
-    from spica_pipeline.fidelity.profiles import load_profile
 
     profile, _ = load_profile(config.evaluation.calibration)
     if config.evaluation.client_lengths != "fixed":
@@ -130,19 +138,16 @@ def check_calibration(config: SmartSearchConfig) -> list[str]:
 
 
 def filter_policies(config: SmartSearchConfig) -> PolicyFilterResult:
-    from spica_pipeline.space.policies import filter_scaling_policies
 
     return filter_scaling_policies(config)
 
 
 def predict_load(config: SmartSearchConfig) -> "LoadPredictorResult":
-    from spica_pipeline.space.load_predictor.from_trace import load_predictor_for_config
 
     return load_predictor_for_config(config)
 
 
 def enumerate_branch_spaces(config: SmartSearchConfig) -> BranchEnumeration:
-    from spica_pipeline.space.branches import enumerate_branches
 
     return enumerate_branches(config)
 
@@ -171,7 +176,6 @@ def evaluation_context(config: SmartSearchConfig, load_predictor: "LoadPredictor
         context["load_predictor"] = load_predictor.to_dict()
     if config.workload.trace_path:
         context["trace_sha256"] = file_sha256(config.workload.trace_path)
-    from spica_pipeline.fidelity.profiles import load_profile
 
     check_calibration(config)  # ConfigError (exit 2) names a bad file or a profile without fixed-length factors
     profile, digest = load_profile(config.evaluation.calibration)
@@ -445,8 +449,6 @@ def run_sweep(
 def write_results(output_dir: Path, config: SmartSearchConfig, plans: list[BranchPlan], ledger: pd.DataFrame,
                   timings: Timings) -> tuple["MergeResult", dict[str, Path]]:
     """Stage 6: merge the branch ledgers by goal and write every artifact; returns (merge, paths)."""
-    from spica_pipeline.fidelity.profiles import heldout_check
-    from spica_pipeline.report import merge_for_config, write_outputs
 
     merge = merge_for_config(ledger, config)
     paths = write_outputs(
@@ -481,13 +483,10 @@ def branch_notes(plans: list[BranchPlan], ledger: pd.DataFrame) -> dict[str, str
 
 def deploy_options(config: SmartSearchConfig) -> "DeployOptions":
     """DGD rendering options from `deploy:`; the node size defaults to the hardware's AIC system spec."""
-    from spica_pipeline.report.dgd import DeployOptions
 
     d = config.deploy
     gpus_per_node = d.gpus_per_node
     if gpus_per_node is None:
-        from spica_pipeline.errors import ModelHardwareError
-        from spica_pipeline.space.model_hw import hardware_facts
 
         try:
             gpus_per_node = hardware_facts(config.search_space.hardware_sku).gpus_per_node
@@ -531,19 +530,16 @@ def warm_history_for(ledger: pd.DataFrame | None, plan: BranchPlan) -> list[Hist
 
 
 def _config_of(rec: TrialRecord) -> ParallelConfig:
-    from spica_pipeline.space.shapes import parallel_config_from_dict
 
     return parallel_config_from_dict(rec.parallel_config)
 
 
 def default_evaluator() -> Evaluator:
-    from spica_pipeline.evaluate.replay import ReplayEvaluator
 
     return ReplayEvaluator()
 
 
 def default_vizier() -> "VizierClient":
-    from spica_pipeline.optimize.vizier import VizierClient
 
     return VizierClient()
 
@@ -552,10 +548,8 @@ def make_pool(evaluator: Evaluator, workers: int, max_eval_seconds: float | None
               ray_address: str | None = None) -> "EvaluationBackend":
     """The evaluation backend `sweep.executor` names (the `EvaluationBackend` of evaluate/pool.py)."""
     if executor == "ray":
-        from spica_pipeline.evaluate.ray_pool import RayEvaluationPool
 
         return RayEvaluationPool(evaluator, workers, max_eval_seconds, address=ray_address)
-    from spica_pipeline.evaluate.pool import EvaluationPool
 
     return EvaluationPool(evaluator, workers=workers, max_eval_seconds=max_eval_seconds)
 
@@ -563,9 +557,6 @@ def make_pool(evaluator: Evaluator, workers: int, max_eval_seconds: float | None
 def write_anytime(output_dir: Path, config: SmartSearchConfig, log: RecordLog) -> None:
     """The anytime result, after every batch: the ledger and the ranking (or front) so far, each
     replaced atomically, so a deadline or Ctrl-C always leaves a valid, current result."""
-    from spica_pipeline.report import merge_for_config
-    from spica_pipeline.report.tables import candidates_frame
-    from spica_pipeline.storage import atomic_write_parquet, atomic_write_text
 
     ledger = log.frame()
     atomic_write_parquet(output_dir / "ledger.parquet", ledger)
@@ -602,7 +593,6 @@ class AnytimeResult:
 
 
 def _write_partial_ledger(output_dir: Path, log: RecordLog) -> None:
-    from spica_pipeline.storage import atomic_write_parquet
 
     atomic_write_parquet(output_dir / "ledger.parquet", log.frame())
 

@@ -87,12 +87,10 @@ def test_missing_trace_file_is_reported(tmp_path, capsys):
 
 
 def test_unexpected_exception_is_one_line(monkeypatch, tmp_path, capsys):
-    import spica_pipeline.config as config_pkg
-
     def boom(path):
         raise RuntimeError("kaboom\nsecond line")
 
-    monkeypatch.setattr(config_pkg, "load_config", boom)
+    monkeypatch.setattr(cli, "load_config", boom)
     cfg = tmp_path / "x.yaml"
     code, _, err = run_main(["validate", "--config", str(cfg)], capsys)
     assert code == 2

@@ -13,6 +13,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
+from spica_pipeline.dagster.factory import build_sweep_defs
 from spica_pipeline.dagster.spec import DEFAULT_NIGHTLY_CRON, DEFAULT_OWNERS, sweep_spec
 
 
@@ -26,7 +27,6 @@ class SpicaSweep(dg.Component, dg.Model, dg.Resolvable):
     owners: list[str] = Field(default_factory=lambda: list(DEFAULT_OWNERS), description="Asset owners")
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        from spica_pipeline.dagster.factory import build_sweep_defs
 
         folder = Path(context.path)
         folder = folder if folder.is_dir() else folder.parent

@@ -21,6 +21,7 @@ from spica_pipeline.config.loader import validate_config
 from spica_pipeline.dagster.spec import SweepSpec, resolve_path
 from spica_pipeline.errors import ConfigError, SpicaError, describe
 from spica_pipeline.evaluate.evaluator import canonical_json
+from spica_pipeline.traces import trace_content_hash
 
 
 class SweepLaunchConfig(dg.Config):
@@ -72,7 +73,6 @@ def config_hash(config: SmartSearchConfig) -> str:
     # where replays run does not change a result: a sweep moved to Ray resumes the same journal
     payload: dict[str, Any] = {"config": config.model_dump(mode="json", exclude=RESULT_NEUTRAL)}
     if config.workload.trace_path:
-        from spica_pipeline.traces import trace_content_hash
 
         try:
             payload["trace_sha256"] = trace_content_hash(config.workload.trace_path)

@@ -20,6 +20,8 @@ from spica_pipeline.dagster.result import build_deploy, build_sweep_result
 from spica_pipeline.dagster.sources import build_sources, build_watch_sensor, watched_files
 from spica_pipeline.dagster.spec import SweepSpec
 from spica_pipeline.dagster.studies import build_branch_study
+from spica_pipeline.evaluate.replay import ReplayEvaluator
+from spica_pipeline.optimize.vizier import VizierClient
 
 SPEC_METADATA_KEY = "spica/sweep_spec"
 
@@ -48,8 +50,6 @@ def default_executor() -> dg.ExecutorDefinition:
 
 
 def default_resources() -> dict:
-    from spica_pipeline.evaluate.replay import ReplayEvaluator
-    from spica_pipeline.optimize.vizier import VizierClient
 
     return {"io_manager": ParquetIOManager(), "sweep_storage": SweepStorage(), "replay": ReplayEvaluator(),
             "vizier": VizierClient(), "evaluation_backend": EvaluationBackendResource()}

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 import dagster as dg
 from pydantic import Field, field_validator
 
+from spica_pipeline.sweep import make_pool
+
 if TYPE_CHECKING:
     from spica_pipeline.config.sweep import SweepConfig
     from spica_pipeline.evaluate.evaluator import Evaluator
@@ -39,7 +41,6 @@ class EvaluationBackendResource(dg.ConfigurableResource):
 
     def open(self, evaluator: "Evaluator", sweep: "SweepConfig") -> "EvaluationBackend":
         """The backend for one run of `sweep` (a SweepConfig); use it as a context manager."""
-        from spica_pipeline.sweep import make_pool
 
         return make_pool(evaluator, sweep.eval_workers, sweep.max_eval_seconds, executor=self.executor or sweep.executor,
                          ray_address=self.ray_address or sweep.ray_address)

@@ -28,6 +28,10 @@ from spica_pipeline.optimize.branch_plan import BranchPlan, plan_branch
 from spica_pipeline.optimize.ledger import STATUSES, TrialRecord
 from spica_pipeline.optimize.study import BranchOutcome
 from spica_pipeline.optimize.timings import Timings
+from spica_pipeline.report import merge_for_config
+from spica_pipeline.report.plots import plot_axes_for
+from spica_pipeline.report.tables import arrow_safe, candidates_frame, goal_value
+from spica_pipeline.space.branches import BranchSpace
 from spica_pipeline.storage import atomic_write_parquet, atomic_write_text
 from spica_pipeline.sweep import ledger_frame, write_results
 
@@ -130,7 +134,6 @@ class MergedInputs:
 def merged_inputs(context: dg.AssetExecutionContext, spec: SweepSpec, filtered_config: pd.DataFrame,
                   branch_spaces: pd.DataFrame, branch_study: BranchStudies) -> MergedInputs:
     """The merge's inputs rebuilt from the stored stage outputs."""
-    from spica_pipeline.space.branches import BranchSpace
 
     config = config_from_frame(filtered_config)
     ledgers = as_ledgers(spec, branch_study)
@@ -153,8 +156,6 @@ def _r(v: Any) -> float:
 
 def result_plots(merge: Any) -> dict[str, Any]:
     """Inline sketches of the trade-off (front squares) and the convergence curve."""
-    from spica_pipeline.report.plots import plot_axes_for
-    from spica_pipeline.report.tables import goal_value
 
     x, y = plot_axes_for(merge)
     pts = [(goal_value(c, x), goal_value(c, y)) for c in merge.feasible]
@@ -180,8 +181,6 @@ def build_sweep_result(spec: SweepSpec) -> dg.AssetsDefinition:
     def sweep_result(context: dg.AssetExecutionContext, filtered_config: pd.DataFrame,
                      branch_spaces: pd.DataFrame, branch_study: Any,
                      sweep_storage: SweepStorage) -> dg.Output[pd.DataFrame]:
-        from spica_pipeline.report import merge_for_config
-        from spica_pipeline.report.tables import arrow_safe, candidates_frame
 
         inputs = merged_inputs(context, spec, filtered_config, branch_spaces, branch_study)
         config, ledger = inputs.config, inputs.ledger

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import dagster as dg
 
+from spica_pipeline.config import load_config
+from spica_pipeline.errors import SpicaError, one_line
+
 MODES = ("agg", "disagg")
 DEFAULT_OWNERS = ("team:spica",)
 DEFAULT_NIGHTLY_CRON = "0 2 * * *"
@@ -80,8 +83,6 @@ def sweep_spec(name: str, config_path: str | Path, *, base: Path | None = None,
                owners: list[str] | tuple[str, ...] = DEFAULT_OWNERS) -> SweepSpec:
     """Read the config once for the graph's shape. A config that does not validate still yields a
     graph (both modes, no trace): its `validated_config` step fails with the one-line reason."""
-    from spica_pipeline.config import load_config
-    from spica_pipeline.errors import SpicaError, one_line
 
     if not _NAME.match(name):
         raise ValueError(f"sweep name {name!r}: use letters, digits and underscores (it prefixes asset keys)")

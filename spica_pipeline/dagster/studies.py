@@ -34,6 +34,7 @@ from spica_pipeline.optimize.ledger import STATUSES
 from spica_pipeline.optimize.study import BranchOutcome, HistoryItem
 from spica_pipeline.optimize.timings import Timings
 from spica_pipeline.optimize.vizier import VizierClient
+from spica_pipeline.space.branches import BranchSpace
 from spica_pipeline.sweep import AnytimeResult, RecordLog, ledger_frame, open_studies, warm_history_for
 
 # the branch ledger's frame attribute carrying its study's Timings (Parquet keeps DataFrame.attrs),
@@ -82,7 +83,6 @@ def study_partition(
     vizier: VizierClient,
 ) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Run one branch study on `pool`; returns its ledger and the materialization metadata."""
-    from spica_pipeline.space.branches import BranchSpace
 
     config = config_from_frame(filtered_config)
     spaces = branch_spaces_from_frame(branch_spaces)

@@ -6,14 +6,11 @@ matplotlib runs on the Agg backend and renders into memory; the caller writes th
 import io
 import math
 
-import matplotlib
+from typing import Any
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from spica_pipeline.evaluate import scoring  # noqa: E402
-from spica_pipeline.report.merge import MergeResult  # noqa: E402
-from spica_pipeline.report.tables import goal_value  # noqa: E402
+from spica_pipeline.evaluate import scoring
+from spica_pipeline.report.merge import MergeResult
+from spica_pipeline.report.tables import goal_value
 
 BRANCH_STYLE = {"agg": ("tab:blue", "o"), "disagg": ("tab:orange", "s")}
 AXES_DIRS = ("max", "max")  # tok/s/user (x) and tok/s/GPU (y) are both maximised
@@ -29,10 +26,20 @@ AXIS_LABELS = {
 LABELLED_RANKS = 10
 
 
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend, imported at the first plot (it costs half a second)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    _pyplot().close(fig)
     return buf.getvalue()
 
 
@@ -67,6 +74,7 @@ def pareto_png(merge: MergeResult, title: str | None = None) -> bytes:
     the recommended point starred. Every legend entry says what it is."""
     xname, yname = plot_axes_for(merge)
     dirs = (scoring.direction(xname), scoring.direction(yname))
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8.5, 5.5))
     all_xy = []
     zero = 0
@@ -120,6 +128,7 @@ def pareto_png(merge: MergeResult, title: str | None = None) -> bytes:
 
 def convergence_png(merge: MergeResult) -> bytes:
     """Best score (raw goal units) or front hypervolume after each evaluation, per branch and merged."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     conv = merge.convergence
     flip = (not merge.is_pareto) and scoring.direction(merge.target) == "min"
