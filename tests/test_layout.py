@@ -16,7 +16,7 @@ PACKAGE = ROOT / "spica_pipeline"
 
 # bottom to top; a module may import its own layer and those below
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "storage", "traces", "progress"),
+    ("errors", "storage", "traces", "progress", "jsonvalue"),
     ("config",),
     ("space",),
     ("fidelity",),

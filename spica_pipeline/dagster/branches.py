@@ -9,7 +9,7 @@ import pandas as pd
 from spica_pipeline.dagster.config import config_from_frame, fail
 from spica_pipeline.dagster.spec import SweepSpec
 from spica_pipeline.errors import SpicaError
-from spica_pipeline.evaluate.evaluator import canonical_json
+from spica_pipeline.jsonvalue import canonical_json
 from spica_pipeline.optimize.branch_plan import plan_branch
 from spica_pipeline.sweep import enumerate_branch_spaces
 

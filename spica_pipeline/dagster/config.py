@@ -20,7 +20,7 @@ from spica_pipeline.config import ALGORITHMS, SmartSearchConfig, load_config, pa
 from spica_pipeline.config.loader import validate_config
 from spica_pipeline.dagster.spec import SweepSpec, resolve_path
 from spica_pipeline.errors import ConfigError, SpicaError, describe
-from spica_pipeline.evaluate.evaluator import canonical_json
+from spica_pipeline.jsonvalue import canonical_json
 from spica_pipeline.traces import trace_content_hash
 
 

@@ -27,7 +27,8 @@ from spica_pipeline.dagster.load_predictor import load_predictor_from_frame
 from spica_pipeline.dagster.resources import EvaluationBackendResource
 from spica_pipeline.dagster.spec import REPLAY_POOL, SweepSpec
 from spica_pipeline.errors import SpicaError
-from spica_pipeline.evaluate.evaluator import Evaluator, canonical_json, json_safe
+from spica_pipeline.evaluate.evaluator import Evaluator
+from spica_pipeline.jsonvalue import canonical_json, json_safe
 from spica_pipeline.evaluate.pool import EvaluationBackend
 from spica_pipeline.optimize.branch_plan import plan_branch
 from spica_pipeline.optimize.ledger import STATUSES

@@ -20,7 +20,8 @@ from spica_pipeline.config.goal import OptimizationGoal, planner_target
 from spica_pipeline.config.precision import precision_of
 from spica_pipeline.config.workload import Workload
 from spica_pipeline.errors import CandidateBuildError, InfeasibleKVCapacity, describe
-from spica_pipeline.evaluate.evaluator import EvalRequest, canonical_json, spec_hash
+from spica_pipeline.evaluate.evaluator import EvalRequest
+from spica_pipeline.jsonvalue import canonical_json, spec_hash
 from spica_pipeline.fidelity import measurement
 from spica_pipeline.space.engine import EngineIdentity, KvCapacity
 from spica_pipeline.space.kv_load import resolve_kv_load

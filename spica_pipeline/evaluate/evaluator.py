@@ -5,34 +5,13 @@ canonical JSON hash is the dedup/cache key, so an identical spec is never replay
 """
 
 import abc
-import hashlib
-import json
-import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 from spica_pipeline.config.goal import OptimizationGoal
+from spica_pipeline.jsonvalue import spec_hash
 
 Status = Literal["feasible", "infeasible", "failed", "timed_out"]
-
-
-def canonical_json(obj: Any) -> str:
-    """Sorted keys, compact separators, strict (NaN/inf rejected): stable across processes."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False, default=_default)
-
-
-def _default(obj: Any) -> Any:
-    if hasattr(obj, "model_dump"):
-        return obj.model_dump(mode="json")
-    if hasattr(obj, "to_dict"):
-        return obj.to_dict()
-    if isinstance(obj, (set, frozenset)):
-        return sorted(obj)
-    raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
-
-
-def spec_hash(obj: Any) -> str:
-    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -102,14 +81,3 @@ class Evaluator(abc.ABC):
 
     @abc.abstractmethod
     def evaluate(self, request: EvalRequest) -> EvalOutcome: ...
-
-
-def json_safe(value: Any) -> Any:
-    """Replace non-finite floats by None, recursively: strict JSON has no inf or NaN."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spica_pipeline.config.types import is_finite_number
-from spica_pipeline.evaluate.evaluator import canonical_json, json_safe
+from spica_pipeline.jsonvalue import canonical_json, json_safe
 
 STATUSES = ("feasible", "infeasible", "failed", "timed_out", "unsupported", "cached")
 JSON_COLUMNS = ("parameters", "selection", "parallel_config", "config", "report", "spread", "objectives",

@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterable, Protocol, Sequence, get_args
 
 from spica_pipeline.config.sweep import CostAware
 from spica_pipeline.errors import one_line
-from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest, canonical_json, json_safe, spec_hash
+from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest
+from spica_pipeline.jsonvalue import canonical_json, json_safe, spec_hash
 from spica_pipeline.optimize import cost
 from spica_pipeline.optimize.ledger import TrialRecord
 from spica_pipeline.space.shapes import ParallelConfig

@@ -14,13 +14,13 @@ order and dtypes are recorded, so `sweep_result_to_ledger(ledger_to_sweep_result
 
 import hashlib
 import json
-import math
 import re
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
 from spica_pipeline.config.types import is_finite_number
+from spica_pipeline.jsonvalue import canonical_json, json_safe, plain
 
 SCHEMA_VERSION = "1.1"
 ACCEPTED_VERSIONS = ("1.0", "1.1")
@@ -62,29 +62,8 @@ def classify(status: str, reason: str | None) -> tuple[str, str | None]:
     return status, _STATUS_DEFAULT_CATEGORY.get(status, "unknown")
 
 
-def canonical(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False, default=_plain)
-
-
 def config_sha256(config_json: Mapping[str, Any]) -> str:
-    return hashlib.sha256(canonical(config_json).encode()).hexdigest()
-
-
-def _plain(value: Any) -> Any:
-    if hasattr(value, "item"):  # numpy scalar
-        return value.item()
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
-
-
-def _cell(value: Any) -> Any:
-    """A ledger cell as strict JSON: numpy -> Python, NaN/inf -> null."""
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+    return hashlib.sha256(canonical_json(config_json).encode()).hexdigest()
 
 
 def _loads(value: Any) -> Any:
@@ -122,7 +101,7 @@ def ledger_to_sweep_result(
     scored = {c.spec_hash: c for c in (merge.feasible if merge is not None else [])}
     is_pareto = bool(merge is not None and merge.is_pareto)
     for i, row in enumerate(rows):
-        plain = {k: _cell(v) for k, v in row.items()}
+        plain = {k: json_safe(v) for k, v in row.items()}
         if plain.get("status") == "cached":
             counts["cache_hits"] += 1
             cache_rows.append({"ledger_index": i, "row": plain})
@@ -248,7 +227,7 @@ def _restore(series: pd.Series, dtype: str) -> pd.Series:
 
 def to_json_text(doc: Mapping[str, Any]) -> str:
     """Strict, key-sorted JSON (non-finite numbers rejected), as the envelope requires."""
-    return json.dumps(doc, sort_keys=True, indent=1, allow_nan=False, default=_plain) + "\n"
+    return json.dumps(doc, sort_keys=True, indent=1, allow_nan=False, default=plain) + "\n"
 
 
 def view_ids(doc: Mapping[str, Any]) -> Sequence[str]:
