@@ -2,9 +2,10 @@
 exhaustive optimum (or of the exhaustive front's hypervolume), per algorithm, on finite spaces.
 
 Spaces (bench/spaces/): goodput_agg (scalar goal), pareto_disagg (Pareto goal), trace_agg (a
-Mooncake trace workload). Each space's exhaustive truth is every point replayed once; outcomes are
-cached by `EvalRequest.spec_hash` in bench/.cache/<space>.<config hash>.outcomes.json, and the truth
-summary next to it (keyed also by a digest of every point's spec hash, so a change to what a replay
+Mooncake trace workload), disagg_goodput and disagg_trace (the disagg branch of the first and the
+third). Each space's exhaustive truth is every point replayed once; outcomes are cached by
+`EvalRequest.spec_hash` in bench/.cache/<space>.<config hash>.outcomes.json, and the truth summary
+next to it (keyed also by a digest of every point's spec hash, so a change to what a replay
 computes rebuilds it), so reruns and every algorithm/seed reuse them (no replay twice).
 
 Algorithms:
@@ -13,48 +14,56 @@ Algorithms:
               neighbourhood designer (optimize/neighbourhood.py) and quasi-random;
   spica       Spica-style: stock Vizier DEFAULT settings (75,000 acquisition evaluations, ARD 500
               iterations, no padding, stock classes, compile caches cleared), barrier rounds of
-              candidates_per_round, duplicates re-asked (up to 10x replacements per round), the
-              Vizier study alone: no neighbourhood designer (SPICA_BASELINE_RULE; before 2026-12-05
-              19:10 UTC its seed batches and look-alikes went to ours' neighbourhood designer);
+              candidates_per_round, duplicates re-asked, the Vizier study alone (no neighbourhood
+              designer: its seed batch is the client's quasi-random batch, where stock GP-UCB-PE
+              would put the search space's center first);
   RANDOM_SEARCH, QUASI_RANDOM_SEARCH  the same asynchronous loop with that designer.
 
 Replays run from the cache on `--workers` simulated workers (parallel_evals, default 2): each
 candidate sleeps its recorded replay seconds (x --replay-scale), so wall time is what the sweep
 would take with those replays, and the optimizer's CPU time is real. A run stops at 100 % or at
-its evaluation budget (--budget-frac of the space, at least the space's max_rounds x per_round).
-The first GP suggest of the process compiles programs; a warm-up suggest pays that before any
-timed run, and its seconds are reported as "warm_up_s".
+its evaluation budget (--budget-frac of the space, at least the space's max_rounds x per_round),
+or when its wall cap passes (--max-wall-s, default 120 s; --spica-max-wall-s, default 60 s, for
+Spica-style, whose stock suggests take tens of seconds): no new trial starts after it, and a capped
+run that did not reach a level counts its wall time, a lower bound. The process's first GP ask pays
+the cold compile inside the timed runs, as a fresh sweep does; --warm-up pays it before them
+("warm_up_s"), and without it a quasi-random suggest pays the one-time Vizier/JAX import first
+("import_warm_up_s").
 
 Output (--out, default bench/results/time_to_quality[_quick].json):
   {"spaces": {"<name>": {"<algorithm>": {"median_wall_s_to_99": x, "median_evals_to_99": n,
-                                          "seeds_reaching_99": k, ...}}}, ...}
+                                          "seeds_reaching_99": k, ...}}}, "details": {... runs ...}}
 A run that never reached a level counts as its budget (evaluations) and its wall time for the
-median; `seeds_reaching_*` says how many got there.
+median; `seeds_reaching_*` says how many got there. Each run records its designers, the sequence
+digest of (designer, parameters) per trial (equal digests: the same suggestions), and for ours the
+cost of every ask against optimize/cost.py's prediction.
 
 usage:
-  .venv/bin/python bench/bench_time_to_quality.py [--quick] [--spaces goodput_agg,pareto_disagg,trace_agg]
+  .venv/bin/python bench/bench_time_to_quality.py [--quick] [--spaces goodput_agg,...]
       [--algorithms ours,spica,RANDOM_SEARCH,QUASI_RANDOM_SEARCH] [--seeds 5] [--first-seed 0]
-      [--spica-seeds 5] [--workers 2] [--budget-frac 0.5] [--replay-scale 1.0] [--out PATH]
-Seeds and spaces (docs/performance.md "Time to quality"): the neighbourhood fill was tuned on seeds
-0-4 (--out bench/results/time_to_quality.json) and 10-14 (--first-seed 10, --out
-bench/results/time_to_quality_validation.json) of goodput_agg, pareto_disagg, trace_agg and
-disagg_goodput; its fresh validation is seeds 20-24 (--first-seed 20) of those four plus
-disagg_trace (bench/spaces/disagg_trace.yaml, written before that tuning), --out
-bench/results/time_to_quality_fresh.json, measured once after the designer was frozen. --no-warm-up skips the GP warm-up (right when the
-cost rule never asks the GP, as on these spaces); a quasi-random suggest then pays the one-time
-Vizier/JAX import before the first timed run instead ("import_warm_up_s"; before 2026-12-04 12:00
-UTC the first timed run of the process, ours', paid it).
---quick: 2 seeds, Spica-style 1 seed on the first space only (a stock GP-UCB-PE suggest takes
-30-90 s of CPU on 2 busy cores). --max-wall-s S caps every run (counted as `runs_capped`).
+      [--spica-seeds 5] [--workers 2] [--budget-frac 0.5] [--replay-scale 1.0] [--merge] [--out PATH]
+Development seeds are 0-4 (bench/results/time_to_quality.json); held-out seeds start at 600
+(--first-seed 600, bench/results/time_to_quality_heldout.json). --merge keeps the runs of the other
+algorithms already in --out (a file built in bounded steps). --truth-only builds the truths and stops.
+--quick: 2 seeds, Spica-style 1 seed on the first space only.
+
+--simulated: the workers are a simulated clock (each replay takes its recorded seconds, the
+optimizer none), so the dispatch order, and with it every evaluation count, is a function of the
+seed only; wall seconds are the simulated clock's. For comparing designer settings seed by seed:
+TTQ_STUDY_<NAME>, TTQ_COST_<NAME> and TTQ_NB_<NAME>=<python literal> override a module constant of
+optimize/study.py, optimize/cost.py and optimize/neighbourhood.py (recorded as "overrides").
 
 --large: the >= 10^5-point space (bench/spaces/large_disagg.yaml, 137,295 points, too large to
-enumerate or cache here) searched by the product itself, `spica sweep --time-budget`, with real
+enumerate or cache) searched by the product itself, `spica sweep --time-budget`, with real
 replays: ours (the default) for --large-budget seconds, then RANDOM_SEARCH for --random-factor x as
-long; reports the evaluations each did and the best found by ours relative to random's best.
-Writes bench/results/time_to_quality_large.json.
+long (as --random-pieces independent runs, seeds 0..: random search is memoryless, so the best of
+the pieces is the best of one long run); reports the evaluations each did and ours' best over
+random's. Writes bench/results/time_to_quality_large.json.
 """
 
 import argparse
+import hashlib
+import heapq
 import json
 import math
 import os
@@ -83,50 +92,42 @@ from bench_sample_efficiency import (  # noqa: E402
     with_sweep,
 )
 
-from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest, canonical_json, spec_hash  # noqa: E402
+from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest  # noqa: E402
+from spica_pipeline.jsonvalue import canonical_json, spec_hash
 from spica_pipeline.evaluate.pool import Completion, EvaluationBackend  # noqa: E402
-from spica_pipeline.optimize.study import MemoryJournal, TrialCounter  # noqa: E402
+from spica_pipeline.optimize.trial import MemoryJournal, TrialCounter
 
-# TTQ_STUDY_<NAME> / TTQ_COST_<NAME>=<python literal>: override a module constant of optimize/study.py /
-# optimize/cost.py (candidate switches, e.g. round I's CHARGE_MODEL_RAN); recorded in the output's "overrides"
-OVERRIDES = {k: v for k, v in os.environ.items() if k.startswith(("TTQ_STUDY_", "TTQ_COST_"))}
-for _k, _v in OVERRIDES.items():
+# TTQ_STUDY_<NAME> / TTQ_COST_<NAME> / TTQ_NB_<NAME>=<python literal>: override a module constant of
+# optimize/study.py / optimize/cost.py / optimize/neighbourhood.py; recorded in the output's "overrides"
+OVERRIDES = {k: v for k, v in os.environ.items() if k.startswith(("TTQ_STUDY_", "TTQ_COST_", "TTQ_NB_"))}
+
+
+def apply_overrides() -> None:
     import ast
 
-    import spica_pipeline.optimize.cost as _cost_module
-    import spica_pipeline.optimize.study as _study_module
+    import spica_pipeline.optimize.cost as cost_module
+    import spica_pipeline.optimize.neighbourhood as nb_module
+    import spica_pipeline.optimize.study as study_module
 
-    _module = _study_module if _k.startswith("TTQ_STUDY_") else _cost_module
-    _name = _k.split("_", 2)[2]
-    if not hasattr(_module, _name):
-        raise SystemExit(f"{_k}: no constant {_name} in {_module.__name__}")
-    setattr(_module, _name, ast.literal_eval(_v))
+    modules = {"STUDY": study_module, "COST": cost_module, "NB": nb_module}
+    # the designer's keyword defaults were bound at import: a constant that is also one is set there too
+    kw_defaults = nb_module.NeighbourhoodDesigner.__init__.__kwdefaults__ or {}
+    for key, text in OVERRIDES.items():
+        prefix, name = key.split("_", 2)[1:]
+        module = modules[prefix]
+        if not hasattr(module, name):
+            raise SystemExit(f"{key}: no constant {name} in {module.__name__}")
+        value = ast.literal_eval(text)
+        setattr(module, name, value)
+        if module is nb_module and name.lower() in kw_defaults:
+            kw_defaults[name.lower()] = value
+
 
 SPACES_DIR = ROOT / "bench" / "spaces"
 CACHE_DIR = ROOT / "bench" / ".cache"
 RESULTS = ROOT / "bench" / "results"
 ALGORITHMS = ("ours", "spica", "RANDOM_SEARCH", "QUASI_RANDOM_SEARCH")
-# Why Spica-style runs without the neighbourhood designer (rule written before any run with it):
-SPICA_BASELINE_RULE = """Spica-style baseline fix (written 2026-12-05 19:10 UTC, before any run with it).
-Found (no run needed: the recorded designers): run_one's Spica-style path goes through sweep.run_branch, which
-attaches this product's neighbourhood designer (optimize/neighbourhood.py) to every model-based study. Since 86b1648
-(look-alike routing) the baseline's GP look-alikes were swapped for neighbourhood points, and since round G
-(neighbourhood.SEED_BATCH_TO_LOCAL) its seed batches were answered by that designer: every trace_agg Spica-style
-run in bench/results/time_to_quality.json names NEIGHBOURHOOD for its first trials, and its 99 % hits on seeds 0,
-1 and 4 (3, 4 and 1 evaluations, ours' counts) were ours' designer, not "stock Vizier DEFAULT" as issue 15 defines
-the baseline. docs/performance.md called them "Vizier's quasi-random seed batch": wrong.
-Change: Spica-style runs with run_branch(neighbourhood=False): its seed batch is the Vizier client's quasi-random
-seed batch (the one RANDOM_SEARCH / QUASI_RANDOM_SEARCH also start with; stock GP-UCB-PE would put the search
-space's center first, a difference kept and stated), every later ask GP-UCB-PE's own batch, stock settings as
-before. Ours, random and quasi-random do not change (the model-free designers never had a neighbourhood designer).
-Rerun: Spica-style only, all five spaces, seeds 0-4, --max-wall-s 60, merged into time_to_quality.json; the
-target (ours' median wall to 99 % <= 0.5x Spica-style's, capped runs counted at their wall as lower bounds) is
-read from that run and reported whatever it says."""
-HOLDOUT_600_RULE = """Held-out seeds 600-604 (written 2026-12-05 19:17 UTC; no run has used them). Once, after
-SPICA_BASELINE_RULE's rerun, on main's designer (unchanged since round I) and the replay-v12 truths: all five spaces,
---first-seed 600 --seeds 5 --workers 2; ours, RANDOM_SEARCH and QUASI_RANDOM_SEARCH with --max-wall-s 120 --no-warm-up,
-then Spica-style with --max-wall-s 60 (--merge), --out bench/results/time_to_quality_holdout600.json. Reported as
-measured against issue 15's targets; not used to choose anything."""
+SPACES = ("goodput_agg", "pareto_disagg", "trace_agg", "disagg_goodput", "disagg_trace")
 
 
 class CachedReplayBackend(EvaluationBackend):
@@ -180,6 +181,54 @@ class CachedReplayBackend(EvaluationBackend):
             self.todo.put(None)
 
 
+class SimulatedBackend(EvaluationBackend):
+    """`workers` on a simulated clock: a candidate starts when a worker is free and finishes its
+    recorded replay seconds (x scale) later; a blocking wait moves the clock to the next finish, a
+    non-blocking one returns nothing (the clock only moves on blocking waits), and the optimizer
+    takes no time. A spec missing from the cache is replayed for real first, its seconds recorded."""
+
+    def __init__(self, evaluator: CachingEvaluator, workers: int, scale: float = 1.0):
+        super().__init__(workers, None)
+        self.evaluator = evaluator
+        self.scale = scale
+        self.clock = 0.0
+        self.queued: list[tuple[int, EvalRequest]] = []
+        self.running: list[tuple[float, int, int, EvalRequest, EvalOutcome]] = []
+        self.started = 0
+
+    def _start(self) -> None:
+        while self.queued and len(self.running) < self.workers:
+            ticket, request = self.queued.pop(0)
+            outcome = self.evaluator.cache.get(request.spec_hash) or self.evaluator.evaluate(request)
+            self.started += 1
+            end = self.clock + max(0.0, outcome.replay_seconds) * self.scale
+            heapq.heappush(self.running, (end, self.started, ticket, request, outcome))
+
+    def _submit(self, ticket, request, max_seconds):
+        self.queued.append((ticket, request))
+        self._start()
+
+    def _wait(self, timeout):
+        if timeout == 0 or not self.running:
+            return []
+        end, _, ticket, request, outcome = heapq.heappop(self.running)
+        self.clock = end
+        self._start()
+        return [Completion(ticket, request, outcome)]
+
+    def _cancel(self, ticket):
+        pass
+
+    def _close(self):
+        pass
+
+
+def sequence_digest(records) -> str:
+    """A digest of every trial's (designer, parameters), in order: equal digests, equal suggestions."""
+    rows = [[r.designer or "", r.parameters] for r in records]
+    return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 class ReachedTarget(Exception):
     """Raised from on_record once the incumbent reaches 100 %: the run has its answer."""
 
@@ -198,8 +247,6 @@ def specs_digest(config, prepared) -> str:
     """Digest of the spec hashes of every point of the space (built, not replayed): a change to what
     a replay computes (calibration profile, report fields, ...) changes the specs but not the config,
     and must not reuse a truth built from the old replays."""
-    import hashlib
-
     from spica_pipeline.optimize.branch_plan import candidate_builder, exhaustive_points, plan_branch
     from spica_pipeline.sweep import evaluation_context
 
@@ -236,7 +283,7 @@ def vizier_for(algorithm: str):
 
 
 def run_one(name: str, config, prepared, evaluator, algorithm: str, seed: int, optimum: float, budget: int,
-            workers: int, scale: float, max_wall_s: float | None = None) -> dict[str, Any]:
+            workers: int, scale: float, max_wall_s: float | None = None, simulated: bool = False) -> dict[str, Any]:
     from spica_pipeline.optimize.branch_plan import BranchPlan, plan_branch
     from spica_pipeline.sweep import run_branch
 
@@ -250,7 +297,12 @@ def run_one(name: str, config, prepared, evaluator, algorithm: str, seed: int, o
     plan = BranchPlan(plan.branch, plan.encoding, plan.finite_size, plan.budget, False, "benchmark: rapid")
     records: list[Any] = []
     reach: dict[float, tuple[int, float]] = {}
+    backend: CachedReplayBackend | SimulatedBackend = (SimulatedBackend if simulated else CachedReplayBackend)(
+        evaluator, workers, scale)
     started = time.perf_counter()
+
+    def elapsed() -> float:
+        return backend.clock if isinstance(backend, SimulatedBackend) else time.perf_counter() - started
 
     def on_record(rec) -> None:
         records.append(rec)
@@ -259,17 +311,16 @@ def run_one(name: str, config, prepared, evaluator, algorithm: str, seed: int, o
             return
         for level in LEVELS:
             if level not in reach and series[-1] >= optimum * level * (1 - 1e-9):
-                reach[level] = (len(series), time.perf_counter() - started)
+                reach[level] = (len(series), elapsed())
         if 1.0 in reach:
             raise ReachedTarget
 
-    backend = CachedReplayBackend(evaluator, workers, scale)
     outcome = None
     # a wall cap bounds a run on this shared machine (no new trial starts after it; an ask already
     # running finishes): a capped run that did not reach a level counts its wall time, a lower bound
-    deadline = None if max_wall_s is None else time.monotonic() + max_wall_s
+    deadline = None if max_wall_s is None or simulated else time.monotonic() + max_wall_s
     try:
-        if algorithm == "spica":  # the Vizier study alone (SPICA_BASELINE_RULE)
+        if algorithm == "spica":  # the Vizier study alone: no neighbourhood designer
             outcome = run_branch(plan, cfg, prepared.load_predictor, evaluate_wave=backend.evaluate_wave,
                                  vizier=vizier_for(algorithm), journal=MemoryJournal(), counter=TrialCounter(),
                                  on_record=on_record, deadline=deadline, neighbourhood=False)
@@ -281,7 +332,7 @@ def run_one(name: str, config, prepared, evaluator, algorithm: str, seed: int, o
         pass
     finally:
         backend.close()
-    wall = time.perf_counter() - started
+    wall = elapsed()
     series = incumbent_series(records, config)
     evals = len(series)
     designers: dict[str, int] = {}
@@ -290,10 +341,11 @@ def run_one(name: str, config, prepared, evaluator, algorithm: str, seed: int, o
     opt_s = sum(r.optimizer_seconds for r in records)
     run = {"algorithm": algorithm, "seed": seed, "trials": len(records), "evaluations": evals,
            "wall_s": round(wall, 2), "optimizer_s": round(opt_s, 2),
-           "optimizer_share_of_wall": round(opt_s / wall, 4) if wall > 0 else None,
+           "optimizer_share_of_wall": round(opt_s / wall, 4) if wall > 0 and not simulated else None,
            "final_ratio": round(series[-1] / optimum, 6) if series else 0.0, "designers": designers,
            "stalled": bool(outcome.stalled) if outcome is not None else False,
-           "capped": bool(outcome.out_of_time) if outcome is not None else False}
+           "capped": bool(outcome.out_of_time) if outcome is not None else False,
+           "digest": sequence_digest(records)}
     for level in LEVELS:
         pct = int(level * 100)
         hit = reach.get(level)
@@ -310,7 +362,7 @@ def ask_costs(records, objectives: int) -> dict[str, Any]:
     order; plus the seconds of the other asks (neighbourhood / quasi-random). The position is the
     ask's history + pending rows (the driver asks suggestion k with k earlier trials). Judged from
     the recorded designers: a model ask whose every suggestion was replaced by the neighbourhood
-    designer (charged since round I, study.CHARGE_MODEL_RAN) counts under "other" here.
+    designer (charged all the same: study.CHARGE_MODEL_RAN) counts under "other" here.
     "asks": every ask, [position, batch, seconds, first letter of each trial's designer]."""
     from spica_pipeline.optimize import cost
     from spica_pipeline.optimize.study import _model_answered
@@ -347,7 +399,8 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             row[f"median_wall_s_to_{pct}"] = round(statistics.median(
                 r[f"wall_s_to_{pct}"] if r[f"wall_s_to_{pct}"] is not None else r["wall_s"] for r in mine), 2)
             row[f"seeds_reaching_{pct}"] = sum(1 for r in mine if r[f"evals_to_{pct}"] is not None)
-        row["median_optimizer_share_of_wall"] = statistics.median(r["optimizer_share_of_wall"] or 0 for r in mine)
+        shares = [r["optimizer_share_of_wall"] for r in mine if r["optimizer_share_of_wall"] is not None]
+        row["median_optimizer_share_of_wall"] = statistics.median(shares) if shares else None
         row["runs_capped"] = sum(1 for r in mine if r.get("capped"))
         out[algo] = row
     return out
@@ -426,15 +479,16 @@ def ledger_stats(out_dir: Path) -> dict[str, Any]:
 def large(args) -> int:
     out = Path(args.out) if args.out else RESULTS / "time_to_quality_large.json"
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"spica-ttq-large-{os.getpid()}"
-    result: dict[str, Any] = {"benchmark": "time_to_quality_large", "argv": sys.argv[1:],
+    result: dict[str, Any] = {"benchmark": "time_to_quality_large",
+                              "command": " ".join(["bench/bench_time_to_quality.py", *sys.argv[1:]]),
                               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                               "cpus": os.cpu_count(), "loadavg_at_start": os.getloadavg(),
                               "space": "bench/spaces/large_disagg.yaml", "runs": []}
     if args.merge and out.exists():  # e.g. ours in one bounded invocation, random in the next
         previous = json.loads(out.read_text())
         result["runs"] = previous.get("runs", [])
-        result["invocations"] = previous.get("invocations", []) + [{"argv": previous.get("argv"),
-                                                                     "date": previous.get("date")}]
+        result["invocations"] = previous.get("invocations", []) + [
+            {"command": previous.get("command") or previous.get("argv"), "date": previous.get("date")}]
     if args.large_restat:  # recount every recorded run from its ledger (e.g. after adding a statistic)
         for run in result["runs"]:
             if run.get("ledger"):
@@ -485,21 +539,25 @@ def summarise_large(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--spaces", default="goodput_agg,pareto_disagg,trace_agg")
+    ap.add_argument("--spaces", default=",".join(SPACES))
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
     ap.add_argument("--seeds", type=int, default=None)
     ap.add_argument("--first-seed", type=int, default=0,
-                    help="seeds first-seed .. first-seed + seeds - 1 (e.g. 10 for held-out seeds)")
+                    help="seeds first-seed .. first-seed + seeds - 1 (600 for the held-out seeds)")
     ap.add_argument("--spica-seeds", type=int, default=None)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--budget-frac", type=float, default=0.5)
     ap.add_argument("--replay-scale", type=float, default=1.0)
-    ap.add_argument("--max-wall-s", type=float, default=None,
+    ap.add_argument("--max-wall-s", type=float, default=120.0,
                     help="wall cap per run (bounded runs on a shared machine); capped runs are counted")
+    ap.add_argument("--spica-max-wall-s", type=float, default=60.0, help="Spica-style's wall cap per run")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--no-warm-up", action="store_true",
-                    help="skip the GP warm-up: ours then pays the first GP compile if the cost rule ever asks "
-                         "the GP (each run's designers say whether it did; warm_up_s is null)")
+    ap.add_argument("--warm-up", dest="warm_up", action="store_true",
+                    help="pay the first GP compile before the timed runs (warm_up_s); by default the process's "
+                         "first GP ask pays it, as a fresh sweep does")
+    ap.add_argument("--no-warm-up", dest="warm_up", action="store_false", help="the default")
+    ap.add_argument("--simulated", action="store_true",
+                    help="a simulated clock instead of sleeping workers: evaluation counts depend on the seed only")
     ap.add_argument("--merge", action="store_true",
                     help="keep the runs of other algorithms already in --out (results built in bounded steps)")
     ap.add_argument("--truth-only", action="store_true", help="compute (or read) the cached truths and stop")
@@ -512,23 +570,27 @@ def main(argv: list[str] | None = None) -> int:
                     help="--large --merge: recount the recorded runs from their ledgers, run nothing")
     ap.add_argument("--large-seed", type=int, default=None, help="--large: run only this seed (one piece)")
     args = ap.parse_args(argv)
+    apply_overrides()
     if args.large:
         return large(args)
     seeds = args.seeds if args.seeds is not None else (2 if args.quick else 5)
     spica_seeds = args.spica_seeds if args.spica_seeds is not None else (1 if args.quick else seeds)
-    algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    # Spica-style runs last in each space: its stock client clears the process's compile caches
+    algorithms = sorted((a.strip() for a in args.algorithms.split(",") if a.strip()), key=lambda a: a == "spica")
     spaces = [s.strip() for s in args.spaces.split(",") if s.strip()]
     out = Path(args.out) if args.out else RESULTS / ("time_to_quality_quick.json" if args.quick
                                                       else "time_to_quality.json")
     from spica_pipeline.evaluate.replay import ReplayEvaluator
 
     result: dict[str, Any] = {
-        "benchmark": "time_to_quality", "quick": args.quick, "argv": sys.argv[1:],
+        "benchmark": "time_to_quality", "command": " ".join(["bench/bench_time_to_quality.py", *sys.argv[1:]]),
+        "quick": args.quick, "simulated": args.simulated, "argv": sys.argv[1:],
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": platform.node(),
         "cpus": os.cpu_count(), "loadavg_at_start": os.getloadavg(), "workers": args.workers,
         "replay_scale": args.replay_scale, "budget_frac": args.budget_frac, "seeds": seeds,
         "first_seed": args.first_seed,
-        "spica_seeds": spica_seeds, "max_wall_s": args.max_wall_s, "spaces": {}, "details": {},
+        "spica_seeds": spica_seeds, "max_wall_s": args.max_wall_s, "spica_max_wall_s": args.spica_max_wall_s,
+        "spaces": {}, "details": {},
     }
     if OVERRIDES:
         result["overrides"] = OVERRIDES
@@ -538,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
         result["spaces"] = previous.get("spaces", {})
         result["details"] = previous.get("details", {})
         result["invocations"] = previous.get("invocations", []) + [
-            {k: previous.get(k) for k in ("argv", "date", "loadavg_at_start", "wall_seconds", "complete")}]
+            {k: previous.get(k) for k in ("command", "date", "loadavg_at_start", "wall_seconds", "complete")}]
     started = time.perf_counter()
 
     def write(complete: bool) -> None:
@@ -563,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
                      math.ceil(args.budget_frac * truth["points"]))
         print(f"[{name}] {truth['points']} points, optimum {optimum:.6g} ({truth['measure']}), "
               f"budget {budget} evaluations", flush=True)
-        if args.no_warm_up and "ours" in algorithms:
+        if not args.warm_up and "ours" in algorithms:
             warm = None
             if index == 0:
                 result["import_warm_up_s"] = round(import_warm_up(config, prepared), 2)
@@ -577,12 +639,13 @@ def main(argv: list[str] | None = None) -> int:
         detail = {"points": truth["points"], "optimum": optimum, "measure": truth["measure"], "budget": budget,
                   "truth_replay_seconds": truth.get("replay_seconds"), "warm_up_s": warm, "runs": runs}
         result["details"][name] = detail
-        for seed in range(args.first_seed, args.first_seed + seeds):
-            for algorithm in algorithms:
+        for algorithm in algorithms:
+            for seed in range(args.first_seed, args.first_seed + seeds):
                 if algorithm == "spica" and (seed - args.first_seed >= spica_seeds or (args.quick and index > 0)):
                     continue
+                cap = args.spica_max_wall_s if algorithm == "spica" else args.max_wall_s
                 run = run_one(name, config, prepared, evaluator, algorithm, seed, optimum, budget, args.workers,
-                              args.replay_scale, args.max_wall_s)
+                              args.replay_scale, cap, simulated=args.simulated)
                 cache.save()
                 runs.append(run)
                 print(f"[{name}] {algorithm} seed {seed}: evals to 95/99/100% = {run['evals_to_95']}/"
