@@ -4,7 +4,7 @@ AI Configurator (`aiconfigurator` on PyPI, 0.12.0) is installed into its own ven
 bench/.venv-aic (never a dependency of the product) and run as `aiconfigurator cli default` for
 the model, GPU type, GPU budget, ISL/OSL and SLA of bench/spaces/peer_aic.yaml. Its top picks per
 mode (the generated Dynamo deployment: workers, TP, max-num-seqs, max-num-batched-tokens per role)
-are turned into our candidates with `search.branch_plan.candidate_builder` and replayed by `ReplayEvaluator`
+are turned into our candidates with `optimize.branch_plan.candidate_builder` and replayed by `ReplayEvaluator`
 under the config's workload; our sweep runs on the same config. Both are scored on the same
 replayed metric, goodput per GPU under the SLA, and the ratio ours / AIC's best is reported.
 
@@ -169,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     data["sweep"]["policy"] = args.policy or ("rapid" if args.quick else "thorough")
     config = SmartSearchConfig.from_dict(data)
     result: dict[str, Any] = {
-        "benchmark": "peer_aic", "quick": args.quick, "config": str(CONFIG.relative_to(ROOT)),
+        "benchmark": "peer_aic", "command": " ".join(["bench/bench_peer_aic.py", *sys.argv[1:]]),
+        "quick": args.quick, "config": str(CONFIG.relative_to(ROOT)),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
         "metric": "goodput_per_gpu (replayed, SLA ttft_ms/itl_ms from the config)",
         "our_algorithm": algorithm, "our_max_rounds": config.sweep.max_rounds, "our_policy": config.sweep.policy,

@@ -55,7 +55,8 @@ def main() -> None:
         print(f"isl {isl}: {slope:,.0f} bytes per request ({lo['requests']} -> {hi['requests']} requests)")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"date": time.strftime("%Y-%m-%d"), "points": points}, fh, indent=1)
+            json.dump({"command": " ".join(["bench/bench_replay_memory.py", *sys.argv[1:]]),
+                       "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "points": points}, fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from spica_pipeline.config import SmartSearchConfig, load_config  # noqa: E402
 from spica_pipeline.evaluate import scoring  # noqa: E402
 from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest  # noqa: E402
-from spica_pipeline.optimize.study import MemoryJournal, TrialCounter  # noqa: E402
+from spica_pipeline.optimize.trial import MemoryJournal, TrialCounter
 from spica_pipeline.storage import write_json_result  # noqa: E402
 
 SPACES_DIR = ROOT / "bench" / "spaces"
@@ -69,7 +69,7 @@ class OutcomeCache:
         self.outcomes[key] = outcome.to_dict()
 
     def save(self) -> None:
-        from spica_pipeline.evaluate.evaluator import canonical_json, json_safe
+        from spica_pipeline.jsonvalue import canonical_json, json_safe
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
@@ -227,8 +227,8 @@ def run_algorithm(config: SmartSearchConfig, prepared: Any, evaluator: CachingEv
         print(f"    {algorithm} seed {seed} round {result.rounds}: {len(result.records)} trials, "
               f"optimizer {result.optimizer_seconds:.1f}s, {time.perf_counter() - started:.0f}s", flush=True)
 
-    # the product's neighbourhood designer serves the default only: a baseline algorithm runs alone
-    # (bench_time_to_quality.SPICA_BASELINE_RULE; this file's results predate that designer, 2026-12-02)
+    # the product's neighbourhood designer serves the default only: a baseline algorithm runs alone,
+    # as in bench_time_to_quality.py
     outcome = run_branch(plan, cfg, prepared.load_predictor, evaluate_wave=evaluator.evaluate_wave, vizier=vizier,
                          journal=MemoryJournal(), counter=TrialCounter(), on_round=on_round,
                          neighbourhood=algorithm == "DEFAULT")
@@ -322,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     vizier = VizierClient()
     algorithms = [a.strip().upper() for a in args.algorithms.split(",") if a.strip()]
     result: dict[str, Any] = {
-        "benchmark": "sample_efficiency", "quick": args.quick,
+        "benchmark": "sample_efficiency", "command": " ".join(["bench/bench_sample_efficiency.py", *sys.argv[1:]]),
+        "quick": args.quick,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": platform.node(),
         "cpus": os.cpu_count(), "levels": list(LEVELS), "spaces": {},
     }
