@@ -22,8 +22,7 @@ from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest, Evaluato
 from spica_pipeline.evaluate.pool import EvaluationPool
 from spica_pipeline.evaluate.ray_pool import RayEvaluationPool
 from spica_pipeline.evaluate.replay import ReplayEvaluator
-from spica_pipeline.fidelity.calibration import FIXED_LENGTHS, fixed_length_backends
-from spica_pipeline.fidelity.profiles import heldout_check, load_profile
+from spica_pipeline.fidelity.profile import FIXED_LENGTHS, fixed_length_backends, heldout_check, load_profile
 from spica_pipeline.optimize.branch_plan import (
     BranchPlan,
     StudySampler,
@@ -38,14 +37,8 @@ from spica_pipeline.optimize.branch_plan import (
 )
 from spica_pipeline.optimize.journal import JOURNAL_NAME, FileJournal, RunLock
 from spica_pipeline.optimize.ledger import TrialRecord
-from spica_pipeline.optimize.study import (
-    BranchOutcome,
-    HistoryItem,
-    Journal,
-    Proposal,
-    TrialCounter,
-    run_branch_study,
-)
+from spica_pipeline.optimize.study import run_branch_study
+from spica_pipeline.optimize.trial import BranchOutcome, HistoryItem, Journal, Proposal, TrialCounter
 from spica_pipeline.optimize.timings import Timings
 from spica_pipeline.optimize.vizier import VizierClient
 from spica_pipeline.report import merge_for_config, write_outputs
@@ -128,13 +121,13 @@ def check_calibration(config: SmartSearchConfig) -> list[str]:
     covered = fixed_length_backends(profile) if profile is not None else frozenset()
     if not covered:
         raise ConfigError(f"evaluation.client_lengths: 'fixed' needs a calibration profile with {FIXED_LENGTHS} "
-                          f"factors (replay-v13 or later, calibration: auto); {config.evaluation.calibration!r} has none")
+                          f"factors (calibration: auto has them); {config.evaluation.calibration!r} has none")
     others = [b for b in config.search_space.backend if b not in covered]
     if not others:
         return []
     return [f"evaluation.client_lengths 'fixed' changes nothing for backend {', '.join(others)}: the profile has "
             f"fixed-length factors for {', '.join(sorted(covered))} only (a fixed-length client there drifts apart "
-            "like the spread replay; docs/fidelity.md, round 15)"]
+            "like the spread replay; docs/fidelity.md)"]
 
 
 def filter_policies(config: SmartSearchConfig) -> PolicyFilterResult:

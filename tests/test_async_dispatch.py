@@ -11,13 +11,8 @@ from test_study import CountingEvaluator, ScriptedSampler, build, score
 from spica_pipeline.evaluate.evaluator import EvalOutcome
 from spica_pipeline.evaluate.pool import Completion, EvaluationBackend
 from spica_pipeline.optimize.ledger import content_view
-from spica_pipeline.optimize.study import (
-    MemoryJournal,
-    Proposal,
-    StudySettings,
-    TrialCounter,
-    run_branch_study,
-)
+from spica_pipeline.optimize.study import run_branch_study
+from spica_pipeline.optimize.trial import MemoryJournal, Proposal, StudySettings, TrialCounter
 
 SHAPE = ScriptedSampler().shape
 

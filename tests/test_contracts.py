@@ -24,7 +24,7 @@ from test_deploy import agg_sample, disagg_sample
 
 from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest, Evaluator, Status
 from spica_pipeline.optimize.journal import FileJournal
-from spica_pipeline.optimize.study import Journal, MemoryJournal
+from spica_pipeline.optimize.trial import Journal, MemoryJournal
 
 THROUGHPUT = {"target": "throughput"}
 TINY = {"isl": 256, "osl": 8, "concurrency": 1, "num_request_ratio": 1}

@@ -84,7 +84,8 @@ def _replacing_run(ran, journal=None, backend=None):
     from test_async_dispatch import SimBackend
     from test_study import build, score
 
-    from spica_pipeline.optimize.study import StudySettings, run_branch_study
+    from spica_pipeline.optimize.study import run_branch_study
+    from spica_pipeline.optimize.trial import StudySettings
 
     sampler = _ReplacingSampler(ran, seed=4, menu=range(2000))
     settings = StudySettings(per_round=4, max_rounds=20, workers=2, replay_estimate_s=0.2)
@@ -111,7 +112,7 @@ def test_the_model_ran_flag_is_journalled_so_a_resume_charges_the_same():
     import pytest
     from test_async_dispatch import SimBackend, rows
 
-    from spica_pipeline.optimize.study import MemoryJournal
+    from spica_pipeline.optimize.trial import MemoryJournal
 
     clean, _ = _replacing_run(ran=True)
     for kill_after in (3, 11, 25):

@@ -21,7 +21,8 @@ from spica_pipeline.optimize.neighbourhood import (
     crowding,
     hv_contributions,
 )
-from spica_pipeline.optimize.study import MemoryJournal, Scored, StudySettings, point_key, run_branch_study
+from spica_pipeline.optimize.study import run_branch_study
+from spica_pipeline.optimize.trial import MemoryJournal, Scored, StudySettings, point_key
 from spica_pipeline.space.shapes import RoleShape
 
 POOL = tuple([RoleShape(tp=1, replicas=r) for r in range(1, 9)] + [RoleShape(tp=2, replicas=r) for r in range(1, 5)]
@@ -534,7 +535,7 @@ class FixedGP(FakeStudy):
 def look_alike_scenario():
     """Four trials on four layouts (no pair on one layout, so every knob is believed inert), two
     fresh points on two new layouts, and two look-alikes: one of a known layout, one of fresh_a's."""
-    from spica_pipeline.optimize.study import HistoryItem
+    from spica_pipeline.optimize.trial import HistoryItem
 
     by_config: dict = {}
     for s, c in SPACE:

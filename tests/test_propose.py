@@ -3,7 +3,7 @@ unevaluated neighbour, and only falls back to the duplicate when nothing else is
 
 from spica_pipeline.optimize.branch_plan import finite_points, propose
 from spica_pipeline.optimize.encoding import build_encoding, enumerate_space
-from spica_pipeline.optimize.study import point_key
+from spica_pipeline.optimize.trial import point_key
 from spica_pipeline.space.shapes import RoleShape
 
 

@@ -6,14 +6,8 @@ import pytest
 
 from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest
 from spica_pipeline.optimize.ledger import TrialRecord, content_view
-from spica_pipeline.optimize.study import (
-    MemoryJournal,
-    Proposal,
-    Scored,
-    StudySettings,
-    TrialCounter,
-    run_branch_study,
-)
+from spica_pipeline.optimize.study import run_branch_study
+from spica_pipeline.optimize.trial import MemoryJournal, Proposal, Scored, StudySettings, TrialCounter
 from spica_pipeline.space.shapes import RoleShape
 
 SHAPE = RoleShape(tp=4, replicas=2)

@@ -26,7 +26,7 @@ from spica_pipeline.errors import SpicaError
 from spica_pipeline.evaluate import scoring
 from spica_pipeline.optimize.branch_plan import BranchPlan, plan_branch
 from spica_pipeline.optimize.ledger import STATUSES, TrialRecord
-from spica_pipeline.optimize.study import BranchOutcome
+from spica_pipeline.optimize.trial import BranchOutcome
 from spica_pipeline.optimize.timings import Timings
 from spica_pipeline.report import merge_for_config
 from spica_pipeline.report.plots import plot_axes_for

@@ -32,7 +32,7 @@ from spica_pipeline.jsonvalue import canonical_json, json_safe
 from spica_pipeline.evaluate.pool import EvaluationBackend
 from spica_pipeline.optimize.branch_plan import plan_branch
 from spica_pipeline.optimize.ledger import STATUSES
-from spica_pipeline.optimize.study import BranchOutcome, HistoryItem
+from spica_pipeline.optimize.trial import BranchOutcome, HistoryItem
 from spica_pipeline.optimize.timings import Timings
 from spica_pipeline.optimize.vizier import VizierClient
 from spica_pipeline.space.branches import BranchSpace

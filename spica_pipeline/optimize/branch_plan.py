@@ -19,7 +19,7 @@ from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest
 from spica_pipeline.optimize import cost, neighbourhood
 from spica_pipeline.optimize.encoding import SearchEncoding, build_encoding, enumerate_space
 from spica_pipeline.optimize.neighbourhood import NeighbourhoodDesigner
-from spica_pipeline.optimize.study import (
+from spica_pipeline.optimize.trial import (
     HistoryItem,
     KnownPoint,
     Proposal,

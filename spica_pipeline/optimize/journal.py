@@ -24,7 +24,7 @@ from typing import IO, Any, Callable, get_args
 from spica_pipeline.errors import JournalError, OutputDirError, SpicaError
 from spica_pipeline.evaluate.evaluator import EvalOutcome, Status
 from spica_pipeline.jsonvalue import canonical_json, json_safe
-from spica_pipeline.optimize.study import Journal
+from spica_pipeline.optimize.trial import Journal
 from spica_pipeline.storage import atomic_write_bytes
 
 JOURNAL_NAME = "journal.jsonl"

@@ -56,7 +56,7 @@ from typing import Any
 
 from spica_pipeline.evaluate.scoring import dominates
 from spica_pipeline.optimize.encoding import SearchEncoding
-from spica_pipeline.optimize.study import point_key
+from spica_pipeline.optimize.trial import point_key
 from spica_pipeline.space.shapes import SHAPE_KEYS, DisaggShape, ParallelConfig, RoleShape
 
 NEIGHBOURHOOD = "NEIGHBOURHOOD"  # the designer name recorded on the trials it proposed
