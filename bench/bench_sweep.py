@@ -55,6 +55,7 @@ def measure(config: Any, algorithm: str, workdir: Path) -> dict[str, Any]:
         "wall_seconds": round(wall, 2), "optimizer_share_of_wall": round(t["optimizer_seconds"] / wall, 4),
         "evaluations_per_minute": round(distinct / (wall / 60.0), 2),
         "statuses": {k: int(v) for k, v in ledger["status"].value_counts().items()},
+        "designers": {str(k): int(v) for k, v in ledger["designer"].value_counts().items()},
         "best_score": None if best is None else best.score,
         "branches": {b.branch: {"rounds": b.rounds, "stalled": b.stalled, "mode": b.mode} for b in result.branches},
     }
