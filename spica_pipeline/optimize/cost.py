@@ -12,36 +12,32 @@ Constants and where they come from (2 cores):
   * GP-UCB-PE suggest(k), CPU seconds after the first call of its padding bucket. Every suggest pads
     its trials to one bucket, R = max(32, next power of two of history + pending + k)
     (`suggest_bucket`, which optimize/vizier.py pads to), and costs about a(R) + k x b(R): a = the
-    ARD fit and fixed work, b = one acquisition optimisation. Refitted 2026-12-05 to the GP step of
-    820cf87 (the direct acquisition-step posterior): the level is suggest(8)'s median CPU seconds in
-    bench/results/vizier_after_first.json (`bench/bench_vizier.py --after-first --algos DEFAULT
-    --count 8 --ns 8,16,32,64,100 --objectives 1|2 --reps 3`, measured 2026-12-04 22:41-22:43 UTC,
-    `median_suggest_cpu_s_after_first`), the higher of two trial counts that share a bucket: one
-    objective 0.587 / 0.772 / 1.365 s at R = 32 / 64 / 128, two objectives 0.575 / 0.734 / 1.295 s
-    (was 0.99 / 1.53 / 2.66 and 0.99 / 1.68 / 3.37). Only k = 8 was measured after 820cf87, so each
-    bucket keeps the a : b split of the k = 1, 2, 4, 8 slope fit of 2026-12-04 16:27-16:32 UTC
-    (docs/performance.md, "Suggest cost for optimize/cost.py after this change"): a and b are both
-    scaled by (new k = 8 median) / (old a + 8 b), 0.38-0.59. (A 22:20 UTC profile of a two-objective
-    128-row suggest(8) put the 8 acquisitions at ~0.43 s of ~1.3 s, so below k = 8 the true cost may
-    sit ~10 % above this fit at R = 128; inside this box's +-30 % run-to-run spread.) Beyond 128 rows
-    (not measured) each doubling of R is charged x ASK_GROWTH_PER_DOUBLING = 8, the GP posterior's
-    cubic growth: the measured 64 -> 128 step (x 1.77 / 1.76) is mostly fixed work and, extrapolated,
-    let a GP ask at ~3,450 trials fit the share and stall a 10-minute sweep (see the constant).
-    A bucket's first suggest compiles its programs (5.6-6.5 s CPU at 64 and 128 rows in that file's
-    `max_suggest_cpu_s_after_first`); like the process's first call, that is not charged (paid once
-    per process, not per study). Measured in a sweep (round I, 2026-12-05 10:45-10:49 UTC,
-    pareto_disagg, docs/performance.md): asks past the compiles 0.25-0.88 s wall against 0.45-0.99 s
-    predicted (32-128 rows), so the table does not under-predict; what ran over the share were model asks left uncharged
-    (study.CHARGE_MODEL_RAN).
-  * A replay: the exhaustive truths of bench_time_to_quality (2026-12-04, load average 2-5) took a
-    median 0.20 ms per request on goodput_agg (135 replays of 240 requests, median 47 ms) and 0.32 ms
-    on pareto_disagg (142 closed-loop replays, median 1,424 requests, 0.52 s); the replay notes
-    give 0.13 ms (10,000 requests in 1.3 s, shared/reference replay-notes §1.11). 0.25 ms per
-    request plus ~3 ms per replay (a 200-request replay took 29 ms through ReplayEvaluator,
-    bench/results/evaluator_quick.json).
-The first GP suggest of a process compiles its programs (11.0-11.2 s of CPU cold here, one and two
-objectives, bench/results/vizier_after_first.json, 22:41-22:43 UTC); it is not charged to any branch, because it is paid once per process, not per
-study, and charging it would make the choice depend on what ran before in the process.
+    ARD fit and fixed work, b = one acquisition optimisation. The level of each bucket is suggest(8)'s
+    median CPU seconds in bench/results/vizier_after_first.json (`bench/bench_vizier.py --after-first
+    --algos DEFAULT --count 8 --ns 8,16,32,64,100 --objectives 1|2 --reps 3`,
+    `median_suggest_cpu_s_after_first`), the higher of the two trial counts that share a bucket: one
+    objective 0.587 / 0.772 / 1.365 s at R = 32 / 64 / 128, two objectives 0.575 / 0.734 / 1.295 s.
+    That file measures k = 8 only, so the a : b split inside each bucket comes from a k = 1, 2, 4, 8
+    slope fit (docs/performance.md, "Suggest cost for optimize/cost.py"), with a and b scaled together
+    until a + 8 b equals the k = 8 median. The acquisitions are a minority of a 128-row suggest(8), so
+    below k = 8 the true cost may sit somewhat above this fit at R = 128, inside this machine's
+    run-to-run spread. Beyond 128 rows (not measured) each doubling of R is charged
+    x ASK_GROWTH_PER_DOUBLING = 8, the GP posterior's cubic growth: the measured 64 -> 128 step is
+    mostly fixed work and, extrapolated, would let a GP ask fit the share at thousands of trials and
+    stall a 10-minute sweep (see the constant). A bucket's first suggest compiles its programs
+    (5.6-6.5 s CPU at 64 and 128 rows, that file's `max_suggest_cpu_s_after_first`); like the
+    process's first call, that is not charged (paid once per process, not per study). In a
+    pareto_disagg sweep, asks past the compiles take less wall time than this table predicts (32-128
+    rows), so it does not under-predict; a model ask whose suggestions were all replaced still ran
+    the GP, which is why the study charges every ask the model answered (study.CHARGE_MODEL_RAN).
+  * A replay: 0.25 ms per request plus ~3 ms per replay. The per-request rate sits between the
+    small synthetic spaces and the long closed-loop disaggregated replays of bench_time_to_quality;
+    the fixed part is the evaluator's overhead over the raw replay call (a 200-request replay takes
+    about 26 ms through ReplayEvaluator, bench/results/evaluator_quick.json).
+The first GP suggest of a process compiles its programs (11.0-11.2 s of CPU cold, one and two
+objectives, bench/results/vizier_after_first.json `first_call_s`); it is not charged to any branch,
+because it is paid once per process, not per study, and charging it would make the choice depend
+on what ran before in the process.
 """
 
 # objectives -> {bucket rows R: (a, b)}: suggest(k) CPU seconds ~ a + k x b (docstring)
@@ -51,11 +47,11 @@ SUGGEST_COST: dict[int, dict[int, tuple[float, float]]] = {
 }
 BUCKET_FLOOR = 32
 ASK_GROWTH_PER_DOUBLING = 8.0  # beyond the largest measured bucket: not measured, charged as the GP's
-# cubic posterior. x1.77 (the 64 -> 128 step, mostly fixed work) let a GP ask fit at ~3,450 trials of
-# the 10-minute large_disagg run (2026-12-05 03:01-03:14 UTC, 4f3cf59): the sweep stalled in it.
+# cubic posterior. The measured 64 -> 128 step (x1.77, mostly fixed work) would let a GP ask fit the
+# share at thousands of trials, where one ask outlasts a 10-minute large_disagg sweep.
 REPLAY_FIXED_S = 0.003
 REPLAY_PER_REQUEST_S = 0.00025
-DEFAULT_REPLAY_S = 0.5  # when the caller has no request count: the middle of issue 15's 0.07-3.2 s
+DEFAULT_REPLAY_S = 0.5  # when the caller has no request count: between short synthetic and long trace replays
 
 
 def suggest_bucket(rows: int, floor: int = BUCKET_FLOOR) -> int:

@@ -1,4 +1,4 @@
-"""Optimizer-independent search-space encoding of one branch (spec §6.2) and its decoding.
+"""Optimizer-independent search-space encoding of one branch and its decoding.
 
 The encoding is plain data (`ParamSpec`s): `optimize/vizier.py` turns it into a Vizier problem,
 the exhaustive policy walks it with `enumerate_space`, and the study loop decodes suggestions with
@@ -52,7 +52,7 @@ class ParamSpec:
 
 
 def _dedupe(choices: Sequence[Any]) -> list[Any]:
-    """De-duplicate non-dict choices keeping order; dict entries are all kept (spec §6.2)."""
+    """De-duplicate non-dict choices keeping order; dict entries are all kept (each is its own preset)."""
     out: list[Any] = []
     seen: set = set()
     for c in choices:
@@ -306,7 +306,7 @@ def _knob_param(name: str, choices: Sequence[Any]) -> tuple[ParamSpec | None, tu
 
 
 def build_encoding(branch: "BranchSpace") -> SearchEncoding:
-    """Encode one branch (spec §6.2): structural features, knobs, the kv_load_ratio range."""
+    """Encode one branch: structural features, knobs, the kv_load_ratio range."""
     pool = tuple(branch.parallel_configs)
     if not pool:
         raise ValueError(f"branch {branch.deployment_mode!r} has an empty parallel config pool")

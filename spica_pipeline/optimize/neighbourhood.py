@@ -1,7 +1,7 @@
 """Neighbourhood fill: a cheap, deterministic, model-free designer for the cost-aware study loop.
 
 Why: when replays are cheap, a model-based (GP-UCB-PE) ask never fits the optimizer's share of wall
-time (optimize/cost.py), so every ask used to be filled quasi-randomly, which ignores every outcome.
+time (optimize/cost.py), and a quasi-random fill of every ask would ignore every outcome.
 This designer uses the outcomes without a model: it proposes unevaluated points one step away from
 the best points found so far, and explores with a share of each batch (and the whole batch while no
 trial is feasible yet): random points on parallel configs no trial has used, never a look-alike of
@@ -67,18 +67,15 @@ EXPLORED_WEIGHT = 0.125  # each neighbour already taken around an anchor costs 1
 MAX_ANCHORS = 64  # the best anchors stepped from (bounds an ask's work on long studies)
 INERT_TOL = 2e-3  # a knob's effect this small, relative to the best |value| of each metric, counts as none
 INCUMBENT_LOOKALIKE = 1.0  # the best anchor's look-alikes cost this many rings more (every other one waits)
-# Own-config probe (round F, docs/performance.md): the best anchor's untried values of its inert
+# Own-config probe (docs/performance.md, "own-config probe"): the best anchor's untried values of its inert
 # knobs on its own parallel config form one queue of their own, at ring 1 + PROBE_EXTRA, ahead of its
 # look-alikes on other configs (likely known outcomes again: the knob was inert there): per knob only
 # its farthest value within two steps (an end of its range: from 32768 batched tokens 8192, from
-# 16384 both ends), one knob moved at a time, scalar goals only. Chosen on development seeds 60-79
-# and 100-139 (simulated, 21:36-21:52 UTC, rule fixed before in da069d8) over no probe and three
-# other shapes (rings 1-2, one-knob moves first, one-knob moves only; folded out 2026-12-05, round H,
-# after a same-suggestions check). Evaluations to 99 %, median / mean over the 60 seeds, no probe
-# -> this one: trace_agg 17.5 / 16.6 -> 14 / 12.4 (32 seeds better, 1 worse), goodput_agg 6 / 6.08
-# -> 6 / 6.25 (6.43 without the lead), disagg_goodput 14 / 16.3 -> 14 / 16.6, disagg_trace
-# unchanged; on pareto_disagg it moved 16 seeds both ways (26.5 -> 26, one more seed above 35), so
-# a Pareto goal does not probe.
+# 16384 both ends), one knob moved at a time, scalar goals only. Why: a knob inert on the configs
+# tried so far can still matter on the best config, and its look-alikes elsewhere mostly repeat
+# known outcomes. In simulated studies the probe reaches 99 % of the optimum sooner on trace_agg and
+# leaves the other scalar spaces about even; on pareto_disagg it moves seeds both ways with no net
+# gain, so a Pareto goal does not probe.
 PROBE_EXTRA = 1.0  # the probe queue's extra cost in rings (1.0: as the best anchor's look-alikes)
 # scalar goal: probe only while the best config leads the best trial on any other config by more than
 # this share of its score (goodput_agg: configs within 0.2 % of each other, the optimum on another
@@ -87,20 +84,18 @@ PROBE_EXTRA = 1.0  # the probe queue's extra cost in rings (1.0: as the best anc
 PROBE_LEAD = 0.05
 EXPLORE_TRIES = 8  # draws per exploration point before giving up (the caller fills the rest quasi-randomly)
 # A model-based ask (GP-UCB-PE) that proposes a look-alike of a proposed point (equal but for knobs
-# this designer believes inert: likely a known outcome again; 9-14 per pareto_disagg run) has each
+# this designer believes inert: likely a known outcome again; common on pareto_disagg) has each
 # look-alike swapped in place for one of this designer's points, the model's other suggestions kept
-# (StudySampler._route_look_alikes in optimize/branch_plan.py). Simulated evaluations to 99 % on
-# pareto_disagg seeds 0-4 (bench/sim_time_to_quality.py): the ask kept as is 29, 29, 33, 26, 24;
-# every such ask to this designer 20, 20, 37, 20, 23; look-alikes dropped 26, 21, 34, 23, 22
-# (19:45-19:47 UTC); swapped in place 22, 21, 29, 19, 24 (20:21-20:25 UTC; the other four spaces
-# unchanged). The other three modes were folded out 2026-12-05 (round H).
+# (StudySampler._route_look_alikes in optimize/branch_plan.py): no evaluation goes to a likely repeat,
+# and the model's informative suggestions still run. In simulated pareto_disagg studies this reaches
+# 99 % of the optimum sooner than keeping the ask as is, handing the whole ask to this designer or
+# dropping the look-alikes (docs/performance.md); the other spaces are unchanged.
 # While the model has too few feasible trials it answers with a quasi-random seed batch; True hands
-# that batch to this designer (its exploration: unused configs, no look-alikes). Round G
-# (docs/performance.md, rule fixed before simulating): after optimize/cost.py's 2026-12-05 refit a
-# model-based ask fits early on the trace spaces and pareto_disagg, and the seed batch replaced this
-# designer's exploration. Simulated evaluations to 99 %, dev seeds 60-79/100-139, refit without ->
-# with: trace_agg mean 13.7 -> 12.3, disagg_trace 17.7 -> 16.8, pareto_disagg median 26 -> 24,
-# seeds above 35 7 -> 0 (worst 38 -> 35), the others identical; confirmed on seeds 200-239.
+# that batch to this designer (its exploration: unused configs, no look-alikes). Why: with the
+# suggest costs of optimize/cost.py a model-based ask fits early on the trace spaces and
+# pareto_disagg, and a quasi-random seed batch there would take the place of this designer's
+# exploration; in simulated studies the hand-over reaches 99 % of the optimum sooner on those spaces
+# and removes the slowest seeds (docs/performance.md), the other spaces unchanged.
 SEED_BATCH_TO_LOCAL = True
 
 # One trial the designer learns from: (selection, parallel config, told metrics or None).
@@ -370,8 +365,8 @@ class NeighbourhoodDesigner:
     def _key(self, selection: dict[str, Any], config: ParallelConfig) -> PointKey:
         """`point_key` of a trial the study handed in, memoised by the selection dict's identity
         (the study passes the same trial dicts on every ask, and a trial's selection never changes
-        once proposed). Serialising every known trial again on each ask made a long sweep's asks
-        quadratic: 0.58 of 1.0 s per ask at 8,000 trials (cProfile, 22:45 UTC 2026-12-04)."""
+        once proposed). Serialising every known trial again on each ask would make a long sweep's
+        asks quadratic in its trials: at thousands of trials it is most of an ask's time."""
         hit = self._keys.get(id(selection))
         if hit is not None and hit[0] is selection and hit[1] == config:
             return hit[2]
@@ -494,7 +489,7 @@ class NeighbourhoodDesigner:
 
     def _leads(self, rows: list[_Row], config: ParallelConfig) -> bool:
         """Whether the best anchor's config leads the best trial on any other config by more than
-        PROBE_LEAD of its |score| (scalar goal; a Pareto goal never probes: round F)."""
+        PROBE_LEAD of its |score| (scalar goal; a Pareto goal never probes)."""
         if len(self.metrics) != 1:
             return False
         if PROBE_LEAD <= 0 or not rows:

@@ -1,4 +1,4 @@
-"""Projection of a requested parallel feature vector onto the legal pool (spec §6.3).
+"""Projection of a requested parallel feature vector onto the legal pool.
 
 Vizier only sees a handful of structural features (GPU ratio, prefill share, per-engine GPU
 targets, attention/FFN modes); the concrete shape (tp, dp, moe_ep, replicas, ...) is never a free
@@ -44,7 +44,7 @@ def pool_is_moe(pool: Sequence[ParallelConfig]) -> bool:
 
 
 def pool_budget(pool: Sequence[ParallelConfig], gpu_budget: float | None) -> float:
-    """The branch budget, or the largest total in the pool when no budget is set (spec §6.2)."""
+    """The branch budget, or the largest total in the pool when no budget is set (scales used_gpu_ratio)."""
     if gpu_budget:
         return float(gpu_budget)
     return float(max(c.used_gpus for c in pool))
@@ -110,9 +110,8 @@ class PoolIndex:
     """A branch's pool with every config's features computed once.
 
     Projection runs for every suggestion and every neighbour a local designer looks at; computing
-    the features of a 1,700-config pool on each call was most of a long sweep's main-thread time
-    (cProfile of a 60 s `spica sweep` on bench/spaces/large_disagg.yaml, 21:48 UTC 2026-12-04:
-    22 of 61 s in `project`). Columns are built lazily, one per feature name.
+    the features of a large pool (bench/spaces/large_disagg.yaml) on each call would be a large
+    share of a long sweep's main-thread time. Columns are built lazily, one per feature name.
     """
 
     def __init__(self, pool: Sequence[ParallelConfig], gpu_budget: float | None):
@@ -157,7 +156,8 @@ def project(
     exclude: Collection[ParallelConfig] = (),
     index: PoolIndex | None = None,
 ) -> Projection:
-    """Pick the legal config nearest to `requested` (spec §6.3 steps 1-4).
+    """Pick the legal config nearest to `requested`: backend filter, fewest mode mismatches, smallest
+    span-normalised distance, then the shape's sort key as tie-break.
 
     `exclude` removes configs from the candidates after the spans are measured (so distances stay
     comparable): the study loop passes the configs that would repeat an already-evaluated point,

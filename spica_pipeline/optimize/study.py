@@ -1,4 +1,4 @@
-"""The per-branch study loop (spec §6.4-6.6), with exhaustive mode, dedup and resume.
+"""The per-branch study loop (ask, triage, evaluate, tell), with exhaustive mode, dedup and resume.
 
 A branch study is a deterministic function of (branch space, seed, evaluation results): the same
 inputs produce the same trials in the same order. Two calls are expensive or non-deterministic,
@@ -38,13 +38,13 @@ from spica_pipeline.optimize.trial import (
 )
 from spica_pipeline.space.shapes import ParallelConfig
 
-ATTEMPT_FACTOR = 11  # a round asks for its batch plus up to 10x replacements (spec §6.4)
+ATTEMPT_FACTOR = 11  # a round asks for its batch plus up to 10x replacements for failed or repeated trials
 # Charge an ask its predicted model seconds whenever the model ran (the sampler says so,
 # `last_model_ran`; journalled with the ask, so a resume charges the same), whoever answered its
 # trials: a model batch whose every suggestion was a look-alike replaced by the neighbourhood
-# designer ran the GP too. Adopted in round I (2026-12-05, bench/sim_time_to_quality.py
-# ROUND_I_RULE, candidate C1). False, or a sampler or journal entry that does not say: judged from
-# the recorded designers (`_model_answered`, round H).
+# designer ran the GP too, and leaving it uncharged lets the optimizer's share of wall time run over
+# `sweep.optimizer_share`. False, or a sampler or journal entry that does not say: judged from the
+# recorded designers (`_model_answered`).
 CHARGE_MODEL_RAN = True
 
 
@@ -617,12 +617,11 @@ def _model_answered(designers: Sequence[str]) -> bool:
     """Whether a model-based designer answered any trial of an ask: the ask is then charged its
     predicted model seconds. The cost-aware fill's neighbourhood designer is cheap wherever it
     answers: a model's quasi-random seed batch handed to it (neighbourhood.SEED_BATCH_TO_LOCAL)
-    ran no model and was charged as a model ask before 2026-12-05 (round H). A judgement from the
-    recorded designers only, so a resume charges the same; one consequence: a model batch whose
-    every suggestion was a look-alike replaced by the neighbourhood designer is not charged either,
-    although the model ran (round I: the Pareto optimizer share over 25 %). So since round I it is
-    the fallback only, for a sampler or journal that does not say whether the model ran
-    (CHARGE_MODEL_RAN)."""
+    ran no model, so it is not charged as a model ask. A judgement from the recorded designers
+    only, so a resume charges the same; its blind spot: a model batch whose every suggestion was a
+    look-alike replaced by the neighbourhood designer is not charged either, although the model ran
+    and its time counts against the optimizer share. So it is the fallback only, for a sampler or
+    journal that does not say whether the model ran (CHARGE_MODEL_RAN)."""
     return any(d not in _CHEAP_DESIGNERS and d != NEIGHBOURHOOD for d in designers)
 
 
