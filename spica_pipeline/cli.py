@@ -163,7 +163,7 @@ def _choices_text(values: list[Any]) -> str:
 
 
 def _inert_reason(space: Any, name: str) -> str | None:
-    """Why a list knob never reaches the study (spec §6.1 pruning), or None when it does."""
+    """Why a list knob never reaches the study (pruned as a dependent knob or swept elsewhere), or None."""
 
     if name == "load_predictor_candidates":
         return f"{len(space.load_predictor_candidates)} entries, swept by the load-predictor sub-sweep"

@@ -349,9 +349,9 @@ def rows_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 class RecordLog:
     """The trials of a running sweep, each turned into its ledger row once, when it arrives.
 
-    The anytime result is rewritten after every batch; rebuilding every row each time made a long
-    sweep quadratic (cProfile of a 60 s sweep on bench/spaces/large_disagg.yaml, 21:48 UTC
-    2026-12-04: 19 of 61 s in the anytime writes). A record is final when it is emitted.
+    The anytime result is rewritten after every batch; rebuilding every row each time would make a
+    long sweep quadratic in its trials (bench/spaces/large_disagg.yaml). A record is final when it
+    is emitted.
     """
 
     def __init__(self) -> None:
@@ -562,8 +562,8 @@ def write_anytime(output_dir: Path, config: SmartSearchConfig, log: RecordLog) -
 class AnytimeResult:
     """When to rewrite the anytime result: after every batch, unless the last write cost more than
     `share` of the time since it ended (a long sweep's ranking grows with every trial; without the
-    limit the rewrites were a third of a 60 s sweep's main thread on bench/spaces/large_disagg.yaml,
-    cProfile 22:14 UTC 2026-12-04). The ledger is also written when the sweep stops for any reason,
+    limit the rewrites take a large share of the main thread on bench/spaces/large_disagg.yaml).
+    The ledger is also written when the sweep stops for any reason,
     and the ranking on Ctrl-C, so both are current whenever the sweep ends.
     """
 

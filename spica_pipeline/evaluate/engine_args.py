@@ -1,4 +1,4 @@
-"""One candidate -> the arguments of one Dynamo Replay run (spec §7.1-7.4): pure building.
+"""One candidate -> the arguments of one Dynamo Replay run: pure building.
 
 Load resolution, deployment plan, context check, per-role engine configs and replay kwargs are
 decided here, with no Dagster, no file I/O and no replay call, so they can be read and tested on
@@ -6,7 +6,7 @@ their own. What only the outside world knows (the AIC KV capacity and timing tab
 identity, the model's context length, whether a trace file is valid, the latest perf-DB version)
 comes in through `EngineFacts`; `evaluate/replay.py` supplies the real one and runs the call.
 
-Fidelity rules (replay-notes §2-3): every role gets an AIC-derived timing table and an explicit
+Fidelity rules (docs/evaluator.md): every role gets an AIC-derived timing table and an explicit
 `num_gpu_blocks` (the replay's defaults are model-agnostic), disagg KV transfer is charged on the
 prefill args, and kv_router replays are repeated because routing ties are broken randomly.
 """
@@ -116,7 +116,7 @@ def build_replay_call(request: EvalRequest, settings: ReplaySettings, facts: Eng
         sample["backend_version"] = facts.backend_version(sample["hardware_sku"], sample["backend"])
         derived["backend_version"] = sample["backend_version"]
 
-    # 1. load (spec §3.4): a KV-load ratio becomes a per-candidate concurrency
+    # 1. load: a KV-load ratio becomes a per-candidate concurrency (space/kv_load.py)
     override: int | None = None
     if workload.is_kv_load:
         ratio = sample.get("kv_load_ratio", workload.kv_load_scalar())
@@ -129,7 +129,7 @@ def build_replay_call(request: EvalRequest, settings: ReplaySettings, facts: Eng
     elif workload.concurrency is not None:
         derived["concurrency"] = workload.concurrency
 
-    # 2. plan (spec §7.2-7.3)
+    # 2. plan: workers, router and planner payloads (space/plan.py)
     sla = goal.sla.model_dump(mode="json") if goal.sla is not None else None
     try:
         plan = build_deployment_plan(sample, planner_target=planner_target(goal.target), sla=sla)
@@ -350,7 +350,7 @@ def router_config(plan: DeploymentPlan) -> dict[str, Any] | None:
 
 
 def sla_kwargs(sla: dict[str, Any] | None) -> dict[str, float]:
-    """Goodput SLA for the replay, only when the goal has one (spec §7.4)."""
+    """Goodput SLA for the replay, only when the goal has one."""
     if not sla:
         return {}
     out = {f"sla_{k}": float(sla[k]) for k in ("ttft_ms", "itl_ms", "e2e_ms") if sla.get(k) is not None}

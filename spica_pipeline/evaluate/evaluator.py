@@ -18,10 +18,10 @@ Status = Literal["feasible", "infeasible", "failed", "timed_out"]
 class EvalRequest:
     """One candidate to evaluate.
 
-    sample: the flat unrolled sample (spec §5) plus `backend_version`; JSON-able.
+    sample: the flat unrolled sample (space/sample.py `unroll_sample`) plus `backend_version`; JSON-able.
     workload: `model_dump(mode="json")` of the validated workload section.
     goal: the validated `OptimizationGoal`, the one source of the goal rules downstream (a plain
-        dict, as tests and old callers pass it, is validated once here); hashed as its JSON dump.
+        dict, as tests and plain-dict callers pass it, is validated once here); hashed as its JSON dump.
     context: anything else that changes the result (load-predictor result, evaluator fidelity
         version, router repeats); part of the hash.
     """

@@ -1,7 +1,7 @@
-"""The replay `scaling_policy` built from an unrolled sample: our planner (spec §2.7, §7.3).
+"""The replay `scaling_policy` built from an unrolled sample: our planner (the planner composites).
 
 The Dynamo Planner cannot be imported here, so this is our own planner with the same knobs,
-driven by the replay's offline callback protocol (replay-notes §1.9): `initial_tick_ms()` and
+driven by the replay's offline callback protocol (the replay calls it between steps): `initial_tick_ms()` and
 `on_tick(snapshot) -> {"target_prefill", "target_decode", "next_tick_ms"}` (absolute worker counts
 or None = unchanged; in agg `target_decode` is the aggregated worker count).
 

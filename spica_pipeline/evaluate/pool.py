@@ -6,7 +6,7 @@ receive completions as they finish (no barrier), cancel one, close. Two implemen
 `evaluate/ray_pool.py` (warm actors on a Ray cluster). `evaluate_wave` is a helper on top of the
 interface for callers that still think in waves.
 
-Why the local pool has this shape (spec §7.5):
+Why the local pool has this shape:
 * "spawn", never fork: Dynamo's replay runs a Tokio runtime that does not survive a fork.
 * The evaluator is pickled once per worker at start; each task ships only its `EvalRequest`, and a
   worker serves many requests, so a replay pays a pipe round trip, not a process start.

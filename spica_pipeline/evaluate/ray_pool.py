@@ -1,6 +1,6 @@
 """Candidate replays on a Ray cluster: the `EvaluationBackend` of the local pool, on warm actors.
 
-Why this shape (issue 18):
+Why this shape:
 * Warm, long-lived actors, one CPU each, run the same evaluator as the local pool: it is put in the
   object store once and each actor calls `warm_up()` before it reports ready, so runtimes and the
   in-process timing/KV memo are built once per actor, and the on-disk cache (`cache_dir`, default
