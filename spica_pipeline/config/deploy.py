@@ -1,4 +1,4 @@
-"""`deploy:`: how the picks are written out as DynamoGraphDeployment manifests (issue 17)."""
+"""`deploy:`: how the picks are written out as DynamoGraphDeployment manifests."""
 
 from typing import Literal
 

@@ -1,4 +1,4 @@
-"""`evaluation:`: how replayed numbers are reported (calibration profile, issue 14 item 4)."""
+"""`evaluation:`: how replayed numbers are reported (raw, or corrected by a calibration profile)."""
 
 from typing import Literal
 
@@ -17,7 +17,7 @@ class EvaluationSettings(StrictModel):
     lengths that vary around the workload's ISL/OSL, like real traffic and InferenceMAX's client.
     `fixed`: exactly the workload's ISL and OSL every time (genai-perf or AIC's runners with fixed
     lengths); on SGLang such clients stay in lockstep, and the profile's fixed-length factors
-    correct a lockstep replay (docs/fidelity.md, round 15). Needs a synthetic workload without
+    correct a lockstep replay (docs/fidelity.md). Needs a synthetic workload without
     its own jitter and a profile with those factors.
     """
 

@@ -1,4 +1,4 @@
-"""`goal:`: what a sweep optimises; pinned, never searched (spec §4)."""
+"""`goal:`: what a sweep optimises; pinned, never searched."""
 
 from enum import Enum
 from typing import Any, Literal, Sequence
@@ -52,7 +52,7 @@ def target_direction(target: "Target | str") -> Literal["max", "min"]:
 
 
 def planner_target(target: "Target | str") -> PlannerTarget:
-    """The planner optimisation target a goal maps to (spec §1 stage 2)."""
+    """The planner optimisation target a goal maps to (it decides which scaling policies stay)."""
     t = as_target(target)
     if t in GOODPUT_TARGETS or t is Target.MIN_GPUS:
         return "sla"

@@ -5,17 +5,17 @@
 one line naming the field and the limit, before any replay. Why each limit:
 
 * `search_space.gpu_budget` <= MAX_GPU_BUDGET: parallel-shape enumeration grows faster than the
-  budget (a budget of 10^12 GPUs sat silent for minutes). Measured with `enumerate_branches` on
-  Qwen3-32B/H200 on the shared 2-core machine under load, 2026-12-04: 18 s at 512 GPUs, 103 s at
-  1024, not done after 270 s at 4096. 1024 GPUs keeps the stage under a few minutes.
+  budget, so a budget of 10^12 GPUs sits silent for minutes instead of failing. On a 2-core machine
+  `enumerate_branches` for Qwen3-32B/H200 takes minutes at 1024 GPUs and does not finish in minutes
+  at 4096, so 1024 keeps the stage under a few minutes.
 * requests per replay <= MAX_REQUESTS_PER_REPLAY: the replay holds every request in memory and
-  simulates each one (10,000 requests took 1.3 s of wall time, replay-notes §1.11); num_request_ratio
-  1e9 aborted every worker with a 64 GB allocation failure.
+  simulates each one (2,000 requests at isl 256 take about a second, bench/results/replay_memory.json);
+  num_request_ratio 1e9 aborts every worker with a 64 GB allocation failure.
 * `workload.request_rate` <= MAX_REQUEST_RATE req/s: far above what any fleet serves; 10^12 req/s
   arrives all at once and measures nothing.
 * estimated replay memory x parallel replays <= `sweep.max_replay_memory_share` of this machine's
   memory. The per-request cost is measured by `bench/bench_replay_memory.py`
-  (bench/results/replay_memory.json, 2026-12-04: 7.7 kB/request at isl 256, 9.8 kB at 1024, 32 kB at
+  (bench/results/replay_memory.json: 7.7 kB/request at isl 256, 9.8 kB at 1024, 32 kB at
   8192); REPLAY_BYTES_* bound those points from above.
 """
 

@@ -1,4 +1,4 @@
-"""Reading a config file: bounded, safe YAML and one-line `ConfigError`s (spec §1 stage 1, §8.3)."""
+"""Reading a config file: bounded, safe YAML and one-line `ConfigError`s (the CLI exits 2 on them)."""
 
 import re
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""`SmartSearchConfig`: the validated sweep input and its cross-section rules (spec §2, §3.2, §4)."""
+"""`SmartSearchConfig`: the validated sweep input and its cross-section rules."""
 
 from typing import Any
 

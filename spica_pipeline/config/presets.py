@@ -1,4 +1,4 @@
-"""Choice tables and composite presets (spec §2.2-§2.7), and how a composite entry expands.
+"""Choice tables and composite presets of the searched knobs, and how a composite entry expands.
 
 A composite entry is either a preset id (a string from the tables below) or a self-contained
 "raw-dict pin" holding the unrolled fields directly. Expansion never merges a dict with a preset.
@@ -8,7 +8,7 @@ from typing import Any
 
 from spica_pipeline.config.types import is_finite_number
 
-# ---- atomic choice tables (spec §2.2, §2.3, §2.5) -------------------------------------------
+# ---- atomic choice tables (deployment, engine and router knobs) -----------------------------
 
 DEPLOYMENT_MODES = ("disagg", "agg")
 BACKENDS = ("vllm", "sglang", "trtllm")
@@ -41,7 +41,7 @@ ADMISSION_FIELDS = (
     "no_admission_control",
 )
 
-# ---- composite presets (spec §2.7) -----------------------------------------------------------
+# ---- composite presets (planner knobs) -------------------------------------------------------
 
 SCALING_FIELDS = (
     "enable_throughput_scaling",
@@ -210,7 +210,7 @@ def is_static_policy(entry: str | dict[str, Any]) -> bool:
 
 
 def throughput_intervals(policies: list[str | dict[str, Any]]) -> list[int | float]:
-    """Sorted distinct throughput intervals among throughput-scaling policies (spec §9.1)."""
+    """Sorted distinct throughput intervals among throughput-scaling policies (the load-predictor grid)."""
     found = set()
     for entry in policies:
         policy = expand_scaling_policy(entry)
@@ -220,7 +220,7 @@ def throughput_intervals(policies: list[str | dict[str, Any]]) -> list[int | flo
     return sorted(found)
 
 
-# ---- load-time checks of a composite list (spec §2.7 "Composite validation") ----------------
+# ---- load-time checks of a composite list ----------------------------------------------------
 
 
 def _is_int(value: Any) -> bool:
@@ -262,7 +262,8 @@ def _check_dict_values(field: str, entry: dict[str, Any]) -> None:
 
 
 def validate_composite_list(field: str, value: Any) -> list[str | dict[str, Any]]:
-    """Apply spec §2.7's six rules (plus type checks and no duplicates) to one composite list."""
+    """Check one composite list at load time: non-empty; strings are known presets; dicts are non-empty,
+    with no unknown and every required key (self-contained); plus value types and no duplicates."""
     spec = COMPOSITES[field]
     allowed = sorted(spec["presets"])
     if not isinstance(value, list):

@@ -1,4 +1,4 @@
-"""`search_space:`: the knobs Spica searches and the context it pins (spec §2.1-§2.7)."""
+"""`search_space:`: the knobs Spica searches and the context it pins."""
 
 from typing import Any, Iterable
 
@@ -62,7 +62,7 @@ def _names(names: Iterable[str]) -> list[str | dict[str, Any]]:
 class SearchSpace(StrictModel):
     """Searched knobs are lists (one element pins); context fields are pinned scalars."""
 
-    # deployment (§2.2)
+    # deployment
     deployment_mode: list[str] = Field(default_factory=lambda: ["disagg", "agg"])
     backend: list[str] = Field(default_factory=lambda: ["vllm"])
     parallel_configs: list[dict[str, Any]] = Field(default_factory=list)
@@ -77,7 +77,7 @@ class SearchSpace(StrictModel):
     # weight / MoE / attention / KV-cache quantization (AIC modes); unset = the checkpoint's own
     precision: Precision | None = None
 
-    # engine, per role (§2.3)
+    # engine, per role
     prefill_max_num_batched_tokens: list[Int] = Field(default_factory=lambda: [8192, 16384, 32768])
     prefill_max_num_seqs: list[Int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256])
     decode_max_num_batched_tokens: list[Int] = Field(default_factory=lambda: [8192])
@@ -94,14 +94,14 @@ class SearchSpace(StrictModel):
     decode_enable_prefix_caching: Bool = False
     agg_enable_prefix_caching: Bool = True
 
-    # KV manager, G2 host offload (§2.4)
+    # KV manager, G2 host offload
     num_g2_blocks: NonNegInt = 0
     kv_bytes_per_token: PosInt | None = None
     bandwidth_g1_to_g2_gbps: PosFloat | None = None
     bandwidth_g2_to_g1_gbps: PosFloat | None = None
     offload_batch_size: PosInt | None = None
 
-    # router (§2.5)
+    # router
     router_mode: list[str] = Field(default_factory=lambda: ["kv_router", "round_robin"])
     overlap_score_credit: list[Float] = Field(default_factory=lambda: [0.0, 0.5, 1.0])
     prefill_load_scale: list[Float] = Field(
@@ -115,7 +115,7 @@ class SearchSpace(StrictModel):
     active_prefill_tokens_threshold_frac: NonNegFloat | None = None
     no_admission_control: Bool = False
 
-    # planner composites (§2.7)
+    # planner composites
     planner_scaling_policy: list[str | dict[str, Any]] = Field(
         default_factory=lambda: _names(presets.SCALING_POLICY_PRESETS)
     )
@@ -133,7 +133,7 @@ class SearchSpace(StrictModel):
                      *presets.ROUTER_CHOICES, mode="before")
     @classmethod
     def _no_dicts(cls, v: Any, info: Any) -> Any:
-        """Only the four composite knobs take raw-dict pins (spec §2.7 rule 3)."""
+        """Only the four composite knobs take raw-dict pins (a dict is a self-contained preset)."""
         if isinstance(v, list) and any(isinstance(x, dict) for x in v):
             raise ValueError(f"{info.field_name} does not accept a dict entry")
         return v

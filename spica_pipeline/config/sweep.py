@@ -1,4 +1,4 @@
-"""`sweep:`: run control (spec §2.8) plus our seeding, policy and algorithm choices."""
+"""`sweep:`: run control (rounds, batch size, budgets) plus our seeding, policy and algorithm choices."""
 
 import os
 import re

@@ -1,4 +1,4 @@
-"""`workload:`: one of four load shapes, inferred from which fields are set (spec §3)."""
+"""`workload:`: one of four load shapes, inferred from which fields are set."""
 
 import math
 from typing import Any, Literal
@@ -100,7 +100,7 @@ class Workload(StrictModel):
     def has_jitter(self) -> bool:
         return bool(self.isl_jitter or self.osl_jitter)
 
-    # ---- derived quantities (spec §3.3) ------------------------------------------------------
+    # ---- derived quantities --------------------------------------------------------------------
 
     @property
     def is_trace(self) -> bool:
@@ -151,7 +151,7 @@ class Workload(StrictModel):
 
     @property
     def shape(self) -> str:
-        """'trace', 'capped_trace', 'request_rate', 'concurrency' or 'kv_load' (spec §3 table)."""
+        """'trace', 'capped_trace', 'request_rate', 'concurrency' or 'kv_load'."""
         if self.is_trace:
             return "capped_trace" if self.replay_concurrency is not None else "trace"
         if self.request_rate is not None:
