@@ -127,7 +127,8 @@ def run_one(name: str, quick: bool, host: dict[str, Any]) -> dict[str, Any]:
         stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         stderr = f"timed out after {bench.timeout_s}s"
     seconds = round(time.perf_counter() - started, 1)
-    status = {"benchmark": name, "command": " ".join(cmd), "returncode": code, "seconds": seconds, "quick": quick,
+    status: dict[str, Any] = {"benchmark": name, "command": " ".join(cmd), "returncode": code, "seconds": seconds,
+              "quick": quick,
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": host}
     if mode.out_flag is None:  # the captured output is the result
         records = []
