@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     none_replay = (runs[0]["replay_seconds"] + runs[2]["replay_seconds"]) / 2
     result = {
         "benchmark": "calibration_cost", "config": os.path.relpath(args.config, ROOT), "order": list(ORDER),
+        "command": "bench/bench_calibration_cost.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": started, "cpus": os.cpu_count(), "loadavg_at_start": os.getloadavg()[0], "runs": runs,
         "ratios": {"wall_auto_over_none": round(runs[1]["wall_seconds"] / none_wall, 3),
                    "replay_auto_over_none": round(runs[1]["replay_seconds"] / none_replay, 3),

@@ -1,8 +1,8 @@
 """How close any correction of the replay's numbers could get to silicon, measured on the calibration split.
 
-calibration.fit corrects a replayed TTFT or TPOT by a factor per (system, backend). Issue 14's targets (held-out TTFT
-MdAPE <= 20 %, TPOT <= 10 %, P90 <= 50 %) ask whether some correction reaches them on a model it never saw. This
-bench answers without a candidate, in four parts:
+The shipped profile (fidelity/fit.py) corrects a replayed TTFT or TPOT by a factor per (system, backend). Issue
+14's targets (held-out TTFT MdAPE <= 20 %, TPOT <= 10 %, P90 <= 50 %) ask whether some correction reaches them on a
+model it never saw. This bench answers without a candidate, in four parts:
 
 * in sample: for each grain a correction could key on, each group's factor is the median of ln(silicon / replayed)
   over the very rows it is scored on, about the best a factor of that grain can do there (optimistic; fine grains
@@ -17,9 +17,10 @@ bench answers without a candidate, in four parts:
   recomputed).
 
 Only calibration rows are read: the held-out split stays unread (issue 14's split rule). Each row is compared on its
-benchmark-client replay ("ours" in the bench records), the replay calibration.V15 corrects.
+benchmark-client replay ("ours" in the bench records), the replay the shipped profile corrects (fidelity/fit.METHOD).
 
-usage: DYN_LOG=warn .venv/bin/python bench/bench_fidelity_ceiling.py --from-json A.json,B.json [--json OUT.json]
+usage: .venv/bin/python bench/bench_fidelity_ceiling.py --from-json bench/results/fidelity_replays_calibration.json
+           [--json bench/results/fidelity_ceiling.json]
 """
 
 import argparse
@@ -38,12 +39,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_fidelity import error_stats, records_by_id  # noqa: E402
+from fidelity.files import records_by_id  # noqa: E402
+from fidelity.scores import error_stats  # noqa: E402
 
-from spica_pipeline.fidelity import calibration, silicon  # noqa: E402
+from spica_pipeline.fidelity import silicon  # noqa: E402
+from spica_pipeline.fidelity.fit import SCORE_TARGETS  # noqa: E402
+from spica_pipeline.fidelity.profile import PHASES  # noqa: E402
+from spica_pipeline.fidelity.records import engine_concurrency, replayed  # noqa: E402
 
-PHASES = calibration.PHASES
-TARGETS = calibration.SCORE_TARGETS
+TARGETS = SCORE_TARGETS
 REPEATS = ROOT / "bench" / "results" / "silicon_repeats.json"
 MIN_SLOPE_POINTS = 3  # a concurrency slope needs three concurrencies in its configuration; fewer keep the median
 OWN_MODEL_K = (1, 3, 10)  # measurements of the model itself, on the (system, backend, mode) it will run
@@ -83,12 +87,12 @@ def points(records: Sequence[Mapping[str, Any]], phase: str) -> list[dict[str, A
         if silicon.split_of(str(r.get("model"))) != "calibration":
             raise ValueError(f"{r.get('id')}: a {r.get('model')} row is not in the calibration split; "
                              "this bench reads calibration rows only")
-        replayed = calibration.replayed(r, phase, "client")
+        client = replayed(r, phase, "client")
         measured = (r.get("silicon") or {}).get(phase)
-        if r.get("status") != "feasible" or not replayed or not measured or replayed <= 0 or measured <= 0:
+        if r.get("status") != "feasible" or not client or not measured or client <= 0 or measured <= 0:
             continue
-        out.append({"record": r, "y": math.log(measured / replayed),
-                    "x": math.log2(max(calibration.engine_concurrency(r, phase), 1.0))})
+        out.append({"record": r, "y": math.log(measured / client),
+                    "x": math.log2(max(engine_concurrency(r, phase), 1.0))})
     return out
 
 
@@ -223,7 +227,8 @@ def _line(name: str, stats: Mapping[str, Any], phase: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--from-json", required=True, help="comma-separated bench_fidelity result files, first wins per row")
+    ap.add_argument("--from-json", required=True,
+                    help="comma-separated bench_fidelity replay files (PATH or REV:PATH), first wins per row")
     ap.add_argument("--json", help="write the result here")
     args = ap.parse_args(argv)
     try:

@@ -1,17 +1,18 @@
-"""Record a calibration profile's held-out check in the package (issue 14 item 5: every accuracy claim
-in the product cites a measurement).
+"""Record a calibration profile's held-out check in the package (every accuracy claim in the product cites a
+measurement).
 
-Reads result files of `bench/bench_fidelity.py --split heldout --calibration <profile>` and writes, for
-each, what report.md and the deploy records show about that profile on models it was never fitted on:
+Reads result files of `bench/bench_fidelity.py --split heldout --calibration <profile>` and writes, for each (the
+file holds these checks only: pass one result per profile the package ships), what report.md and the deploy records
+show about that profile on models it was never fitted on:
 TTFT and TPOT MdAPE / P90 / bias overall and per backend, AIC's own estimate on the same rows, band
 coverage, the rows, models, command and UTC date. Entries are keyed by the profile file's digest
-(resources/calibration.load_profile), so a refitted or edited profile has no check until it is measured.
+(fidelity/profile.load_profile), so a refitted or edited profile has no check until it is measured.
 The raw sweep replay's numbers (what `evaluation.calibration: none` ranks on) are recorded under "none",
 from the newest file given. Only the held-out split is read: this records a measurement, it chooses
 nothing.
 
 usage:
-  .venv/bin/python bench/record_heldout_check.py bench/results/fidelity_heldout_631_round8_tpot.json [...]
+  .venv/bin/python bench/record_heldout_check.py bench/results/fidelity_heldout.json [...]
 """
 
 import argparse
@@ -23,7 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from spica_pipeline.fidelity.profiles import HELDOUT_CHECKS, RAW, load_profile  # noqa: E402
+from spica_pipeline.fidelity.profile import HELDOUT_CHECKS, RAW, load_profile, resolve  # noqa: E402
 from spica_pipeline.storage import write_json_result  # noqa: E402
 
 PHASES = ("ttft", "tpot")
@@ -34,15 +35,15 @@ def _errors(block: dict[str, Any]) -> dict[str, Any]:
     return {p: {k: block[p][k] for k in ("mdape", "p90", "bias", "n")} for p in PHASES if block.get(p)}
 
 
-def check_of(result: dict[str, Any], source: str, estimate: str) -> dict[str, Any]:
-    """One recorded check from a held-out result file; `estimate` is "calibrated" or "sweep" (raw)."""
+def check_of(result: dict[str, Any], source: str, estimate: str, profile: str = RAW) -> dict[str, Any]:
+    """One recorded check from a held-out result file; `estimate` is "calibrated" (of `profile`) or "sweep" (raw)."""
     split = result["splits"]["heldout"]
     by = split.get("by", {})
     return {
         "source": source,
         "measured_utc": result["date"],
         "command": result["command"],
-        "profile": result.get("calibration_profile") if estimate == "calibrated" else RAW,
+        "profile": profile if estimate == "calibrated" else RAW,
         "rows": split["evaluated"],
         "models": sorted(by.get("model", {})),
         "all": _errors(split[estimate]),
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(HELDOUT_CHECKS))
     args = ap.parse_args(argv)
     out = Path(args.out)
-    checks: dict[str, Any] = json.loads(out.read_text())["checks"] if out.exists() else {}
+    checks: dict[str, Any] = {}
     newest: tuple[str, dict[str, Any], str] | None = None
     for name in args.results:
         result = json.loads(Path(name).read_text())
@@ -68,17 +69,19 @@ def main(argv: list[str] | None = None) -> int:
         if result.get("partial") or "heldout" not in result.get("splits", {}):
             print(f"{name}: not a complete held-out result", file=sys.stderr)
             return 2
-        profile = result.get("calibration_profile")
-        if profile:
-            _, digest = load_profile(str(ROOT / profile) if not Path(profile).is_absolute() else profile)
-            checks[str(digest)] = check_of(result, source, "calibrated")
-            print(f"{profile} ({digest}): held-out TTFT MdAPE {checks[str(digest)]['all']['ttft']['mdape']:.1%}")
+        setting = result.get("calibration_profile")
+        if setting and setting != RAW:
+            path = resolve(setting) if setting == "auto" else ROOT / setting  # ROOT / an absolute path: that path
+            _, digest = load_profile(str(path))
+            shown = str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else str(path)
+            checks[str(digest)] = check_of(result, source, "calibrated", shown)
+            print(f"{shown} ({digest}): held-out TTFT MdAPE {checks[str(digest)]['all']['ttft']['mdape']:.1%}")
         if newest is None or result["date"] > newest[0]:
             newest = (result["date"], result, source)
     if newest is not None:
         checks[RAW] = check_of(newest[1], newest[2], "sweep")
     write_json_result(out, {"note": "written by bench/record_heldout_check.py; keyed by the profile file's "
-                                    "sha256[:16] (resources/calibration.load_profile), 'none' = raw sweep numbers",
+                                    "sha256[:16] (fidelity/profile.load_profile), 'none' = raw sweep numbers",
                             "checks": dict(sorted(checks.items()))})
     return 0
 

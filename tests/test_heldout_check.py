@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from spica_pipeline.fidelity import profiles as rc
+from spica_pipeline.fidelity import profile as rc
 from spica_pipeline.report import merge_candidates, write_outputs
 from spica_pipeline.report.accuracy import UNRELIABLE_MDAPE, backend_check, header_line, report_lines
 from tests.test_report import GOAL, WORKLOAD, make_ledger
@@ -20,8 +20,9 @@ def test_the_packaged_default_has_a_recorded_heldout_check():
     """A new default profile must be measured once on the held-out models before it ships
     (bench/record_heldout_check.py), so the report can cite its errors."""
     check = rc.heldout_check("auto")
-    assert check is not None and check["profile"].endswith(rc.PACKAGED.name)
-    assert check["rows"] > 0 and check["models"] and Path(ROOT / check["source"]).is_file()
+    assert check is not None and check["profile"] == "spica_pipeline/fidelity/data/replay-v15.json"
+    assert check["rows"] > 0 and check["models"] and check["source"] == "bench/results/fidelity_heldout.json"
+    assert Path(ROOT / check["source"]).is_file()
     assert {"vllm", "sglang"} <= set(check["by_backend"])
     for phase in ("ttft", "tpot"):
         assert 0.0 <= check["all"][phase]["mdape"] < 10.0
@@ -40,7 +41,7 @@ def test_an_edited_or_user_profile_has_no_check(tmp_path):
     assert rc.heldout_check("auto", checks=tmp_path / "missing.json") is None
 
 
-CHECK = {"profile": "spica_pipeline/calibration/replay-vX.json", "rows": 30, "models": ["org/Held-Out"],
+CHECK = {"profile": "spica_pipeline/fidelity/data/replay-vX.json", "rows": 30, "models": ["org/Held-Out"],
          "source": "bench/results/x.json", "measured_utc": "2026-12-05T05:21:58Z",
          "by_backend": {"vllm": {"rows": 20, "ttft": {"mdape": 0.29, "p90": 1.0, "bias": -0.09, "n": 20},
                                  "tpot": {"mdape": 0.12, "p90": 0.4, "bias": 0.01, "n": 20},
@@ -105,14 +106,14 @@ def test_record_heldout_check_writes_an_entry_per_profile(tmp_path):
         import record_heldout_check as rec
     finally:
         sys.path.remove(str(ROOT / "bench"))
-    result = ROOT / "bench" / "results" / "fidelity_heldout_631_round20_v15.json"
+    result = ROOT / "bench" / "results" / "fidelity_heldout.json"
     out = tmp_path / "checks.json"
     assert rec.main([str(result), "--out", str(out)]) == 0
     checks = json.loads(out.read_text())["checks"]
     _, digest = rc.load_profile(str(rc.PACKAGED))
     assert set(checks) == {digest, rc.RAW}
     packaged = json.loads(rc.HELDOUT_CHECKS.read_text())["checks"]
-    assert checks[digest] == packaged[digest]  # the shipped entry is what the script writes from that file
+    assert checks == packaged  # the shipped checks are what the script writes from that file
     partial = tmp_path / "partial.json"
     partial.write_text(json.dumps({"partial": True, "splits": {}}))
     assert rec.main([str(partial), "--out", str(out)]) == 2

@@ -43,7 +43,6 @@ from typing import Any
 import numpy as np
 
 from spica_pipeline.errors import InfeasibleKVCapacity, ModelHardwareError
-from spica_pipeline.evaluate import attention_scaling
 from spica_pipeline.space import perf_data
 from spica_pipeline.space.engine import EngineIdentity, KvCapacity
 from spica_pipeline.space.kv import estimate_kv
@@ -62,7 +61,7 @@ N_KV, N_CTX = 56, 48
 _lock = threading.Lock()
 _timing_memo: dict[str, "TimingTable"] = {}
 _kv_memo: dict[str, "KvCapacity"] = {}
-_models: dict[str, Any] = {}  # identity -> (AIC model, fidelity note, attention_scaling.FallbackScaling | None)
+_models: dict[str, Any] = {}  # identity -> (AIC model, fidelity note)
 
 
 def default_cache_dir() -> Path:
@@ -110,9 +109,8 @@ class TimingTable:
 
 
 def _model_key(identity: EngineIdentity) -> str:
-    """In-process memo key of a built AIC model: the identity, the fallback scaling and GEMM data settings."""
-    return json.dumps({**asdict(identity), "fallback_scaling": attention_scaling.fallback_scaling_key(identity),
-                       "gemm_data": gemm_data_key(identity)}, sort_keys=True)
+    """In-process memo key of a built AIC model: the identity and its GEMM data setting."""
+    return json.dumps({**asdict(identity), "gemm_data": gemm_data_key(identity)}, sort_keys=True)
 
 
 def gemm_data_key(identity: EngineIdentity) -> str:
@@ -124,22 +122,17 @@ class _AicStep:
     """One identity's forward-pass model; raises on a missing estimate instead of tabulating NaN.
 
     Built through `perf_data.timed_model`, so missing attention data falls back to the nearest
-    available (bf16) data and `fidelity_note` says so; with SPICA_FALLBACK_ATTENTION_SCALING=1 such a
-    fallback's prefill attention is scaled by the perf data's fp8/bf16 ratio (evaluate/attention_scaling.py).
+    available (bf16) data and `fidelity_note` says so.
     """
 
     def __init__(self, identity: EngineIdentity):
         key = _model_key(identity)
         built = _models.get(key)
         if built is None:
-            model, note, used = perf_data.timed_model_used(identity, perf_data.aic_model, perf_data.probe_passes)
-            scaling = attention_scaling.fallback_scaling(identity, used) if note else None
-            if scaling is not None:
-                note = f"{note}; {scaling.note()}"
-            built = (model, note, scaling)
+            model, note = perf_data.timed_model(identity, perf_data.aic_model, perf_data.probe_passes)
+            built = (model, note)
             _models[key] = built
-        self._model, note, scaling = built
-        self._scaling: attention_scaling.FallbackScaling | None = scaling
+        self._model, note = built
         self.fidelity_note: str | None = note
         self._decode_memo: dict[tuple[int, int], float] = {}
 
@@ -147,10 +140,7 @@ class _AicStep:
         return perf_data.estimate_ms(self._model, **scheduled)
 
     def prefill(self, new_tokens: int) -> float:
-        value = self._est(num_prefill_requests=1, sum_prefill_tokens=int(new_tokens), sum_prefill_kv_tokens=0)
-        if self._scaling is not None:  # the fallback's bf16 attention at the perf data's fp8 speed
-            value = max(value - self._scaling.saving_ms(int(new_tokens)), 1e-3)
-        return value
+        return self._est(num_prefill_requests=1, sum_prefill_tokens=int(new_tokens), sum_prefill_kv_tokens=0)
 
     def decode(self, batch: int, context: int) -> float:
         key = (int(batch), int(context))
@@ -211,7 +201,6 @@ def timing_table(identity: EngineIdentity, *, max_num_batched_tokens: int = 8192
     """
     top = max(int(max_num_batched_tokens), PREFILL_MIN_TOP)
     key = _digest("timing", {**asdict(identity), "prefill_top": top, "grid": timing_grid(),
-                             "fallback_scaling": attention_scaling.fallback_scaling_key(identity),
                              "gemm_data": gemm_data_key(identity)})
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     path = root / "timing" / f"{key}.npz"

@@ -10,7 +10,7 @@ from spica_pipeline.config.goal import Target
 from spica_pipeline.config.precision import precision_of
 from spica_pipeline.evaluate import scoring
 from spica_pipeline.evaluate.scoring import Candidate
-from spica_pipeline.fidelity.calibration import bands
+from spica_pipeline.fidelity.apply import bands
 
 UNITS = {
     "throughput": "tok/s",
