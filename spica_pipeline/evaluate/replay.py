@@ -42,12 +42,13 @@ from spica_pipeline.evaluate.engine_args import (
 )
 from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest, Evaluator, spec_hash
 from spica_pipeline.evaluate.timing import default_cache_dir
-from spica_pipeline.fidelity import calibration, measurement
-from spica_pipeline.fidelity.profiles import load_profile
+from spica_pipeline.fidelity import measurement
+from spica_pipeline.fidelity.apply import calibrate
+from spica_pipeline.fidelity.profile import for_client, load_profile, needs_client, uses_fixed_lengths
 from spica_pipeline.space import kv
 from spica_pipeline.space.engine import EngineIdentity, KvCapacity
 from spica_pipeline.space.model_hw import latest_backend_version
-from spica_pipeline.space.plan import role_replicas, role_shape
+from spica_pipeline.space.plan import role_replicas
 from spica_pipeline.storage import atomic_write_text
 from spica_pipeline.traces import read_mooncake_trace
 
@@ -224,7 +225,7 @@ class ReplayEvaluator(BaseModel, Evaluator):
     def _benchmark_client(self, request: EvalRequest, call: ReplayCall) -> dict[str, float] | None:
         """The candidate's mean TTFT/TPOT replayed as the benchmark client that measured the silicon
         rows (every client at t=0, CLIENT_REQUEST_RATIO x c requests, every request counted), when
-        its calibration profile corrects that replay for its backend (calibration.needs_client) and the sweep's
+        its calibration profile corrects that replay (fidelity/profile.needs_client) and the sweep's
         own replay is a ramped closed loop; None otherwise or when that replay fails (the profile's
         sweep fallback then applies). Recorded in `call.derived["benchmark_client"]`."""
         setting = (request.context or {}).get("calibration")
@@ -233,10 +234,10 @@ class ReplayEvaluator(BaseModel, Evaluator):
 
         profile, _ = load_profile(setting["setting"])
         backend = request.sample.get("backend")
-        if profile is None or not calibration.needs_client(profile, backend):
+        if profile is None or not needs_client(profile):
             return None
         # a fixed-length client is replayed with fixed lengths where the profile has factors for that replay
-        fixed = calibration.uses_fixed_lengths(profile, (request.context or {}).get("client_lengths"), backend)
+        fixed = uses_fixed_lengths(profile, (request.context or {}).get("client_lengths"), backend)
         client_request = measurement.benchmark_client_request(request, fixed_lengths=fixed)
         derived: dict[str, Any] = {}
         started = time.perf_counter()
@@ -282,7 +283,7 @@ class ReplayEvaluator(BaseModel, Evaluator):
 def _calibrate(report: dict[str, Any], request: EvalRequest, derived: dict[str, Any],
                per_request: list[dict[str, Any]] | None = None, client: dict[str, float] | None = None) -> None:
     """Add calibrated metrics and P10-P90 bands beside the raw ones (request.context["calibration"]);
-    with a profile, picks rank on the calibrated goal metrics (search/scoring.ranked_value).
+    with a profile, picks rank on the calibrated goal metrics (evaluate/scoring.ranked_value).
 
     The profile was validated when the sweep built its context, so a failure here is a bug, not a
     bad candidate: it propagates (and is recorded as an internal error by the caller's contract).
@@ -295,7 +296,7 @@ def _calibrate(report: dict[str, Any], request: EvalRequest, derived: dict[str, 
     if loaded is None:  # the sweep records only a setting that names a profile
         return
     sample = request.sample
-    profile = calibration.for_client(loaded, (request.context or {}).get("client_lengths"), sample.get("backend"))
+    profile = for_client(loaded, (request.context or {}).get("client_lengths"), sample.get("backend"))
     concurrency = derived.get("concurrency") or sample.get("concurrency")
     closed_loop = concurrency is not None
     if concurrency is None and report.get("request_throughput_rps") and report.get("mean_e2e_latency_ms"):
@@ -306,19 +307,9 @@ def _calibrate(report: dict[str, Any], request: EvalRequest, derived: dict[str, 
         role = "agg" if sample.get("deployment_mode") == "agg" else role
         engines[phase] = float(concurrency or 1) / max(1, role_replicas(sample, role) or 1)
     widen = 1.5 if derived.get("fidelity_note") else 1.0  # a perf-data fallback was used: less certain
-    workload = request.workload or {}
-    passes = None
-    if profile.get("client_mix"):  # round 7 profiles: the first wave's prefill passes on one prefill rank
-        prefill = "agg" if sample.get("deployment_mode") == "agg" else "prefill"
-        chunk = sample.get(f"{prefill}_max_num_batched_tokens")
-        passes = calibration.prefill_passes(engines["ttft"], workload.get("isl"), role_shape(sample, prefill)[2],
-                                            float(chunk) if chunk else None)
-    report.update(calibration.calibrate(report, profile, system=sample["hardware_sku"], backend=sample["backend"],
-                                        concurrency=engines, extra_widen=widen,
-                                        isl=workload.get("isl"), osl=workload.get("osl"),
-                                        closed_loop=closed_loop, per_request=per_request,
-                                        sla=request.goal.sla_thresholds(), client=client, prefill_passes=passes,
-                                        attention_fallback=calibration.attention_fallback(derived.get("fidelity_note"))))
+    report.update(calibrate(report, profile, system=sample["hardware_sku"], backend=sample["backend"],
+                            concurrency=engines, extra_widen=widen, closed_loop=closed_loop, per_request=per_request,
+                            sla=request.goal.sla_thresholds(), client=client))
 
 
 def _internal_error(exc: Exception, request: EvalRequest, stage: str, derived: dict[str, Any]) -> EvalOutcome:

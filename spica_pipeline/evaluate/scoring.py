@@ -17,7 +17,7 @@ from spica_pipeline.config.goal import (
     objectives_for,
     target_direction,
 )
-from spica_pipeline.fidelity.calibration import REPORT_KEYS as CALIBRATION_KEYS
+from spica_pipeline.fidelity.apply import REPORT_KEYS as CALIBRATION_KEYS
 
 Direction = Literal["max", "min"]
 
