@@ -1,4 +1,4 @@
-"""Reading and validating Mooncake traces (spec §3.5) before any replay touches them.
+"""Reading and validating Mooncake traces before any replay touches them.
 
 The replay's own trace errors are terse and arrive only after a candidate was built, so every line
 is checked here first; each problem raises `TraceError` with `<path>:<line>: <reason>` (or

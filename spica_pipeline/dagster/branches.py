@@ -1,4 +1,4 @@
-"""Stage 4 asset: one branch space per deployment mode (spec §6.1), with the search plan."""
+"""Stage 4 asset: one branch space per deployment mode, with the search plan."""
 
 import hashlib
 import json

@@ -1,4 +1,4 @@
-"""Stage 3 asset: the load-predictor sub-sweep (spec §9), stored as its JSON dict."""
+"""Stage 3 asset: the load-predictor sub-sweep, stored as its JSON dict."""
 
 import importlib
 import json

@@ -49,7 +49,7 @@ class TrialRecord:
     def to_row(self) -> dict[str, Any]:
         """Flat row: nested fields as canonical JSON strings (Parquet- and journal-friendly)."""
         row = {name: getattr(self, name) for name in self.__dataclass_fields__}  # shallow: the nested
-        # fields become JSON strings below (asdict's deep copy was most of an anytime write's time)
+        # fields become JSON strings below (asdict's deep copy would be most of an anytime write's time)
         for key in (*JSON_COLUMNS, "told_metrics"):
             value = row[key]
             row[key] = None if value is None else canonical_json(json_safe(value))

@@ -1,9 +1,9 @@
 """deploy/<rank>/: per pick, a DynamoGraphDeployment (`dgd.yaml`) and the simulation record.
 
-The simulation record (`simulation_record.yaml`) is built from the flat unrolled sample alone (spec
-§5), so it shows exactly what replay simulated: engine arguments per role, worker counts, router and
-planner settings, model, backend and version, and what replay measured. `dgd.yaml` is the same pick
-as a manifest `kubectl apply` takes (report/dgd.py).
+The simulation record (`simulation_record.yaml`) is built from the flat unrolled sample alone
+(space/sample.py), so it shows exactly what replay simulated: engine arguments per role, worker
+counts, router and planner settings, model, backend and version, and what replay measured.
+`dgd.yaml` is the same pick as a manifest `kubectl apply` takes (report/dgd.py).
 """
 
 from typing import Any, Mapping

@@ -118,7 +118,7 @@ class MergeResult:
         return lines
 
     def cli_lines(self) -> list[str]:
-        """The CLI's result listing (spec §8.3): 'i: score=.. used_gpus=n', or for a front a header
+        """The CLI's result listing: 'i: score=.. used_gpus=n', or for a front a header
         then 'i: obj=<4 significant digits>, ... [concurrency=c] used_gpus=n'. Empty when nothing."""
         if not self.candidates:
             return []
@@ -188,7 +188,7 @@ def merge_candidates(
     gpu_budget: int | None = None,
     load_target: Mapping[str, float] | None = None,
 ) -> MergeResult:
-    """Merge every branch's feasible trials by goal (spec §1 stage 6).
+    """Merge every branch's feasible trials by goal (stage 6).
 
     Feasible rows only, deduplicated by spec_hash (first occurrence wins and keeps its branch);
     rows over `gpu_budget` are dropped defensively and counted in `over_budget`. A scalar goal

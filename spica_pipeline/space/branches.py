@@ -1,4 +1,4 @@
-"""Stage 3: one `BranchSpace` per deployment mode (spec §6.1).
+"""Stage 3: one `BranchSpace` per deployment mode.
 
 A branch holds the legal parallel pool (with the backends that can run each config), the searched
 knobs that still matter in that mode (dependent knobs pruned: router sub-knobs under round-robin
@@ -130,7 +130,7 @@ def _merge_pools(
 def knob_choices_for(
     space: Any, mode: str, viable_backends: list[str], kv_load_ratio: float | list[float] | None
 ) -> tuple[dict[str, list[Any]], dict[str, tuple[float, float]]]:
-    """Spec §6.1 step 4: the searched knobs of one mode with dependent knobs pruned."""
+    """The searched knobs of one mode with dependent knobs pruned (a pruned knob cannot change a replay)."""
     knobs: dict[str, list[Any]] = {"router_mode": list(space.router_mode)}
     if list(space.router_mode) != ["round_robin"]:
         for name in ROUTER_SUBKNOBS:

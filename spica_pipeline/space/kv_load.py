@@ -1,4 +1,4 @@
-"""`kv_load_ratio` -> per-candidate closed-loop concurrency (spec §3.4).
+"""`kv_load_ratio` -> per-candidate closed-loop concurrency.
 
 The load is relative to the candidate's own KV capacity so one ratio means the same KV pressure for
 a TP1 and a TP8 candidate; the capacity comes from the same AIC estimator the evaluator uses.

@@ -21,7 +21,7 @@ from typing import Any
 from spica_pipeline.config.precision import CHOICES
 from spica_pipeline.errors import ModelHardwareError, NoPerfDatabase
 
-# Spec §2.6 step 1: MLA = MoE and not in the GQA-MoE allow-list (informational only).
+# MLA = MoE and not in the GQA-MoE allow-list (informational only).
 _GQA_MOE_ARCHITECTURES = frozenset({"Qwen3MoeForCausalLM"})
 
 
@@ -57,7 +57,7 @@ class HardwareFacts:
 
 
 def enable_wideep(model: ModelFacts, hardware: HardwareFacts) -> bool:
-    """Spec §2.6 step 1: a MoE model that does not fit twice into one node. Informational only."""
+    """A MoE model that does not fit twice into one node (wide expert parallelism). Informational only."""
     return model.is_moe and hardware.gpus_per_node * hardware.vram_bytes < 2 * model.weight_bytes
 
 

@@ -1,4 +1,4 @@
-"""Legal, KV-feasible parallel configs per (model, hardware, backend, mode) (spec §2.6).
+"""Legal, KV-feasible parallel configs per (model, hardware, backend, mode).
 
 The pool is the GPU ladder {1,2,4,8,16} capped at the budget, one TP shape per width for a dense
 model or the four pure MoE patterns (TEP, DEP, MoE-TP, DTP) after the backend filters, replicas
@@ -25,7 +25,8 @@ from spica_pipeline.space.shapes import DisaggShape, ParallelConfig, RoleShape, 
 
 GPU_LADDER = (1, 2, 4, 8, 16)
 _POWERS_OF_TWO = (1, 2, 4, 8, 16, 32, 64, 128)
-# The KV probe of spec §2.6 step 6 (not the candidate's own batching: that is §3.4, per candidate).
+# The fixed engine settings of the pool's KV filter (not the candidate's own batching: space/kv_load.py
+# sizes that per candidate).
 class _KvProbe(TypedDict):
     max_num_tokens: int
     max_batch_size: int
@@ -111,7 +112,7 @@ class EnumerationResult:
 
 
 def _is_pure_moe_pattern(tp: int, dp: int, moe_tp: int, moe_ep: int) -> bool:
-    """TEP, DEP, MoE-TP or DTP (spec §2.6 step 3)."""
+    """TEP, DEP, MoE-TP or DTP."""
     attention_ok = (tp > 1 and dp == 1) or (tp == 1 and dp > 1)
     ffn_ok = (moe_tp == 1 and moe_ep > 1) or (moe_tp > 1 and moe_ep == 1)
     return attention_ok and ffn_ok
@@ -288,7 +289,8 @@ def _pairs_between(hist: Counter, lo: int, hi: int) -> int:
 
 def _pair(roles: list[RoleShape], budget: int, min_budget: int | None, feasible, kv_reason,
           pruned: dict[str, _Pruned]) -> list[DisaggShape]:
-    """Spec §2.6 step 5: prune roles above budget - m, pair within [min_gpu_budget, budget].
+    """Disagg pairing: prune roles above budget - m (m: the smallest role footprint), pair within
+    [min_gpu_budget, budget].
 
     Pruned pairs are counted from footprint histograms, not materialised (a 64-GPU MoE space has
     ~250k raw pairs); each raw pair is counted once: over budget, else under min, else KV.
@@ -330,7 +332,7 @@ def check_pins(
     """Pinned parallel_configs -> the backends whose legal set holds them (user order, no duplicates).
 
     Raises NoViableParallelConfig when no backend supports any pin, or when some pin is supported
-    by no backend (spec §2.6 "Pins").
+    by no backend.
     """
     legal = {b: set(configs) for b, configs in legal_by_backend.items()}
     parsed: list[ParallelConfig] = []

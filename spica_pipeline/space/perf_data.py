@@ -11,7 +11,7 @@ Some data is there but not usable: vLLM's fp8_block GEMM collection is flat in t
 the systems in `GEMM_PER_TENSOR` (a 4096x4096 GEMM 0.16-0.30 ms from 1 to 8,192 tokens on B200/B300,
 where per-tensor fp8 and the SGLang/TRT-LLM DeepGEMM fp8_block collections take ~0.01 ms at <= 64),
 so an fp8_block checkpoint's dense GEMMs are timed with the per-tensor fp8 data there (the MoE keeps
-its own data), chosen per system on calibration rows (docs/fidelity.md, round 9).
+its own data), chosen per system on calibration rows (docs/fidelity.md, `GEMM_PER_TENSOR`).
 
 `timed_model` is the one routine for this: the timing tables (evaluate/timing.py) and the backend
 check before sampling (space/branches.py) both build their AIC model through it.
@@ -46,10 +46,11 @@ def is_missing_attention_data(exc: BaseException) -> bool:
 
 
 # (backend, system) whose fp8_block dense-GEMM data is replaced by the per-tensor fp8 data, chosen per
-# system on the calibration split's fp8_block checkpoints on vLLM (MiniMax-M2.5, Qwen3-235B-A22B-FP8;
-# bench_fidelity.ROUND9_GEMM_RULE, b200 by ROUND9B_GEMM_RULE; docs/fidelity.md "Round 9"). Raw TPOT MdAPE
-# there, floored -> per-tensor data: b200 157 % -> 18 %, b300 164 % -> 18 %, h100 50 % -> 26 %
-# (bench/results/round9/round9_gemm_comparison.json, 2026-12-05); h200 stays (its calibrated TTFT lost 6 points).
+# system on the calibration split's fp8_block checkpoints on vLLM (MiniMax-M2.5, Qwen3-235B-A22B-FP8):
+# listed where the per-tensor data brings replayed TPOT close to silicon. Raw TPOT MdAPE there, floored
+# -> per-tensor data: b200 157 % -> 18 %, b300 164 % -> 18 %, h100 50 % -> 26 %
+# (bench/results/round9/round9_gemm_comparison.json); h200 keeps its own data (its calibrated TTFT
+# gets worse).
 GEMM_PER_TENSOR: frozenset[tuple[str, str]] = frozenset({("vllm", "b200_sxm"), ("vllm", "b300_sxm"),
                                                           ("vllm", "h100_sxm")})
 

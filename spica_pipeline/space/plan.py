@@ -1,4 +1,4 @@
-"""From an unrolled sample to a `DeploymentPlan` (spec §7.2-7.3): pure dict building.
+"""From an unrolled sample to a `DeploymentPlan`: pure dict building.
 
 The plan is what a deployment (or the replay) needs per role; nothing from Dynamo is imported here,
 so the same plan feeds the evaluator, the deploy YAML and tests alike.

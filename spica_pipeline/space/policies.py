@@ -1,4 +1,4 @@
-"""Stage 2: drop planner scaling policies the goal cannot drive (spec §1, filters 2a and 2b).
+"""Stage 2: drop planner scaling policies the goal cannot drive (no SLA; an e2e-only SLA).
 
 The planner's throughput scaling needs an SLA to aim at, and its ttft/itl targets are seeded from
 the goal's SLA; a policy that would fail when its deployment plan is built is removed here, so
@@ -27,7 +27,7 @@ def policy_flags(entry: PolicyEntry) -> tuple[bool, bool, int | float | None, in
 
 
 def throughput_intervals(entries: list[PolicyEntry]) -> list[float]:
-    """Sorted distinct throughput intervals of the throughput-scaling entries (spec §11 item 17)."""
+    """Sorted distinct throughput intervals of the throughput-scaling entries (None intervals dropped)."""
     found: set[float] = set()
     for entry in entries:
         throughput, _load, interval, _ = policy_flags(entry)

@@ -1,6 +1,6 @@
 """`unroll_sample`: one selection + one parallel config -> the flat, self-contained candidate dict.
 
-Composite knobs are expanded and pinned scalars folded in (spec §5), so nothing downstream decodes
+Composite knobs are expanded and pinned scalars folded in, so nothing downstream decodes
 preset ids again. Keys that do not apply to the chosen mode, router or planner state are absent.
 """
 
@@ -91,7 +91,7 @@ def unroll_sample(
     parallel_config: ParallelConfig,
     load_predictor: Any = None,
 ) -> dict[str, Any]:
-    """Build the flat candidate dict of spec §5 (raises TypeError on a mode/shape mismatch)."""
+    """Build the flat candidate dict (raises TypeError on a mode/shape mismatch)."""
     space = search_space
     mode = _pick(space, selection, "deployment_mode")
     sample: dict[str, Any] = {"deployment_mode": mode, "backend": _pick(space, selection, "backend")}

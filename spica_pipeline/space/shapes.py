@@ -47,7 +47,7 @@ class RoleShape:
 
     @property
     def strategy(self) -> str:
-        """'tp' | 'tep' | 'dep' | 'dtp' | 'mixed' (spec §2.6 step 7)."""
+        """'tp' | 'tep' | 'dep' | 'dtp' | 'mixed' (a dense model's DP-only shape: 'dp')."""
         tp, dp = self.tp, self.attention_dp
         if not self.is_moe:
             return "tp" if dp == 1 else ("dp" if tp == 1 else "mixed")
@@ -66,7 +66,7 @@ class RoleShape:
         return (self.tp, self.pp, self.attention_dp, self.moe_tp, self.moe_ep)
 
     def sort_key(self) -> tuple[int, ...]:
-        """Projection tie-break order (spec §6.3 step 4)."""
+        """Projection tie-break order (the smallest key wins)."""
         return (self.tp, self.pp, self.attention_dp, self.moe_tp, self.moe_ep, self.replicas)
 
     def to_dict(self) -> dict[str, int]:

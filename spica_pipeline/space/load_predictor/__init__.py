@@ -1,4 +1,4 @@
-"""Load-predictor sub-sweep (spec §9): traffic windows, forecasters, and the per-interval grid."""
+"""Load-predictor sub-sweep: traffic windows, forecasters, and the per-interval grid."""
 
 from spica_pipeline.space.load_predictor.predictors import (
     FAMILIES,

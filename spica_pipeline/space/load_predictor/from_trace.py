@@ -1,4 +1,4 @@
-"""Stage 4 glue: read the workload's trace, then run the pure load-predictor sub-sweep (spec §9)."""
+"""Stage 4 glue: read the workload's trace, then run the pure load-predictor sub-sweep."""
 
 from typing import Any, Callable
 

@@ -1,4 +1,4 @@
-"""Load predictors (spec §9.3): constant, ARIMA, Prophet and a local-linear-trend Kalman filter.
+"""Load predictors: constant, ARIMA, Prophet and a local-linear-trend Kalman filter.
 
 Our own implementation with the semantics of the Dynamo Planner's predictors (whose package cannot
 be imported here). Every predictor forecasts one series (request count, ISL or OSL) one interval

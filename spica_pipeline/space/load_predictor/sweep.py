@@ -1,4 +1,4 @@
-"""The load-predictor sub-sweep (spec §9): pick one forecaster per throughput interval, offline.
+"""The load-predictor sub-sweep: pick one forecaster per throughput interval, offline.
 
 Every candidate predicts each window one step ahead from the windows before it; the winner has
 the smallest mean window loss (ties keep the earlier-listed candidate). Pure: the caller supplies
@@ -167,7 +167,7 @@ def sweep_load_predictor(
     memoize: bool = True,
     on_progress: Callable[[str], None] | None = None,
 ) -> LoadPredictorResult:
-    """Pick the forecaster per throughput interval (spec §9.1-§9.4).
+    """Pick the forecaster per throughput interval: windows per interval, one-step-ahead loss, best mean.
 
     policies: the kept `planner_scaling_policy` entries; candidates: `load_predictor_candidates`;
     traffic: trace arrays (windows are built per interval) or ready windows keyed by interval;

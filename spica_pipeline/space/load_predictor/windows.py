@@ -1,4 +1,4 @@
-"""Trace -> fixed traffic windows (spec §9.2): what the load predictors learn from.
+"""Trace -> fixed traffic windows: what the load predictors learn from.
 
 Windows take plain arrays so the sub-sweep stays pure; reading the trace file is done elsewhere
 (`spica_pipeline.space.load_predictor.from_trace`).
