@@ -47,7 +47,8 @@ from spica_pipeline.fidelity.records import client_lengths, engine_concurrency, 
 SHRINK_K = 3.0
 # the per-decode-step costs (ms) a TPOT overhead is chosen from, 0 first (no overhead)
 TPOT_OVERHEAD_GRID_MS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
-# a phase's score, the distance to issue 14's targets in target units: MdAPE / target + P90 / target (lower is better)
+# a phase's score, the distance to the accuracy targets in target units: MdAPE / target + P90 / target (lower is
+# better)
 SCORE_TARGETS = {"ttft": (0.20, 0.50), "tpot": (0.10, 0.50)}
 
 

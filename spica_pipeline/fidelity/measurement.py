@@ -1,4 +1,4 @@
-"""Measure a replay like a benchmark client (issue 14 item 2): ramp, steady-state window, count.
+"""Measure a replay like a benchmark client: ramp, steady-state window, count.
 
 Why: a closed loop whose clients all start at t=0 with fixed ISL/OSL stays in lockstep, so every
 wave prefills c prompts together (TTFT 1.5-2.5x too high at low concurrency), and a short run is
@@ -47,16 +47,14 @@ CLIENT_STARTS = ("ramp", "together")
 # in lockstep forever in a deterministic replay; real clients drift apart.
 CLIENT_GAP_CYCLES = 0.0
 # The benchmark-client replay a sweep runs beside its own when its calibration profile corrects that
-# replay (fidelity/calibration.py, "replay": "client"): AIC's eval runners send 10 x c requests.
+# replay (fidelity/profile.py, "replay": "client"): AIC's eval runners send 10 x c requests.
 CLIENT_REQUEST_RATIO = 10.0
 # ... with each request's ISL and OSL uniform in L x (1 -+ this), on both backends, unless the workload sets a spread
-# of its own (or has several turns per session). Why: replay-v10 corrects this replay with factors fitted on silicon rows
-# replayed as their clients measured them, and 87 % of those rows come from InferenceMAX's client, which draws lengths
-# uniformly over [0.8 L, L]: 1/9 around its mean (search/silicon.benchmark_client). With fixed lengths a deterministic
-# replay keeps clients that started together in lockstep, every wave prefilling all c prompts at once (DeepSeek-V3 SGLang
-# on 8 H200s, c = 64, 1k/1k: 1,643 ms in lockstep, 208 ms with the spread, 419 ms measured): a different quantity from
-# the one the factors were fitted on. Adopted by bench_fidelity.ROUND10C_SWEEP_RULE (docs/fidelity.md, round 10c);
-# before it, vLLM alone had an OSL spread of 0.05, fitted in v4 as a stand-in for that client.
+# of its own (or has several turns per session). Why: the profile corrects this replay with factors fitted on silicon
+# rows replayed as their clients measured them, and most of those rows come from InferenceMAX's client, which draws
+# lengths uniformly over [0.8 L, L]: 1/9 around its mean (fidelity/silicon.benchmark_client). With fixed lengths a
+# deterministic replay keeps clients that started together in lockstep, every wave prefilling all c prompts at once:
+# a different quantity from the one the factors were fitted on (docs/fidelity.md, "What is measured").
 CLIENT_LENGTH_SPREAD = 1 / 9
 
 
@@ -65,7 +63,7 @@ def benchmark_client_request(request: Any, request_ratio: float = CLIENT_REQUEST
     """`request` (an EvalRequest) as the benchmark client replays it: every client at t=0,
     `request_ratio` x c requests, every request counted, no calibration of its own (the same
     replay bench/bench_fidelity.py records as "ours"). `fixed_lengths`: a client that sends exactly the
-    workload's ISL and OSL (search/calibration.uses_fixed_lengths says when a sweep's client is replayed so)."""
+    workload's ISL and OSL (fidelity/profile.uses_fixed_lengths says when a sweep's client is replayed so)."""
     from dataclasses import replace
 
     context = {k: v for k, v in (request.context or {}).items() if k not in ("calibration", "client_lengths")}
@@ -201,7 +199,7 @@ def _tokens_in(r: dict[str, Any], start: float, end: float) -> float:
 def _meets(r: dict[str, Any], sla: Mapping[str, float], ttft_scale: float = 1.0, itl_scale: float = 1.0,
            e2e_scale: float = 1.0) -> bool:
     """The replay's goodput test: TTFT and per-request mean ITL within the SLA (or E2E alone); the
-    scales test calibrated latencies (fidelity/calibration.py) with the same rule."""
+    scales test calibrated latencies (fidelity/apply.py) with the same rule."""
     if sla.get("e2e_ms") is not None:
         return (r.get("e2e_latency_ms") or math.inf) * e2e_scale <= sla["e2e_ms"]
     ok = True

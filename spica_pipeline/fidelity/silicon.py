@@ -6,7 +6,7 @@ and TPOT. This module turns a row into what our evaluator can express (an AIC mo
 sample pinned to the row, a synthetic closed-loop workload) or says, in one short reason, why it
 cannot. Pure: the caller reads the file and passes what AIC ships (models, perf databases).
 
-The split rule is binding (issue 14): anything fitted or tuned may use only rows of
+The split rule is binding: anything fitted or tuned may use only rows of
 `CALIBRATION_MODELS` (by the row's own model name); every other row is held out, reported only.
 """
 
@@ -27,11 +27,11 @@ CALIBRATION_MODELS = frozenset({
     "deepseek-ai/DeepSeek-V3",
 })
 SPLITS = ("calibration", "heldout")
-BENCH_BACKENDS = ("vllm", "sglang")  # issue 14 item 1 scope; trtllm rows are counted, not replayed
+BENCH_BACKENDS = ("vllm", "sglang")  # the backends replayed; trtllm rows are counted, not replayed
 
 # (silicon model name, precision family) -> the AIC checkpoint whose native quantization is that
 # family. AIC picks GEMM/MoE/KV quantization from the checkpoint, so the checkpoint *is* the
-# precision choice until the evaluator takes an explicit precision (issue 14 item 3).
+# precision choice until the evaluator takes an explicit precision.
 CHECKPOINTS: dict[tuple[str, str], str] = {
     ("Qwen/Qwen3-32B", "bf16"): "Qwen/Qwen3-32B",
     ("Qwen/Qwen3-32B", "fp8"): "Qwen/Qwen3-32B-FP8",
@@ -200,7 +200,7 @@ class SiliconCase:
 
     def sample(self, backend_version: str, *, max_num_batched_tokens: int = 8192, block_size: int = 64,
                memory_fraction: float = 0.9) -> dict[str, Any]:
-        """The flat candidate sample (spec §5) for this row: round robin, static pools, no planner."""
+        """The flat candidate sample (space/sample.py) for this row: round robin, static pools, no planner."""
         r = self.row
         s: dict[str, Any] = {
             "deployment_mode": r.mode, "backend": r.backend, "backend_version": backend_version,
@@ -249,7 +249,7 @@ class SiliconCase:
 # The silicon file's db-dump rows (InferenceX workflow runs), dated CSV dumps and kimi / qwen3.5 gap-analysis
 # CSVs hold exactly those scenarios; the aic-auto-gap-analysis files are AIC's own runners (fixed lengths).
 # Why it matters: lengths spread over 20 % let clients that started together drift apart, so a wave no longer
-# prefills all c prompts at once (bench_fidelity.ROUND10_CLIENT_RULE, docs/fidelity.md round 10).
+# prefills all c prompts at once (docs/fidelity.md, "What is measured").
 INFERENCEMAX = "inferencemax"
 AIC_RUNNER = "aic"
 INFERENCEMAX_SCENARIOS = frozenset({(1024, 1024), (1024, 8192), (8192, 1024)})
@@ -272,13 +272,12 @@ def range_ratio_lengths(length: int, ratio: float) -> tuple[int, float]:
     return mean, (length - mean) / mean
 
 
-# ---- the engine flags the benchmark script passed (round 16) ----------------------------------------
+# ---- the engine flags the benchmark script passed -------------------------------------------------
 # InferenceX's SGLang scripts (SemiAnalysisAI/InferenceX benchmarks/[single_node/]*.sh) pass the chunk size, the
 # running-request cap and the memory fraction per (model, GPU, TP), and some a scheduler receive interval: SGLang then
 # polls for new requests only every N decode steps (SchedulerRecvSkipper, 0.5.6-0.5.10), a wait the replay does not
-# model. A branch is listed only where every stored version of its script we could read agrees
-# (bench_fidelity.ROUND16_SCRIPT_FLAGS_RULE); every other row replays as before (8192 tokens, no cap, 0.9, polled
-# every step).
+# model. A branch is listed only where every stored version of its script we could read agrees; every other row
+# replays with the bench's defaults (8192 tokens, no cap, 0.9, polled every step).
 SGLANG_SMALL_GPU_CHUNK = 8192  # SGLang's default --chunked-prefill-size under 160 GiB per GPU (H100, H200) ...
 SGLANG_LARGE_GPU_CHUNK = 16384  # ... and above (B200, B300, GB200, GB300): ServerArgs._handle_gpu_memory_settings
 _SMALL_GPUS = frozenset({"h100_sxm", "h200_sxm"})
@@ -289,7 +288,7 @@ class ScriptFlags:
     """What a row's benchmark script passed the engine. max_running None: not passed (the engine's cap, far above
     the row's concurrency); recv_interval 1: not passed. memory_fraction is SGLang's --mem-fraction-static, which
     bounds weights and the KV pool only: the replay's fraction holds activations too, so the bench records it and
-    replays its own (bench_fidelity.ROUND17_MEMORY_FRACTION_RULE)."""
+    replays its own unless asked for the script's (bench_fidelity.py --script-flags)."""
 
     chunk_tokens: int
     max_running: int | None
@@ -435,7 +434,7 @@ def map_row(row: SiliconRow, *, models: Iterable[str], databases: Mapping[str, M
 
 # vLLM rows recorded with attention_dp = tp > 1 and moe_ep = tp x dp measure the same deployment as
 # their twin rows with tp GPUs, no attention DP and moe_ep = tp: 55 calibration twin pairs (MiniMax-M2.5,
-# both sources) agree within 1.5 % on TPOT in 53 (bench_fidelity.ROUND9_DP_RULE, docs/fidelity.md round 9)
+# both sources) agree within 1.5 % on TPOT in 53
 EP_TWIN_NOTE = ("the row's attention_dp = tp with moe_ep = tp x dp is read as its twin deployment: tp GPUs, "
                 "no attention DP, experts expert-parallel over tp (the twins' silicon numbers agree)")
 
