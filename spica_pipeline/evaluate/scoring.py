@@ -1,4 +1,4 @@
-"""Goals and scoring (spec §4, §8.1): what a replay report is worth under the pinned goal.
+"""Goals and scoring: what a replay report is worth under the pinned goal.
 
 Pure functions over plain values (target strings, report dicts), so the study loop, the merge and
 the tests need no config objects. Everything ranks "higher is better" after signing, except the
@@ -21,7 +21,7 @@ from spica_pipeline.fidelity.apply import REPORT_KEYS as CALIBRATION_KEYS
 
 Direction = Literal["max", "min"]
 
-# Report keys copied into Candidate.metrics (spec §8.1), in this order when present.
+# Report keys copied into Candidate.metrics, in this order when present.
 METRIC_KEYS: tuple[str, ...] = (
     "output_throughput_tok_s",
     "mean_ttft_ms",
@@ -128,7 +128,7 @@ def avg_gpu(report: Mapping[str, Any] | None) -> float:
 
 
 def objective_value(target: Any, report: Mapping[str, Any] | None) -> float:
-    """The (unsigned) value of one scalar target read from a flat replay report (spec §4.1), on
+    """The (unsigned) value of one scalar target read from a flat replay report, on
     calibrated numbers when the report has them (`ranked_value`: the one place picks read a goal
     metric); a missing metric is the worst value (0, or inf for a minimised target)."""
     t = _scalar(target)
@@ -168,7 +168,7 @@ def require_goodput(objectives: Iterable[Any], report: Mapping[str, Any] | None)
 
 
 def is_feasible(used_gpus: int, gpu_budget: int) -> bool:
-    """Feasibility is the GPU budget only (spec §4.2); the SLA acts through goodput."""
+    """Feasibility is the GPU budget only; the SLA acts through goodput."""
     return int(used_gpus) <= int(gpu_budget)
 
 
@@ -240,7 +240,7 @@ def size_fleet(kind: str, load: float, capacity: float | None, used_gpus: int) -
 
 
 def metrics_from_report(report: Mapping[str, Any] | None) -> dict[str, float]:
-    """The §8.1 subset of a report: whichever METRIC_KEYS are present and numeric."""
+    """The candidate-metrics subset of a report: whichever METRIC_KEYS are present and numeric."""
     out: dict[str, float] = {}
     for k in METRIC_KEYS:
         v = _num(report, k)
@@ -251,7 +251,7 @@ def metrics_from_report(report: Mapping[str, Any] | None) -> dict[str, float]:
 
 @dataclass
 class Candidate:
-    """A feasible configuration and what it scored (spec §8.1), plus where it came from.
+    """A feasible configuration and what it scored, plus where it came from.
 
     score: scalar goal -> the signed objective; Pareto -> the first objective's raw value
     (a headline only; Pareto never ranks by it).

@@ -47,10 +47,8 @@ def is_missing_attention_data(exc: BaseException) -> bool:
 
 # (backend, system) whose fp8_block dense-GEMM data is replaced by the per-tensor fp8 data, chosen per
 # system on the calibration split's fp8_block checkpoints on vLLM (MiniMax-M2.5, Qwen3-235B-A22B-FP8):
-# listed where the per-tensor data brings replayed TPOT close to silicon. Raw TPOT MdAPE there, floored
-# -> per-tensor data: b200 157 % -> 18 %, b300 164 % -> 18 %, h100 50 % -> 26 %
-# (bench/results/round9/round9_gemm_comparison.json); h200 keeps its own data (its calibrated TTFT
-# gets worse).
+# listed where the per-tensor data cuts the replayed TPOT error on those rows by far (docs/fidelity.md).
+# h200 keeps its own data: there the substitution gains little TPOT and makes calibrated TTFT worse.
 GEMM_PER_TENSOR: frozenset[tuple[str, str]] = frozenset({("vllm", "b200_sxm"), ("vllm", "b300_sxm"),
                                                           ("vllm", "h100_sxm")})
 
