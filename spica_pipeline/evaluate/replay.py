@@ -1,7 +1,7 @@
 """`ReplayEvaluator`: one candidate -> one (or a few) Dynamo Replay runs -> an `EvalOutcome`.
 
-A thin adapter (spec §7.1/§7.4): the replay arguments are built by the pure
-`search.engine_args.build_replay_call`; this resource supplies the facts that need AIC or the disk
+A thin adapter: the replay arguments are built by the pure
+`evaluate.engine_args.build_replay_call`; this resource supplies the facts that need AIC or the disk
 (`ReplayFacts`), runs the replay, averages repeats and maps errors to outcomes:
 
 * `InfeasibleKVCapacity` -> infeasible; any other `SpicaError` (an expected candidate failure,
