@@ -69,7 +69,7 @@ class EnumerationDiagnostics:
     Units: `engine_shapes_*` count engine layouts (no replicas); the ladder rule counts GPU widths;
     backend_filter and pattern count engine layouts; budget, min_budget and kv count configs
     (agg: shape x replicas, disagg: prefill x decode pairs), each config under the first rule it
-    fails, in spec order. `kv_tokens` maps every probed engine shape to its per-rank KV tokens
+    fails, in the order listed. `kv_tokens` maps every probed engine shape to its per-rank KV tokens
     (None: no KV budget / not modellable).
     """
 
@@ -174,7 +174,7 @@ def _probe_kv(model: str, hardware: str, backend: str, version: str,
 
 
 def resolve_max_seq_len(model_name: str, context_length: int | None) -> int:
-    """search_space.context_length, else the model's max context (spec stage 3)."""
+    """search_space.context_length, else the model's max context (the max sequence length the pool is built for)."""
     if context_length:
         return int(context_length)
     facts = model_facts(model_name)

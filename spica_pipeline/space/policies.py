@@ -54,7 +54,7 @@ class PolicyFilterResult:
         return list(self.config.search_space.planner_scaling_policy)
 
     def summary(self) -> str:
-        """The one progress line of spec stage 2 ('' when nothing was dropped)."""
+        """The one progress line of stage 2 ('' when nothing was dropped)."""
         if not self.dropped:
             return ""
         names = ", ".join(repr(d["policy"]) for d in self.dropped)
