@@ -174,7 +174,7 @@ def _probe_kv(model: str, hardware: str, backend: str, version: str,
 
 
 def resolve_max_seq_len(model_name: str, context_length: int | None) -> int:
-    """search_space.context_length, else the model's max context (the max sequence length the pool is built for)."""
+    """The max sequence length the pool is built for: search_space.context_length, else the model's."""
     if context_length:
         return int(context_length)
     facts = model_facts(model_name)
