@@ -40,11 +40,12 @@ from spica_pipeline.evaluate.engine_args import (
     check_context,
     role_gpus,
 )
-from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest, Evaluator, spec_hash
+from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest, Evaluator
 from spica_pipeline.evaluate.timing import default_cache_dir
 from spica_pipeline.fidelity import measurement
 from spica_pipeline.fidelity.apply import calibrate
 from spica_pipeline.fidelity.profile import for_client, load_profile, needs_client, uses_fixed_lengths
+from spica_pipeline.jsonvalue import spec_hash
 from spica_pipeline.space import kv
 from spica_pipeline.space.engine import EngineIdentity, KvCapacity
 from spica_pipeline.space.model_hw import latest_backend_version
