@@ -277,9 +277,32 @@ def vizier_for(algorithm: str):
     from spica_pipeline.optimize.vizier import VizierClient
 
     if algorithm == "spica":  # stock Vizier GP-UCB-PE settings and classes
-        return VizierClient(algorithm="DEFAULT", compile_once=False, acquisition_evaluations=75000,
-                            ard_max_iterations=500, trial_padding=False, clear_jax_cache=True, jax_cache_dir="")
+        return stock_vizier_client()
     return VizierClient(algorithm="DEFAULT" if algorithm == "ours" else algorithm)
+
+
+def stock_vizier_client():
+    """The client with Vizier's own GP-UCB-PE for its model-based asks: the stock classes, 75,000
+    acquisition evaluations, ARD 500 iterations, no padding, compile caches cleared every suggest,
+    no persistent cache. Seeding, history replay and the quasi-random seed batch are the client's."""
+    from spica_pipeline.optimize.vizier import Study, VizierClient, resolve_algorithm
+
+    class StockStudy(Study):
+        def _gp_designer(self, algo, problem, rng, rows):
+            from vizier.jax import optimizers
+
+            from spica_pipeline.optimize import vizier_private as vp
+
+            ard = optimizers.JaxoptScipyLbfgsB(optimizers.LbfgsBOptions(maxiter=500, best_n=None))
+            return vp.VizierGPUCBPEBandit(problem, rng=rng, ard_random_restarts=4, ard_optimizer=ard,
+                                          clear_jax_cache=True)
+
+    class StockVizierClient(VizierClient):
+        def open_study(self, encoding, metrics, *, seed, algorithm=None, name=None):
+            return StockStudy(self, encoding, list(metrics), seed=seed,
+                              algorithm=resolve_algorithm(self.algorithm, algorithm), name=name)
+
+    return StockVizierClient(algorithm="DEFAULT", jax_cache_dir="")
 
 
 def run_one(name: str, config, prepared, evaluator, algorithm: str, seed: int, optimum: float, budget: int,

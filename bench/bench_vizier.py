@@ -2,7 +2,7 @@
 
 usage:
   .venv/bin/python bench/bench_vizier.py [--algos DEFAULT,GAUSSIAN_PROCESS_BANDIT,...] [--ns 0,4,8,16,32]
-      [--count 4] [--budget 4000] [--restarts 4] [--ard-iter 50] [--no-padding] [--min-pad 32] [--clear] [--cache DIR|none]
+      [--count 4] [--budget 4000] [--restarts 4] [--ard-iter 50] [--cache DIR|none]
       [--gil] [--quality ROUNDS] [--acq-budgets 75000,4000,1000]
 
 Run it twice with the same --cache DIR: the first run sees a cold persistent JAX cache (delete the
@@ -20,17 +20,8 @@ growth over --rss-suggests more suggests, e.g.
   .venv/bin/python bench/bench_vizier.py --after-first --algos DEFAULT --count 8 --ns 8,16,32,64,100 \
       --objectives 1,2 --reps 3 --rss-suggests 50 --cache none --json bench/results/vizier_after_first.json
 
-Measured 2026-12-02 on the shared 2-core box (load average 4-11 from other work, so wall times are
-2-4x the CPU times; cpu_s is the comparable number), 9 parameters, suggest(4), single objective:
-  DEFAULT, Vizier defaults (75k acq evals, ARD 500 it, no padding, no cache): N=4 87.5 s CPU, N=8 76.7 s
-  DEFAULT, this client, cold cache:  N=4 54.1, N=8 29.7, N=16 32.2, N=32 51.7 s CPU (N=32 crosses 32 rows)
-  DEFAULT, this client, warm cache:  N=4 49.2, N=8 32.1, N=16 33.3, N=32 43.8 s CPU
-  DEFAULT + set_exploration=True:    N=16 19.9 s CPU (one joint PE optimisation for the batch)
-  GAUSSIAN_PROCESS_BANDIT, warm:     N=4 12.5, N=8 9.0, N=16 10.4, N=32 9.7 s CPU (4/4 distinct)
-  RANDOM / QUASI_RANDOM: <= 0.01 s CPU; the first batch of every algorithm is quasi-random.
-  Acquisition value at N=16 (same seed): 75k evals UCB 0.8114, PE 0.145/0.130/0.122 (63 s CPU);
-  4k: 0.8113, 0.140/0.116/0.111 (32 s); 1k: 0.801, 0.114/0.111/0.070 (38 s: tracing dominates).
-  GIL: main-thread 5 ms heartbeat during a 62 s suggest_async: p50 7.3 ms, p99 21 ms, max 0.96 s.
+The product's numbers live in bench/results/vizier_after_first.json (--after-first, above);
+cpu_s is the comparable number on a shared machine (wall times there run 2-4x the CPU times).
 """
 
 import argparse
@@ -101,14 +92,14 @@ COMPILES = {"n": 0, "s": 0.0}
 
 
 def _count_compiles() -> None:
-    import jax._src.monitoring as mon
+    import jax.monitoring
 
     def on_event(event, duration, **_):
         if event == "/jax/core/compile/backend_compile_duration":
             COMPILES["n"] += 1
             COMPILES["s"] += duration
 
-    mon.register_event_duration_secs_listener(on_event)
+    jax.monitoring.register_event_duration_secs_listener(on_event)
 
 
 def rss_mb() -> int:
@@ -128,9 +119,6 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=VizierClient.model_fields["acquisition_evaluations"].default)
     ap.add_argument("--restarts", type=int, default=4)
     ap.add_argument("--ard-iter", type=int, default=VizierClient.model_fields["ard_max_iterations"].default)
-    ap.add_argument("--no-padding", action="store_true")
-    ap.add_argument("--min-pad", type=int, default=VizierClient.model_fields["min_padded_trials"].default)
-    ap.add_argument("--clear", action="store_true")
     ap.add_argument("--cache", default="~/.cache/spica-pipeline/jax-bench")
     ap.add_argument("--gil", action="store_true")
     ap.add_argument("--quality", type=int, default=0)
@@ -147,8 +135,6 @@ def main() -> None:
     ap.add_argument("--first-only", action="store_true",
                     help="series mode: only the first call per (algorithm, objectives), e.g. a second run "
                          "with the same --cache DIR measures the first call with a warm persistent cache")
-    ap.add_argument("--no-shared-acquisition", action="store_true",
-                    help="GP-UCB-PE's UCB and PE scores as two compiled programs (before 2026-12-04 19:49 UTC)")
     ap.add_argument("--merge", action="store_true",
                     help="series mode: merge into the existing --json (keys per algorithm/N/objectives, "
                          "this run's argv/date/loadavg appended to 'invocations') instead of replacing it")
@@ -162,9 +148,6 @@ def main() -> None:
         acquisition_evaluations=args.budget,
         ard_random_restarts=args.restarts,
         ard_max_iterations=args.ard_iter,
-        trial_padding=not args.no_padding,
-        min_padded_trials=args.min_pad,
-        clear_jax_cache=args.clear,
         jax_cache_dir="" if args.cache == "none" else args.cache,
     )
     print(json.dumps({"params": len(enc.params), "config": client_kw}), flush=True)
@@ -273,10 +256,7 @@ def after_first(args) -> None:
 
     enc = build_encoding(quickstart_branch())
     client_kw = dict(acquisition_evaluations=args.budget, ard_random_restarts=args.restarts,
-                     ard_max_iterations=args.ard_iter, trial_padding=not args.no_padding,
-                     min_padded_trials=args.min_pad, clear_jax_cache=args.clear,
-                     jax_cache_dir="" if args.cache == "none" else args.cache,
-                     shared_acquisition=not args.no_shared_acquisition)
+                     ard_max_iterations=args.ard_iter, jax_cache_dir="" if args.cache == "none" else args.cache)
     ns = [int(x) for x in args.ns.split(",")]
     cache = client_kw["jax_cache_dir"]
     cache_state = "none" if not cache else (

@@ -212,9 +212,10 @@ def test_gp_bandit_is_seeded():
 def test_floor_padding_keeps_one_trial_shape_across_rounds():
     import numpy as np
 
-    from spica_pipeline.optimize.vizier import _floor_padding
+    client("QUASI_RANDOM_SEARCH").open_study(ENC, SINGLE, seed=0).problem()  # the runtime setup first
+    from spica_pipeline.optimize.gp_designer import floor_padding
 
-    pad = _floor_padding(32)
+    pad = floor_padding(32)
     for n in (1, 5, 17, 32):
         arr = pad.pad_features(np.ones((n, 3)))
         assert arr.padded_array.shape == (32, 3)

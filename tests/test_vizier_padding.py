@@ -1,5 +1,6 @@
-"""Padding must not change what the GP sees: the multi-task ARD loss and the PE score, padded vs
-unpadded, on the same trials (pure functions, no suggest: seconds, not minutes)."""
+"""Padding must not change what the GP sees: the multi-task ARD loss and the acquisition scores,
+padded vs unpadded and ours vs Vizier's, on the same trials (pure functions, no suggest: seconds,
+not minutes)."""
 
 import pytest
 from branch_stub import Branch
@@ -32,17 +33,22 @@ def _history(n):
 
 
 def _model(pad: bool, metrics, n=11):
+    """(designer, data, model with the data, initial parameters): our padded GP-UCB-PE, or with
+    `pad` false Vizier's own designer on the unpadded trials."""
     import jax
     from vizier import pyvizier as vz
-    from vizier._src.jax import stochastic_process_model as sp
 
-    study = VizierClient(algorithm="DEFAULT", jax_cache_dir="", pad_multi_objective=pad).open_study(
-        ENC, metrics, seed=0)
-    designer = study._gp_designer("DEFAULT", study.problem(), jax.random.PRNGKey(0))
+    from spica_pipeline.optimize import vizier_private as vp
+
+    study = VizierClient(algorithm="DEFAULT", jax_cache_dir="").open_study(ENC, metrics, seed=0)
+    if pad:
+        designer = study._gp_designer("DEFAULT", study.problem(), jax.random.PRNGKey(0), rows=n)
+    else:
+        designer = vp.VizierGPUCBPEBandit(study.problem(), rng=jax.random.PRNGKey(0))
     trials, _ = study._to_trials(_history(n), study.problem().search_space, vz)
     data = designer._trials_to_data(trials)
     coroutine = designer._gp_model_class.build_model(data, multitask_type=designer._config.multitask_type).coroutine
-    model = sp.CoroutineWithData(coroutine, data)
+    model = vp.CoroutineWithData(coroutine, data)
     params = model.setup(jax.random.PRNGKey(3))
     return designer, data, model, params
 
@@ -51,22 +57,21 @@ def _stock_and_shared_scores(designer, data, predictive, predictive_all, trust_r
     """GP-UCB-PE's score keywords as its designer sets them, then (Vizier's UCB, PE) and ours (UCB,
     PE: the one shared class with use_ucb on and off), all on the same posteriors and weights."""
     import jax
-    from vizier._src.algorithms.designers import gp_ucb_pe
 
-    from spica_pipeline.optimize.vizier import _shared_score_class
+    from spica_pipeline.optimize import vizier_private as vp
+    from spica_pipeline.optimize.gp_acquisition import SharedUCBPEScore
 
     cfg = designer._config
     pe_kw = dict(ucb_coefficient=cfg.ucb_coefficient, explore_ucb_coefficient=cfg.explore_region_ucb_coefficient,
                  penalty_coefficient=cfg.cb_violation_penalty_coefficient, trust_region=trust_region,
                  multimetric_promising_region_penalty_type=cfg.multimetric_promising_region_penalty_type)
     rng = jax.random.PRNGKey(5)
-    stock = (gp_ucb_pe.UCBScoreFunction(predictive, predictive_all, ucb_coefficient=cfg.ucb_coefficient,
-                                        trust_region=trust_region, scalarization_weights_rng=rng, labels=data.labels),
-             gp_ucb_pe.PEScoreFunction(predictive, predictive_all, **pe_kw))
-    shared = _shared_score_class()
-    ours = (shared(predictive, predictive_all, use_ucb=True, labels=data.labels, scalarization_weights_rng=rng,
-                   **pe_kw),
-            shared(predictive, predictive_all, use_ucb=False, labels=data.labels, **pe_kw))
+    stock = (vp.UCBScoreFunction(predictive, predictive_all, ucb_coefficient=cfg.ucb_coefficient,
+                                 trust_region=trust_region, scalarization_weights_rng=rng, labels=data.labels),
+             vp.PEScoreFunction(predictive, predictive_all, **pe_kw))
+    ours = (SharedUCBPEScore(predictive, predictive_all, use_ucb=True, labels=data.labels,
+                             scalarization_weights_rng=rng, **pe_kw),
+            SharedUCBPEScore(predictive, predictive_all, use_ucb=False, labels=data.labels, **pe_kw))
     return pe_kw, stock, ours
 
 
@@ -75,13 +80,13 @@ def test_multi_task_ard_loss_ignores_padded_rows():
     import jax
     import numpy as np
 
-    from spica_pipeline.optimize.vizier import _masked_loss
+    from spica_pipeline.optimize.gp_ard import masked_loss
 
     _, data0, m0, params = _model(False, PARETO)
     _, data1, m1, _ = _model(True, PARETO)
     assert data1.labels.padded_array.shape[0] == 32 > data0.labels.padded_array.shape[0] == 11
     stock = float(m0.loss_with_aux(params)[0])
-    masked = _masked_loss(m1.loss_with_aux)
+    masked = masked_loss(m1.loss_with_aux)
     assert type(masked).__name__ == "MaskedMultiTaskLoss"
     assert float(masked(params)[0]) == pytest.approx(stock, rel=1e-10)
     g0 = jax.grad(lambda p: m0.loss_with_aux(p)[0])(params)
@@ -92,48 +97,29 @@ def test_multi_task_ard_loss_ignores_padded_rows():
 
 
 def test_single_metric_loss_passes_through():
-    from spica_pipeline.optimize.vizier import _masked_loss
+    from spica_pipeline.optimize.gp_ard import masked_loss
 
     _, _, model, _ = _model(True, [("throughput", "max")])
     fn = model.loss_with_aux
-    assert _masked_loss(fn) is fn
-
-
-@pytest.mark.parametrize("metrics", [PARETO, [("throughput", "max")]])
-def test_pe_score_with_precomputed_threshold_matches_vizier(metrics):
-    import jax
-    import numpy as np
-    from vizier._src.algorithms.designers import gp_ucb_pe
-    from vizier._src.jax import stochastic_process_model as sp
-
-    from spica_pipeline.optimize.vizier import _threshold_pe_class
-
-    designer, data, model, params = _model(True, metrics)
-    predictive = sp.UniformEnsemblePredictive(
-        sp.StochasticProcessWithCoroutine(model.coroutine, params).precompute_predictive(data))
-    cfg = designer._config
-    kw = dict(ucb_coefficient=cfg.ucb_coefficient, explore_ucb_coefficient=cfg.explore_region_ucb_coefficient,
-              penalty_coefficient=cfg.cb_violation_penalty_coefficient, trust_region=None,
-              multimetric_promising_region_penalty_type=cfg.multimetric_promising_region_penalty_type)
-    stock = gp_ucb_pe.PEScoreFunction(predictive, predictive, **kw)
-    ours = _threshold_pe_class()(predictive, predictive, **kw)
-    xs = designer._converter.to_features(designer._quasi_random_sampler.suggest(5))
-    np.testing.assert_allclose(np.asarray(ours.score(xs)), np.asarray(stock.score(xs)), rtol=1e-10, atol=1e-12)
-    assert jax.tree.structure(ours) == jax.tree.structure(_threshold_pe_class()(predictive, predictive, **kw))
+    assert masked_loss(fn) is fn
 
 
 @pytest.mark.parametrize("metrics", [PARETO, [("throughput", "max")]])
 def test_shared_ucb_pe_score_matches_vizier(metrics):
     """One score class for UCB and PE (a traced use_ucb flag): each flag value gives the stock
-    class's score, and both flag values have one pytree structure (one compiled program)."""
+    class's score, and both flag values have one pytree structure (one compiled program). Vizier's
+    own two-metric precomputation (a dense factor) is not one `posterior_terms` covers: those
+    scores go through TFP's distributions, with the same values."""
     import jax
     import numpy as np
-    from vizier._src.jax import stochastic_process_model as sp
+
+    from spica_pipeline.optimize import vizier_private as vp
 
     designer, data, model, params = _model(True, metrics)
-    predictive = sp.UniformEnsemblePredictive(
-        sp.StochasticProcessWithCoroutine(model.coroutine, params).precompute_predictive(data))
+    predictive = vp.UniformEnsemblePredictive(
+        vp.StochasticProcessWithCoroutine(model.coroutine, params).precompute_predictive(data))
     _, (stock_ucb, stock_pe), (ucb, pe) = _stock_and_shared_scores(designer, data, predictive, predictive, None)
+    assert ucb.fast == pe.fast == (len(metrics) == 1)
     xs = designer._converter.to_features(designer._quasi_random_sampler.suggest(5))
     for ours, stock in ((ucb, stock_ucb), (pe, stock_pe)):
         np.testing.assert_allclose(np.asarray(ours.score(xs)), np.asarray(stock.score(xs)), rtol=1e-10, atol=1e-12)
@@ -148,10 +134,10 @@ def test_shared_row_loss_equals_per_metric_loss():
     import jax
     import numpy as np
 
-    from spica_pipeline.optimize.vizier import _masked_loss
+    from spica_pipeline.optimize.gp_ard import masked_loss
 
     _, _, model, params = _model(True, PARETO)
-    shared = _masked_loss(model.loss_with_aux)
+    shared = masked_loss(model.loss_with_aux)
     assert shared.shared_rows
     per_metric = type(shared)(shared.coroutine, shared.data, shared_rows=False)
     assert float(shared(params)[0]) == pytest.approx(float(per_metric(params)[0]), rel=1e-10)
@@ -166,15 +152,15 @@ def test_independent_precompute_predicts_like_vizier():
     (2n x 2n) posterior mean and stddev, padded rows included."""
     import jax
     import numpy as np
-    from vizier._src.jax import stochastic_process_model as sp
 
-    from spica_pipeline.optimize.vizier import _precompute_predictive
+    from spica_pipeline.optimize import vizier_private as vp
+    from spica_pipeline.optimize.gp_posterior import precompute_predictive
 
     designer, data, model, params = _model(True, PARETO)
     assert data.labels.padded_array.shape[0] == 32
-    gp = sp.StochasticProcessWithCoroutine(model.coroutine, jax.tree.map(lambda a: a[None], params))
-    stock = sp.UniformEnsemblePredictive(gp.precompute_predictive(data))
-    ours = sp.UniformEnsemblePredictive(_precompute_predictive(gp, data))
+    gp = vp.StochasticProcessWithCoroutine(model.coroutine, jax.tree.map(lambda a: a[None], params))
+    stock = vp.UniformEnsemblePredictive(gp.precompute_predictive(data))
+    ours = vp.UniformEnsemblePredictive(precompute_predictive(gp, data))
     assert "independent" in ours.predictives.precomputed_divisor_matrix_cholesky
     xs = designer._converter.to_features(designer._quasi_random_sampler.suggest(7))
     a, b = stock.predict(xs), ours.predict(xs)
@@ -192,25 +178,21 @@ def test_fast_posterior_score_matches_vizier(metrics, noise_is_high):
     import jax
     import numpy as np
     from vizier import pyvizier as vz
-    from vizier._src.algorithms.designers.gp import acquisitions
-    from vizier._src.jax import stochastic_process_model as sp
 
-    from spica_pipeline.optimize.vizier import _precompute_predictive, _shared_score_class
+    from spica_pipeline.optimize import vizier_private as vp
+    from spica_pipeline.optimize.gp_posterior import precompute_predictive
 
     designer, data, model, params = _model(True, metrics)
-    gp = sp.StochasticProcessWithCoroutine(model.coroutine, jax.tree.map(lambda a: np.asarray(a)[None], params))
-    predictive = sp.UniformEnsemblePredictive(_precompute_predictive(gp, data))
+    gp = vp.StochasticProcessWithCoroutine(model.coroutine, jax.tree.map(lambda a: np.asarray(a)[None], params))
+    predictive = vp.UniformEnsemblePredictive(precompute_predictive(gp, data))
     pending = [vz.Trial(id=100 + i, parameters=s.parameters)
                for i, s in enumerate(designer._quasi_random_sampler.suggest(3))]
     predictive_all = designer._get_predictive_all_features(
         designer._converter.to_features(pending), data, gp, noise_is_high)
     assert predictive_all.predictives.observed_data.labels.padded_array.shape[0] == 32
-    tr = acquisitions.TrustRegion(trusted=predictive_all.predictives.observed_data.features)
-    pe_kw, (stock_ucb, stock_pe), (ucb, pe) = _stock_and_shared_scores(designer, data, predictive, predictive_all, tr)
-    shared = _shared_score_class()
+    tr = vp.TrustRegion(trusted=predictive_all.predictives.observed_data.features)
+    _, (stock_ucb, stock_pe), (ucb, pe) = _stock_and_shared_scores(designer, data, predictive, predictive_all, tr)
     assert ucb.fast and ucb.share_kernel and pe.fast and pe.share_kernel
-    slow = shared(predictive, predictive_all, use_ucb=False, labels=data.labels, fast_posterior=False, **pe_kw)
-    assert not slow.fast
     xs = designer._converter.to_features(designer._quasi_random_sampler.suggest(9))
     for ours, stock in ((ucb, stock_ucb), (pe, stock_pe)):
         np.testing.assert_allclose(np.asarray(ours.score(xs)), np.asarray(stock.score(xs)), rtol=1e-10, atol=1e-12)
@@ -225,21 +207,21 @@ def test_shares_kernel_needs_equal_kernel_parameters():
     """One kernel evaluation for both posteriors only when their kernels agree on every history row."""
     import jax
     import numpy as np
-    from vizier._src.jax import stochastic_process_model as sp
 
-    from spica_pipeline.optimize.vizier import _precompute_predictive, _shares_kernel
+    from spica_pipeline.optimize import vizier_private as vp
+    from spica_pipeline.optimize.gp_posterior import precompute_predictive, shares_kernel
 
     _, data, model, params = _model(True, PARETO)
     batched = jax.tree.map(lambda a: np.asarray(a)[None], params)
-    gp = sp.StochasticProcessWithCoroutine(model.coroutine, batched)
-    predictive = sp.UniformEnsemblePredictive(_precompute_predictive(gp, data))
-    assert _shares_kernel(predictive, predictive)
+    gp = vp.StochasticProcessWithCoroutine(model.coroutine, batched)
+    predictive = vp.UniformEnsemblePredictive(precompute_predictive(gp, data))
+    assert shares_kernel(predictive, predictive)
     noisier = dict(batched, observation_noise_variance=np.asarray(batched["observation_noise_variance"]) * 2)
-    other = sp.UniformEnsemblePredictive(_precompute_predictive(
-        sp.StochasticProcessWithCoroutine(model.coroutine, noisier), data))
-    assert _shares_kernel(predictive, other)  # the noise is not part of the kernel
+    other = vp.UniformEnsemblePredictive(precompute_predictive(
+        vp.StochasticProcessWithCoroutine(model.coroutine, noisier), data))
+    assert shares_kernel(predictive, other)  # the noise is not part of the kernel
     key = next(k for k in batched if k != "observation_noise_variance")
     changed = dict(batched, **{key: np.asarray(batched[key]) * 1.5})
-    other = sp.UniformEnsemblePredictive(_precompute_predictive(
-        sp.StochasticProcessWithCoroutine(model.coroutine, changed), data))
-    assert not _shares_kernel(predictive, other)
+    other = vp.UniformEnsemblePredictive(precompute_predictive(
+        vp.StochasticProcessWithCoroutine(model.coroutine, changed), data))
+    assert not shares_kernel(predictive, other)

@@ -1,5 +1,5 @@
-"""Pure pieces of the GP speed-ups in optimize/vizier.py: the LAPACK lowering of batched
-triangular solves, the scipy-driven ARD optimiser and the shared trial bucket (no suggest: seconds)."""
+"""Pure pieces of the GP speed-ups (optimize/gp_*.py): the LAPACK lowering of batched triangular
+solves, the scipy-driven ARD optimiser and the shared trial bucket (no suggest: seconds)."""
 
 import itertools
 
@@ -84,9 +84,9 @@ def test_batched_solve_gradient_matches_unbatched(jax_setup):
 
 def test_scipy_ard_optimizer_respects_bounds_and_is_deterministic(jax_setup):
     import jax.numpy as jnp
-    from vizier._src.jax import stochastic_process_model as sp
+    from vizier.jax import models
 
-    from spica_pipeline.optimize.vizier import scipy_ard_optimizer
+    from spica_pipeline.optimize.gp_ard import scipy_ard_optimizer
 
     target = {"a": jnp.array([0.3, -2.0]), "b": jnp.array([5.0])}
 
@@ -96,8 +96,8 @@ def test_scipy_ard_optimizer_respects_bounds_and_is_deterministic(jax_setup):
     init = {"a": jnp.array([[0.0, 0.0], [1.0, 1.0], [-1.0, 0.5]]), "b": jnp.array([[0.0], [1.0], [2.0]])}
     bounds = ({"a": jnp.array([-1.0, -1.0]), "b": None}, {"a": jnp.array([1.0, 1.0]), "b": jnp.array([3.0])})
     opt = scipy_ard_optimizer(50)
-    best, metrics = opt(init, loss, None, constraints=sp.Constraint(bounds=bounds))
-    again, _ = opt(init, loss, None, constraints=sp.Constraint(bounds=bounds))
+    best, metrics = opt(init, loss, None, constraints=models.Constraint(bounds=bounds))
+    again, _ = opt(init, loss, None, constraints=models.Constraint(bounds=bounds))
     np.testing.assert_allclose(np.asarray(best["a"]), [0.3, -1.0], atol=1e-6)  # -2 clipped to the bound -1
     np.testing.assert_allclose(np.asarray(best["b"]), [3.0], atol=1e-6)
     assert np.asarray(metrics["loss"]).shape == (1, 3)
@@ -115,14 +115,15 @@ def test_trial_bucket_rule():
     assert {trial_bucket(n + 8) for n in range(8, 101)} == {32, 64, 128}
 
 
-def test_one_padded_row_count_per_suggest():
+def test_one_padded_row_count_per_suggest(jax_setup):
     """History, history + pending and the batch pad to the same rows, so a suggest compiles one
     bucket's programs, not a (history, history + pending) pair."""
     import numpy as np
 
-    from spica_pipeline.optimize.vizier import _floor_padding, trial_bucket
+    from spica_pipeline.optimize.gp_designer import floor_padding
+    from spica_pipeline.optimize.vizier import trial_bucket
 
-    pad = _floor_padding(trial_bucket(60 + 8))
+    pad = floor_padding(trial_bucket(60 + 8))
     for n in (1, 30, 60, 67):
         assert pad.pad_features(np.ones((n, 3))).padded_array.shape == (128, 3)
     assert pad.pad_labels(np.ones((0, 1))).padded_array.shape == (0, 1)
