@@ -90,7 +90,7 @@ def test_unexpected_exception_is_one_line(monkeypatch, tmp_path, capsys):
     def boom(path):
         raise RuntimeError("kaboom\nsecond line")
 
-    monkeypatch.setattr(cli, "load_config", boom)
+    monkeypatch.setattr(cli.common, "load_config", boom)
     cfg = tmp_path / "x.yaml"
     code, _, err = run_main(["validate", "--config", str(cfg)], capsys)
     assert code == 2

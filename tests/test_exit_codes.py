@@ -213,13 +213,13 @@ def test_environment_failure_mid_sweep_is_exit_4_and_a_rerun_resumes(tmp_path, r
 
 def test_environment_failure_messages():
     out = Path("/runs/x")
-    full = cli.environment_failure(OSError(errno.ENOSPC, "No space left on device", "/runs/x/ledger.parquet"), out)
+    full = cli.common.environment_failure(OSError(errno.ENOSPC, "No space left on device", "/runs/x/ledger.parquet"), out)
     assert full.startswith("environment failure: no space left on device writing /runs/x/ledger.parquet")
     assert "free space on the filesystem holding /runs/x" in full and "are not recomputed" in full
-    assert "read-only" in cli.environment_failure(OSError(errno.EROFS, "Read-only file system"), out)
-    assert "out of memory" in cli.environment_failure(MemoryError(), out)
-    assert cli.environment_failure(FileNotFoundError(errno.ENOENT, "gone", "/opt/data.csv"), out) is None
-    assert cli.environment_failure(KeyError("x"), out) is None
+    assert "read-only" in cli.common.environment_failure(OSError(errno.EROFS, "Read-only file system"), out)
+    assert "out of memory" in cli.common.environment_failure(MemoryError(), out)
+    assert cli.common.environment_failure(FileNotFoundError(errno.ENOENT, "gone", "/opt/data.csv"), out) is None
+    assert cli.common.environment_failure(KeyError("x"), out) is None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -97,7 +97,8 @@ def wait_ready(pool, n: int, timeout: float = 120.0) -> list[dict]:
 # ---- choosing the backend (no Ray started) ------------------------------------------------
 
 def test_executor_choice_config_cli_and_dagster_resource():
-    from spica_pipeline.cli import _with_overrides, build_parser
+    from spica_pipeline.cli import build_parser
+    from spica_pipeline.cli.sweep import _with_overrides
     from spica_pipeline.dagster.config import config_hash
     from spica_pipeline.dagster.resources import EvaluationBackendResource
     from spica_pipeline.evaluate.pool import EvaluationPool
