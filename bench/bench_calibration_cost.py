@@ -1,4 +1,4 @@
-"""What the calibration profile costs a real sweep, and whether it changes the pick (issue 14 item 4).
+"""What the calibration profile costs a real sweep, and whether it changes the pick.
 
 With `evaluation.calibration: auto` a closed-loop candidate is replayed twice: the sweep's ramped
 steady state and the benchmark client the profile was fitted against (evaluate/replay.py
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     none_replay = (runs[0]["replay_seconds"] + runs[2]["replay_seconds"]) / 2
     result = {
         "benchmark": "calibration_cost", "config": os.path.relpath(args.config, ROOT), "order": list(ORDER),
-        "command": "bench/bench_calibration_cost.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": " ".join(["bench/bench_calibration_cost.py", *(sys.argv[1:] if argv is None else argv)]),
         "date": started, "cpus": os.cpu_count(), "loadavg_at_start": os.getloadavg()[0], "runs": runs,
         "ratios": {"wall_auto_over_none": round(runs[1]["wall_seconds"] / none_wall, 3),
                    "replay_auto_over_none": round(runs[1]["replay_seconds"] / none_replay, 3),

@@ -115,7 +115,7 @@ def split_report(name: str, mapped: list, records: list[dict[str, Any]]) -> dict
         "evaluated": len(evaluated),
         "fidelity_notes": sum(1 for r in recs if r.get("fidelity_note")),
         **summarise(evaluated),
-        # the comparison: ours and AIC's own estimate on exactly the same rows
+        # ours and AIC's own estimate on exactly the same rows
         "same_rows_as_aic": {k: v for k, v in summarise([r for r in evaluated if r.get("aic")]).items()
                              if k in ("ours", "calibrated", "aic")},
         "band_coverage": band_coverage(evaluated),
