@@ -49,7 +49,7 @@ def write_outputs(
     top_n / deploy_options: deploy/<rank>/ for the ranking's head (a front: every point up to top_n),
     rendered with report.dgd.DeployOptions (None: defaults).
     config_json: the validated config as JSON; when given, recommendation.json (SweepResult) is written.
-    heldout_check: the recorded held-out check of the numbers ranked on (resources/calibration.heldout_check),
+    heldout_check: the recorded held-out check of the numbers ranked on (fidelity/profile.heldout_check),
     shown per backend in report.md and deploy/<rank>/.
     """
 

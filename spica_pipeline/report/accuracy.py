@@ -1,5 +1,5 @@
 """How far the numbers a sweep ranked on were from real GPUs on models the calibration profile never
-saw: the profile's recorded held-out check (resources/calibration.heldout_check), shown per backend
+saw: the profile's recorded held-out check (fidelity/profile.heldout_check), shown per backend
 in report.md and the deploy records, so each accuracy claim names its measurement (file and date)."""
 
 from typing import Any, Iterable, Mapping

@@ -144,7 +144,7 @@ def render_report(
     heldout_check: Mapping[str, Any] | None = None,
 ) -> str:
     """report.md. heldout_check: the recorded held-out check of the numbers ranked on
-    (resources/calibration.heldout_check; None: none recorded)."""
+    (fidelity/profile.heldout_check; None: none recorded)."""
     lines = ["# Spica sweep report", "", "## Goal", *_kv_lines(goal_summary), "",
              "## Workload", *_kv_lines(workload_summary), ""]
 
