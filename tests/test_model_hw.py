@@ -65,12 +65,12 @@ def test_unknown_sku_is_one_line_with_closest_first():
         supported_backends("tpu_v5")
 
 
-def test_unknown_model_is_one_line_and_truncated():
+def test_unknown_model_is_one_line_with_the_three_closest():
     with pytest.raises(ModelHardwareError) as err:
         model_facts("Qwen/Qwen3-33B")
     msg = str(err.value)
     assert "\n" not in msg and "not one of aiconfigurator-core's shipped offline models" in msg
-    assert "available (" in msg and "Qwen/Qwen3-32B" in msg and "more)" in msg
+    assert f"closest: Qwen/Qwen3-32B, Qwen/Qwen3-8B, Qwen/Qwen3-30B-A3B ({len(available_models())} in all)" in msg
     assert len(msg) < 400
 
 

@@ -10,12 +10,22 @@ AIC 0.12.0 API used (all offline):
   `systems/*.yaml` specs) and `load_system_spec(sku)` (gpu.mem_capacity, node.num_gpus_per_node).
 * perf databases: `sdk.perf_database.get_supported_databases()`: {sku: {backend: [queryable
   slot versions]}}; "latest" is the highest by AIC's own `_version_sort_tuple`.
+* a local model: a directory holding a Hugging Face `config.json`; AIC reads such a directory
+  itself (`get_model_config_from_model_path(dir)`) when its architecture is one of
+  `sdk.common.ARCHITECTURE_TO_MODEL_FAMILY`.
+
+Names (`resolve_model`, `resolve_hardware`): a name the user writes maps once, before the sweep, to
+the name AIC ships (a Hugging Face id of the same checkpoint, an alias, a local directory); an
+unknown name is refused with the three closest names.
 """
 
 import difflib
+import json
 import logging
+import re
 from dataclasses import asdict, dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from spica_pipeline.config.precision import CHOICES
@@ -110,10 +120,12 @@ def _require_known(value: str, known: tuple[str, ...], refusal: str, limit: int 
 
 
 def check_model(model_name: str) -> None:
-    """Raise ModelHardwareError (one line) unless AIC ships a config for `model_name`."""
-    models = available_models()
-    _require_known(model_name, models, f"model_name {model_name!r} is not one of aiconfigurator-core's "
-                   f"shipped offline models; available ({len(models)})")
+    """Raise ModelHardwareError (one line) unless AIC ships a config for `model_name` or it is a local
+    directory holding a config.json (`resolve_model` has checked its architecture)."""
+    if model_name in available_models() or local_model_dir(model_name) is not None:
+        return
+    raise ModelHardwareError(f"model_name {model_name!r} is not one of aiconfigurator-core's shipped offline "
+                             f"models; {_closest_text(model_name, available_models(), _model_key)}")
 
 
 def check_hardware(hardware_sku: str) -> None:
@@ -247,3 +259,208 @@ def check_precision(precision: Any, model_name: str, hardware_sku: str) -> None:
         if mode not in valid:
             raise ModelHardwareError(f"{where}: {mode!r} is not supported for {model_name} on {hardware_sku} "
                                      f"(the GPU has no tensor cores for it); valid choices: {valid}")
+
+
+# --------------------------------------------------------------------------------------------
+# names: what a user writes -> what AIC ships
+# --------------------------------------------------------------------------------------------
+
+# Checkpoints whose config.json has the architecture and dimensions of a shipped one under another
+# name (a later release of the same shape), keyed like `_model_key`.
+SAME_SHAPE = {
+    "llama-3.3-70b": "meta-llama/Meta-Llama-3.1-70B",
+    "deepseek-v3-0324": "deepseek-ai/DeepSeek-V3",
+    "deepseek-r1-0528": "deepseek-ai/DeepSeek-R1",
+}
+# Words that name a fine-tune or a packaging of the same weights' shape, not another shape.
+_VARIANT_WORDS = frozenset({"instruct", "chat", "hf", "it", "base"})
+_PATH_LIKE = re.compile(r"^(~|\.{1,2}(/|$)|/)|\.json$")
+
+
+@dataclass(frozen=True)
+class ResolvedName:
+    """A model or GPU name as written and as the sweep uses it; `how` says why they differ."""
+
+    given: str
+    name: str
+    how: str | None = None
+
+    def note(self, what: str) -> str | None:
+        """`model X -> Y (how)`, or None when the name is used as written."""
+        return None if self.how is None else f"{what} {self.given} -> {self.name} ({self.how})"
+
+
+def _model_key(name: str) -> str:
+    """A model name without its org, case, variant words (Instruct, Chat, HF, IT, Base) or `Meta-`
+    prefix, `_` read as `.` (Llama-3_3 is Llama-3.3): names with one key have one weights' shape."""
+    words = [w for w in name.strip().rsplit("/", 1)[-1].lower().replace("_", ".").split("-")
+             if w not in _VARIANT_WORDS]
+    if words and words[0] == "meta":
+        words = words[1:]
+    return "-".join(words)
+
+
+@lru_cache(maxsize=1)
+def _models_by_key() -> dict[str, tuple[str, ...]]:
+    keyed: dict[str, list[str]] = {}
+    for name in available_models():
+        keyed.setdefault(_model_key(name), []).append(name)
+    return {key: tuple(names) for key, names in keyed.items()}
+
+
+def closest(value: str, names: Any, key: Any = str.lower, n: int = 3) -> list[str]:
+    """The `n` names most like `value` (difflib's ratio on `key` of each), closest first."""
+    target = key(value)
+    ratio = {name: difflib.SequenceMatcher(None, target, key(name)).ratio() for name in names}
+    return sorted(ratio, key=lambda name: (-ratio[name], name))[:n]
+
+
+def _closest_text(value: str, names: tuple[str, ...], key: Any = str.lower) -> str:
+    return f"closest: {', '.join(closest(value, names, key))} ({len(names)} in all)"
+
+
+def local_model_dir(name: str) -> Path | None:
+    """The directory of a local Hugging Face model named by `name` (the directory or its config.json),
+    or None when `name` names no existing config.json."""
+    try:
+        path = Path(name).expanduser()
+        if path.is_file() and path.name == "config.json":
+            return path.resolve().parent
+        if path.is_dir() and (path / "config.json").is_file():
+            return path.resolve()
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def supported_architectures() -> dict[str, str]:
+    """{Hugging Face architecture: AIC model family}: what AIC can model from a config.json."""
+    from aiconfigurator_core.sdk.common import ARCHITECTURE_TO_MODEL_FAMILY
+
+    return dict(sorted(ARCHITECTURE_TO_MODEL_FAMILY.items()))
+
+
+def _local_model(given: str) -> ResolvedName | None:
+    """A local config.json of an architecture AIC models, resolved to its directory; None when
+    `given` does not look like a path; ModelHardwareError naming the reason otherwise."""
+    from aiconfigurator_core.sdk.utils import get_model_config_from_model_path
+
+    families = supported_architectures()
+
+    directory = local_model_dir(given)
+    if directory is None:
+        if not _PATH_LIKE.search(given.strip()) and not Path(given).expanduser().exists():
+            return None
+        raise ModelHardwareError(f"search_space.model_name {given!r}: a local model is a directory holding a "
+                                 "Hugging Face config.json (or that config.json itself); there is none there")
+    config = directory / "config.json"
+    try:
+        raw = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelHardwareError(f"search_space.model_name: cannot read {config}: {str(exc).splitlines()[0]}") from None
+    architectures = raw.get("architectures") if isinstance(raw, dict) else None
+    if not (isinstance(architectures, list) and architectures and isinstance(architectures[0], str)):
+        raise ModelHardwareError(f"search_space.model_name: {config} names no architectures (a Hugging Face "
+                                 "config.json lists them, e.g. [\"LlamaForCausalLM\"])")
+    architecture = architectures[0]
+    if architecture not in families:
+        raise ModelHardwareError(f"search_space.model_name: {config} is a {architecture}, which aiconfigurator-core "
+                                 f"cannot model; {_closest_text(architecture, tuple(families))}; `spica list models` "
+                                 "prints the architectures it can")
+    try:
+        with QuietAIC():
+            get_model_config_from_model_path(str(directory))
+    except Exception as exc:  # a field AIC needs is missing or malformed: its own words, on one line
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelHardwareError(f"search_space.model_name: aiconfigurator-core cannot read {config} "
+                                 f"({architecture}): {detail}") from None
+    return ResolvedName(given, str(directory), f"local config.json, {architecture}, "
+                                               f"aiconfigurator-core family {families[architecture]}")
+
+
+def resolve_model(given: str) -> ResolvedName:
+    """The model the sweep uses for `given`: a shipped name as is; a local directory (or its
+    config.json) of a supported architecture; a Hugging Face id or alias of a shipped checkpoint's
+    shape. Otherwise ModelHardwareError with the three closest shipped names."""
+    models = available_models()
+    if given in models:
+        return ResolvedName(given, given)
+    local = _local_model(given)
+    if local is not None:
+        return local
+    key = _model_key(given)
+    matches = (SAME_SHAPE[key],) if key in SAME_SHAPE else _models_by_key().get(key, ())
+    if len(matches) == 1:
+        return ResolvedName(given, matches[0], "aiconfigurator-core's shipped config of the same shape")
+    if matches:
+        raise ModelHardwareError(f"search_space.model_name {given!r} may be any of {', '.join(matches)}; "
+                                 "name one of them")
+    raise ModelHardwareError(
+        f"search_space.model_name {given!r} is not a model aiconfigurator-core ships, a Hugging Face id of "
+        f"one, or a local directory holding a config.json; {_closest_text(given, models, _model_key)}; "
+        "`spica list models` prints them")
+
+
+def _hardware_key(name: str) -> str:
+    key = re.sub(r"[\s\-]+", "_", name.strip().lower())
+    return key.removeprefix("nvidia_")
+
+
+def resolve_hardware(given: str) -> ResolvedName:
+    """The AIC system for `given`: a system id as is; the same id in another case or spelling
+    (H200 SXM, h200-sxm); a GPU name that begins exactly one system id with perf data (H200 ->
+    h200_sxm, H100 -> h100_sxm). Otherwise ModelHardwareError with the three closest ids."""
+    systems = available_systems()
+    if given in systems:
+        return ResolvedName(given, given)
+    key = _hardware_key(given)
+    if key in systems:
+        return ResolvedName(given, key, "aiconfigurator-core system")
+    prefixed = [s for s in systems if s.startswith(key + "_")]
+    with_data = [s for s in prefixed if _supported_databases().get(s)] or prefixed
+    if len(with_data) == 1:
+        return ResolvedName(given, with_data[0], "aiconfigurator-core system with perf data")
+    if with_data:
+        raise ModelHardwareError(f"search_space.hardware_sku {given!r} may be any of {', '.join(with_data)}; "
+                                 "name one of them")
+    raise ModelHardwareError(f"search_space.hardware_sku {given!r} is not a GPU system aiconfigurator-core knows; "
+                             f"{_closest_text(key, systems)}; `spica list hardware` prints them")
+
+
+# --------------------------------------------------------------------------------------------
+# catalogues: what `spica list` prints
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One shipped model: its architecture, AIC's model family for it, experts and context."""
+
+    name: str
+    architecture: str
+    family: str
+    num_experts: int
+    max_context_length: int | None
+
+
+def model_catalogue() -> list[ModelEntry]:
+    """Every shipped model, in name order (case-insensitive), read from AIC's configs (no model build)."""
+    from aiconfigurator_core.sdk.utils import get_model_config_from_model_path
+
+    families = supported_architectures()
+    entries = []
+    with QuietAIC():
+        for name in sorted(available_models(), key=str.lower):
+            parsed = get_model_config_from_model_path(name)
+            architecture = str(parsed["architecture"])
+            context = parsed.get("context")
+            entries.append(ModelEntry(name, architecture, families.get(architecture, "?"),
+                                      int(parsed.get("num_experts") or 0), int(context) if context else None))
+    return entries
+
+
+def perf_databases() -> dict[str, dict[str, list[str]]]:
+    """{system: {backend: perf-data versions, oldest first}} for every system with any, in name order."""
+    from aiconfigurator_core.sdk.perf_database import _version_sort_tuple
+
+    return {sku: {b: sorted(v, key=_version_sort_tuple) for b, v in sorted(backends.items())}
+            for sku, backends in sorted(_supported_databases().items()) if backends}
