@@ -1,7 +1,7 @@
 """The sweep stages as plain functions, shared by the CLI and the Dagster assets.
 
-    validate -> filter planner policies -> load-predictor sub-sweep -> enumerate branches
-        -> one study per branch -> merge by goal
+    preflight (preflight.py: every check before a replay, names resolved, planner policies
+        filtered, branches enumerated) -> load-predictor sub-sweep -> one study per branch -> merge by goal
 
 Each stage takes and returns plain values, so a Dagster asset is a thin wrapper around one call.
 `run_sweep` chains them for the CLI, with an on-disk journal so an interrupted sweep resumes.
@@ -16,13 +16,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, S
 import pandas as pd
 
 from spica_pipeline.config import SmartSearchConfig
-from spica_pipeline.config.limits import check_resource_limits
-from spica_pipeline.errors import ConfigError, ModelHardwareError, SpicaError
+from spica_pipeline.errors import ModelHardwareError
 from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest, Evaluator
 from spica_pipeline.evaluate.pool import EvaluationPool
 from spica_pipeline.evaluate.ray_pool import RayEvaluationPool
 from spica_pipeline.evaluate.replay import ReplayEvaluator
-from spica_pipeline.fidelity.profile import FIXED_LENGTHS, fixed_length_backends, heldout_check, load_profile
+from spica_pipeline.fidelity.profile import heldout_check, load_profile
 from spica_pipeline.optimize.branch_plan import (
     BranchPlan,
     StudySampler,
@@ -41,17 +40,16 @@ from spica_pipeline.optimize.study import run_branch_study
 from spica_pipeline.optimize.trial import BranchOutcome, HistoryItem, Journal, Proposal, TrialCounter
 from spica_pipeline.optimize.timings import Timings
 from spica_pipeline.optimize.vizier import VizierClient
+from spica_pipeline.preflight import check_calibration, check_workload, preflight
 from spica_pipeline.report import merge_for_config, write_outputs
 from spica_pipeline.report.dgd import DeployOptions
 from spica_pipeline.report.tables import candidates_frame
 from spica_pipeline.space.branches import BranchEnumeration, BranchSpace, enumerate_branches
 from spica_pipeline.space.load_predictor.from_trace import load_predictor_for_config
 from spica_pipeline.space.model_hw import hardware_facts
-from spica_pipeline.space.parallel import resolve_max_seq_len
 from spica_pipeline.space.policies import PolicyFilterResult, filter_scaling_policies
 from spica_pipeline.space.shapes import ParallelConfig, parallel_config_from_dict
 from spica_pipeline.storage import atomic_write_parquet, atomic_write_text, file_sha256
-from spica_pipeline.traces import read_mooncake_trace
 
 if TYPE_CHECKING:
     from spica_pipeline.evaluate.pool import EvaluationBackend
@@ -81,55 +79,6 @@ class PreparedSweep:
     diagnostics: dict[str, Any] = field(default_factory=dict)
 
 
-def check_workload(config: SmartSearchConfig) -> list[str]:
-    """Stage 1 workload checks: a trace is read whole once, so a malformed line or a request whose
-    input + output is longer than the model's context is one error naming file and line; a synthetic
-    isl + osl over the context is one error naming the fields; the resource sanity limits
-    (config/limits.py) refuse what no replay can serve; the calibration profile loads and serves the
-    benchmark client's lengths (`check_calibration`). Never a failure per candidate.
-    Returns the trace's and the calibration's warnings (one line each, with a count)."""
-
-    space = config.search_space
-    workload = config.workload
-    calibration_warnings = check_calibration(config)
-    if not workload.trace_path:
-        check_resource_limits(config)
-        if workload.isl is not None and workload.osl is not None:
-            try:
-                context = resolve_max_seq_len(space.model_name, space.context_length)
-            except SpicaError:
-                return calibration_warnings  # an unknown model or context: stage 3 reports it with its own message
-            if workload.isl + workload.osl > context:
-                raise ConfigError(f"workload.isl {workload.isl} + workload.osl {workload.osl} = "
-                                  f"{workload.isl + workload.osl} tokens exceeds the context length {context} "
-                                  "of the model (search_space.context_length or the model's own): input and "
-                                  "output must both fit")
-        return calibration_warnings
-    trace = read_mooncake_trace(workload.trace_path,
-                                max_input_length=resolve_max_seq_len(space.model_name, space.context_length))
-    check_resource_limits(config, trace)
-    return list(trace.warnings) + calibration_warnings
-
-
-def check_calibration(config: SmartSearchConfig) -> list[str]:
-    """The profile loads (a ConfigError names a missing or corrupt file), and `client_lengths: fixed` has
-    fixed-length factors to select; a warning names the searched backends it changes nothing for."""
-
-    profile, _ = load_profile(config.evaluation.calibration)
-    if config.evaluation.client_lengths != "fixed":
-        return []
-    covered = fixed_length_backends(profile) if profile is not None else frozenset()
-    if not covered:
-        raise ConfigError(f"evaluation.client_lengths: 'fixed' needs a calibration profile with {FIXED_LENGTHS} "
-                          f"factors (calibration: auto has them); {config.evaluation.calibration!r} has none")
-    others = [b for b in config.search_space.backend if b not in covered]
-    if not others:
-        return []
-    return [f"evaluation.client_lengths 'fixed' changes nothing for backend {', '.join(others)}: the profile has "
-            f"fixed-length factors for {', '.join(sorted(covered))} only (a fixed-length client there drifts apart "
-            "like the spread replay; docs/fidelity.md)"]
-
-
 def filter_policies(config: SmartSearchConfig) -> PolicyFilterResult:
 
     return filter_scaling_policies(config)
@@ -146,15 +95,13 @@ def enumerate_branch_spaces(config: SmartSearchConfig) -> BranchEnumeration:
 
 
 def prepare(config: SmartSearchConfig) -> PreparedSweep:
-    trace_warnings = check_workload(config)
-    filtered = filter_policies(config)
-    enumeration = enumerate_branch_spaces(filtered.config)
+    """The preflight (every refusal before the first replay, names resolved), then the load predictor."""
+    checked = preflight(config)
+    filtered, enumeration = checked.filtered, checked.enumeration
     load_predictor = predict_load(filtered.config)
     return PreparedSweep(
         config=filtered.config, dropped_policies=list(filtered.dropped), load_predictor=load_predictor,
-        branches=list(enumeration.branches),
-        warnings=trace_warnings + ([filtered.summary()] if filtered.dropped else []) + list(enumeration.warnings),
-        diagnostics=enumeration.diagnostics,
+        branches=list(enumeration.branches), warnings=checked.warnings, diagnostics=enumeration.diagnostics,
     )
 
 
@@ -591,7 +538,8 @@ def _write_partial_ledger(output_dir: Path, log: RecordLog) -> None:
 
 
 __all__ = [
-    "AnytimeResult", "JournalStore", "PreparedSweep", "RecordLog", "StudiesRun", "StudySession", "SweepResult", "enumerate_branch_spaces",
+    "AnytimeResult", "JournalStore", "PreparedSweep", "RecordLog", "StudiesRun", "StudySession", "SweepResult",
+    "check_calibration", "check_workload", "enumerate_branch_spaces", "preflight",
     "evaluation_context", "filter_policies", "ledger_frame", "open_studies", "predict_load", "prepare",
     "run_branch", "run_sweep",
 ]

@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("evaluate",),
     ("optimize",),
     ("report",),
-    ("sweep", "calibrate"),
+    ("sweep", "calibrate", "preflight"),
     ("cli", "dagster", "__main__", "__init__"),
 )
 MAX_LOCAL_OWN_IMPORTS = 15

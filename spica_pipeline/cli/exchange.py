@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from spica_pipeline.cli.common import EXIT_OK, fail, load_or_report
+from spica_pipeline.preflight import resolve_names
 from spica_pipeline.report import merge_for_config
 from spica_pipeline.report.sweep_result import ledger_to_sweep_result, sweep_result_to_ledger, to_json_text
 from spica_pipeline.storage import atomic_write_parquet, atomic_write_text
@@ -20,6 +21,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     config = load_or_report(args.config)
     if isinstance(config, int):
         return config
+    config, _ = resolve_names(config)  # the names the sweep used (a Hugging Face id -> the shipped model)
     ledger_path = Path(args.run_dir) / "ledger.parquet"
     if not ledger_path.is_file():
         return fail(f"--run-dir {args.run_dir}: no ledger.parquet there (run `spica sweep` first)")

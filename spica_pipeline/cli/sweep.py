@@ -26,6 +26,7 @@ from spica_pipeline.config import SmartSearchConfig, render_validation_error
 from spica_pipeline.config.sweep import ALGORITHMS
 from spica_pipeline.errors import ConfigError, SpicaError
 from spica_pipeline.optimize.journal import JOURNAL_NAME, QUARANTINE_SUFFIX
+from spica_pipeline.preflight import refusal_line
 from spica_pipeline.progress import ProgressPrinter
 from spica_pipeline.report.tables import describe_candidate
 from spica_pipeline.sweep import run_sweep
@@ -83,7 +84,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             debug_text = getattr(err, "debug_text", None)  # e.g. a pool worker's start-up traceback
             if debug_text:
                 sys.stderr.write(debug_text)
-        return fail(str(err), err.exit_code)
+        return fail(refusal_line(err, args.config), err.exit_code)  # a preflight refusal: validate's line
     except Exception as err:  # a full disk mid-sweep (4), or a bug (3): one line either way
         progress.close()
         message = environment_failure(err, output_dir)

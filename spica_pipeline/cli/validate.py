@@ -1,18 +1,14 @@
-"""`spica validate --config F`: check a sweep config the way the sweep would, and say what it searches."""
+"""`spica validate --config F`: the sweep's preflight on a config file (the same checks and the same one-line
+refusal as `spica sweep` before its first replay), then a summary of what it searches."""
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from spica_pipeline.cli.common import EXIT_OK, fail, load_or_report
 from spica_pipeline.config import presets
 from spica_pipeline.config.sweep import ALGO_ENV, resolve_algorithm
-from spica_pipeline.errors import ConfigError, PolicyFilterError, SpicaError, TraceError
-from spica_pipeline.evaluate.ray_pool import require_ray
-from spica_pipeline.space.model_hw import check_precision
-from spica_pipeline.sweep import check_workload, filter_policies
-from spica_pipeline.traces import path_problem
+from spica_pipeline.preflight import PreflightError, preflight
 
 
 def _choices_text(values: list[Any]) -> str:
@@ -99,50 +95,32 @@ def summarize(config: Any) -> list[str]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """Validate a config file and print what it would sweep."""
+    """Validate a config file the way the sweep would before its first replay (preflight.py), and
+    print what it would sweep."""
     config = load_or_report(args.config)
     if isinstance(config, int):
         return config
-    trace = config.workload.trace_path
-
-    problem = path_problem(trace) if trace is not None else None
-    if problem is not None:
-        hint = (f" (relative paths resolve against the working directory {Path.cwd()})"
-                if problem.startswith("does not exist") and not Path(trace).is_absolute() else "")
-        return fail(f"invalid config {args.config}: workload.trace_path {trace!r} {problem}{hint}")
     try:
-        algorithm = algorithm_of(config)
-    except ConfigError as err:
-        return fail(f"invalid config {args.config}: {err}")
+        checked = preflight(config)
+    except PreflightError as err:
+        return fail(err.line(args.config))
+    config = checked.config
     try:
         lines = summarize(config)
     except Exception as err:  # a summary bug must not turn into a traceback either
         return fail(f"could not summarise config {args.config}: {type(err).__name__}: {err}")
 
-    try:
-        trace_warnings = check_workload(config)
-        space = config.search_space
-        check_precision(space.precision, space.model_name, space.hardware_sku)  # names field + choices
-        if config.sweep.executor == "ray":  # the [ray] extra must be installed: exit 2 now, not at sweep start
-
-            require_ray()
-    except TraceError as err:  # names the trace file and line
-        return fail(str(err))
-    except SpicaError as err:  # names the field and the limit
-        return fail(f"invalid config {args.config}: {err}")
-    try:
-        filtered = filter_policies(config)  # stage 2: a goal that leaves no usable policy is bad input
-    except PolicyFilterError as err:
-        return fail(f"invalid config {args.config}: search_space.planner_scaling_policy: {err}")
-    for warning in trace_warnings:
+    for warning in checked.workload_warnings + list(checked.enumeration.warnings):
         print(f"warning: {warning}", file=sys.stderr)
     print(f"config {args.config} is valid")
+    for line in checked.renamed:
+        print(line)
     for line in lines:
         print(line)
-    if algorithm != config.sweep.algorithm:
-        print(f"algorithm {algorithm} (from {ALGO_ENV}, overriding sweep.algorithm {config.sweep.algorithm})")
-    if filtered.dropped:
-        print(filtered.summary())
+    if checked.algorithm != config.sweep.algorithm:
+        print(f"algorithm {checked.algorithm} (from {ALGO_ENV}, overriding sweep.algorithm {config.sweep.algorithm})")
+    if checked.filtered.dropped:
+        print(checked.filtered.summary())
     return EXIT_OK
 
 

@@ -15,12 +15,12 @@ import pandas as pd
 import yaml
 from pydantic import Field
 
-from spica_pipeline import sweep as sweep_stages
 from spica_pipeline.config import ALGORITHMS, SmartSearchConfig, load_config, parse_yaml_text
 from spica_pipeline.config.loader import validate_config
 from spica_pipeline.dagster.spec import SweepSpec, resolve_path
 from spica_pipeline.errors import ConfigError, SpicaError, describe
 from spica_pipeline.jsonvalue import canonical_json
+from spica_pipeline.preflight import PreflightError, preflight
 from spica_pipeline.traces import trace_content_hash
 
 
@@ -115,11 +115,15 @@ def build_validated_config(spec: SweepSpec) -> dg.AssetsDefinition:
               "(a bad config fails with one line)")
     def validated_config(context: dg.AssetExecutionContext, config: SweepLaunchConfig) -> dg.Output[pd.DataFrame]:
         try:
-            cfg = read_sweep_config(spec.config_path, config)
-            for warning in sweep_stages.check_workload(cfg):  # a malformed trace line -> one error naming file:line
-                context.log.warning(warning)
+            # the sweep's preflight: the CLI's refusals before any study; the names as the stages use them
+            checked = preflight(read_sweep_config(spec.config_path, config))
+        except PreflightError as err:
+            raise dg.Failure(description=err.line(spec.config_path)) from None
         except SpicaError as err:
             raise fail(err) from None
+        cfg = checked.config
+        for warning in checked.warnings:
+            context.log.warning(warning)
         frame = config_frame(cfg, source=spec.config_path, sweep_name=spec.name)
         space = cfg.search_space
         return dg.Output(frame, metadata={

@@ -43,6 +43,8 @@ _ROUTER_FLAGS = (
 _REPLAY_ONLY_PLANNER_KEYS = ("report_interval_hours", "live_dashboard_port",
                              "metric_pulling_prometheus_extra_query_params")
 _MODULES = {"vllm": "dynamo.vllm", "sglang": "dynamo.sglang"}
+# The backends this writer renders a manifest for (the sweep's preflight refuses any other).
+DEPLOY_BACKENDS: tuple[str, ...] = tuple(_MODULES)
 _COMPONENT_NAMES = {
     "vllm": {"agg": "VllmWorker", "prefill": "VllmPrefillWorker", "decode": "VllmDecodeWorker"},
     "sglang": {"agg": "SglangWorker", "prefill": "SglangPrefillWorker", "decode": "SglangDecodeWorker"},

@@ -1,0 +1,186 @@
+"""The sweep's preflight: every check that can refuse a config before its first replay, in one place.
+
+`spica validate`, `spica sweep` (`sweep.prepare`) and the Dagster validated_config asset all call
+`preflight`, so the three give the same verdict with the same line, and no sweep replays and then
+fails on something knowable at start. In order:
+
+    algorithm (SPICA_VIZIER_ALGO included) -> the ray extra for `executor: ray` -> the trace file
+    exists -> model and GPU names resolve (space/model_hw.py) -> every backend has a deploy writer
+    (report/dgd.py) -> precision the model and GPU can run -> the workload (trace read whole, input
+    + output within the context, resource limits, calibration profile) -> planner policies left
+    by the goal -> the branch enumeration (perf data per system/backend/precision, KV fit, pins)
+
+A refusal is a `PreflightError` (exit 2) whose `line(where)` is the one line both commands print.
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from spica_pipeline.config import SmartSearchConfig
+from spica_pipeline.config.limits import check_resource_limits
+from spica_pipeline.config.sweep import resolve_algorithm
+from spica_pipeline.errors import ConfigError, PolicyFilterError, SpicaError, TraceError
+from spica_pipeline.evaluate.ray_pool import require_ray
+from spica_pipeline.fidelity.profile import FIXED_LENGTHS, fixed_length_backends, load_profile
+from spica_pipeline.report.dgd import DEPLOY_BACKENDS
+from spica_pipeline.space.branches import BranchEnumeration, enumerate_branches
+from spica_pipeline.space.model_hw import ResolvedName, check_precision, resolve_hardware, resolve_model
+from spica_pipeline.space.parallel import resolve_max_seq_len
+from spica_pipeline.space.policies import PolicyFilterResult, filter_scaling_policies
+from spica_pipeline.traces import path_problem, read_mooncake_trace
+
+
+class PreflightError(ConfigError):
+    """A config the sweep would refuse, found before any replay. `line(where)` prefixes the config
+    file, except for a trace problem, whose message starts with the trace file and line."""
+
+    def __init__(self, message: str, *, names_config: bool = True):
+        super().__init__(message)
+        self.names_config = names_config
+
+    def line(self, where: str | Path | None) -> str:
+        if not self.names_config or where is None:
+            return str(self)
+        return f"invalid config {where}: {self}"
+
+
+def refusal_line(err: SpicaError, where: str | Path | None) -> str:
+    """The one line a command prints for `err` (a preflight refusal names the config file)."""
+    return err.line(where) if isinstance(err, PreflightError) else str(err)
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What the checks found: the config with its names resolved (every later stage reads this one),
+    the planner-policy filter's result, the branch enumeration, and what to tell the user."""
+
+    config: SmartSearchConfig
+    filtered: PolicyFilterResult
+    enumeration: BranchEnumeration
+    algorithm: str
+    renamed: list[str] = field(default_factory=list)  # "model X -> Y (why)", one per resolved name
+    workload_warnings: list[str] = field(default_factory=list)
+
+    @property
+    def warnings(self) -> list[str]:
+        """Every warning of the checks, in the order they ran (names, workload, policies, branches)."""
+        dropped = [self.filtered.summary()] if self.filtered.dropped else []
+        return self.renamed + self.workload_warnings + dropped + list(self.enumeration.warnings)
+
+
+def preflight(config: SmartSearchConfig) -> Preflight:
+    """Run every check in the module docstring's order; raises PreflightError (exit 2) on the first
+    refusal. Cheap where the config is good: the enumeration it runs is memoised for the sweep."""
+    try:
+        return _preflight(config)
+    except PreflightError:
+        raise
+    except TraceError as err:  # names the trace file and line itself
+        raise PreflightError(str(err), names_config=False) from None
+    except PolicyFilterError as err:
+        raise PreflightError(f"search_space.planner_scaling_policy: {err}") from None
+    except SpicaError as err:
+        if err.exit_code != ConfigError.exit_code:
+            raise
+        raise PreflightError(str(err)) from None
+
+
+def _preflight(config: SmartSearchConfig) -> Preflight:
+    algorithm = resolve_algorithm(config.sweep.algorithm)
+    if config.sweep.executor == "ray":
+        require_ray()
+    check_trace_path(config)
+    config, renamed = resolve_names(config)
+    check_backends(config)
+    space = config.search_space
+    check_precision(space.precision, space.model_name, space.hardware_sku)
+    workload_warnings = check_workload(config)
+    filtered = filter_scaling_policies(config)
+    enumeration = enumerate_branches(filtered.config)
+    return Preflight(config=config, filtered=filtered, enumeration=enumeration, algorithm=algorithm,
+                     renamed=renamed, workload_warnings=workload_warnings)
+
+
+def check_trace_path(config: SmartSearchConfig) -> None:
+    """A trace workload's file exists and is a regular file (before anything reads the model)."""
+    trace = config.workload.trace_path
+    problem = path_problem(trace) if trace is not None else None
+    if problem is None:
+        return
+    hint = (f" (relative paths resolve against the working directory {Path.cwd()})"
+            if problem.startswith("does not exist") and not Path(str(trace)).is_absolute() else "")
+    raise PreflightError(f"workload.trace_path {trace!r} {problem}{hint}")
+
+
+def resolve_names(config: SmartSearchConfig) -> tuple[SmartSearchConfig, list[str]]:
+    """The config with search_space.model_name and hardware_sku as aiconfigurator-core names them
+    (a Hugging Face id, an alias or a local config.json -> the name every stage uses), and one
+    line per name that changed."""
+    space = config.search_space
+    model: ResolvedName = resolve_model(space.model_name)
+    hardware: ResolvedName = resolve_hardware(space.hardware_sku)
+    renamed = [note for note in (model.note("model"), hardware.note("hardware")) if note]
+    if not renamed:
+        return config, []
+    space = space.model_copy(update={"model_name": model.name, "hardware_sku": hardware.name})
+    return config.model_copy(update={"search_space": space}), renamed
+
+
+def check_backends(config: SmartSearchConfig) -> None:
+    """Every searched backend has a deploy writer: each pick is written as a DynamoGraphDeployment,
+    so a backend without one would replay and then fail at the end."""
+    missing = [b for b in config.search_space.backend if b not in DEPLOY_BACKENDS]
+    if missing:
+        raise PreflightError(
+            f"search_space.backend: no DynamoGraphDeployment writer for {', '.join(map(repr, missing))} "
+            f"(the picks' deploy/<rank>/dgd.yaml is written for {', '.join(DEPLOY_BACKENDS)}); "
+            "remove it from search_space.backend")
+
+
+def check_workload(config: SmartSearchConfig) -> list[str]:
+    """The workload checks: a trace is read whole once, so a malformed line or a request whose
+    input + output is longer than the model's context is one error naming file and line; a synthetic
+    isl + osl over the context is one error naming the fields; the resource sanity limits
+    (config/limits.py) refuse what no replay can serve; the calibration profile loads and serves the
+    benchmark client's lengths (`check_calibration`). Never a failure per candidate.
+    Returns the trace's and the calibration's warnings (one line each, with a count)."""
+
+    space = config.search_space
+    workload = config.workload
+    calibration_warnings = check_calibration(config)
+    if not workload.trace_path:
+        check_resource_limits(config)
+        if workload.isl is not None and workload.osl is not None:
+            try:
+                context = resolve_max_seq_len(space.model_name, space.context_length)
+            except SpicaError:
+                return calibration_warnings  # an unknown model or context: the enumeration reports it
+            if workload.isl + workload.osl > context:
+                raise ConfigError(f"workload.isl {workload.isl} + workload.osl {workload.osl} = "
+                                  f"{workload.isl + workload.osl} tokens exceeds the context length {context} "
+                                  "of the model (search_space.context_length or the model's own): input and "
+                                  "output must both fit")
+        return calibration_warnings
+    trace = read_mooncake_trace(workload.trace_path,
+                                max_input_length=resolve_max_seq_len(space.model_name, space.context_length))
+    check_resource_limits(config, trace)
+    return list(trace.warnings) + calibration_warnings
+
+
+def check_calibration(config: SmartSearchConfig) -> list[str]:
+    """The profile loads (a ConfigError names a missing or corrupt file), and `client_lengths: fixed` has
+    fixed-length factors to select; a warning names the searched backends it changes nothing for."""
+
+    profile, _ = load_profile(config.evaluation.calibration)
+    if config.evaluation.client_lengths != "fixed":
+        return []
+    covered = fixed_length_backends(profile) if profile is not None else frozenset()
+    if not covered:
+        raise ConfigError(f"evaluation.client_lengths: 'fixed' needs a calibration profile with {FIXED_LENGTHS} "
+                          f"factors (calibration: auto has them); {config.evaluation.calibration!r} has none")
+    others = [b for b in config.search_space.backend if b not in covered]
+    if not others:
+        return []
+    return [f"evaluation.client_lengths 'fixed' changes nothing for backend {', '.join(others)}: the profile has "
+            f"fixed-length factors for {', '.join(sorted(covered))} only (a fixed-length client there drifts apart "
+            "like the spread replay; docs/fidelity.md)"]
