@@ -1,4 +1,4 @@
-"""`spica`: the command line (validate, sweep, export, import). One module per command; every failure ends
+"""`spica`: the command line (validate, sweep, export, import, list). One module per command; every failure ends
 with one line on stderr, never a traceback, and an exit code that tells the truth (cli/common.py)."""
 
 import argparse
@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from spica_pipeline.cli import exchange, sweep, validate
+from spica_pipeline.cli import list as listing
 from spica_pipeline.cli.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED, fail, internal_error
 from spica_pipeline.errors import SpicaError
 
@@ -26,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the traceback of an internal error (exit 3) to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for command in (validate, sweep, exchange):
+    for command in (validate, sweep, exchange, listing):
         command.add_parser(sub, common)
     return parser
 
