@@ -1,8 +1,11 @@
-"""The shared data files some tests read (a real Mooncake trace), and the rule for when one is missing.
+"""Optional data outside the project that a few tests read (a real Mooncake trace), and the rule for
+when it is missing.
 
-CI always has the shared data next to the checkout, so a missing file there is a failure, never a
-silent skip. Set SPICA_SHARED_DATA to the data folder when it lives elsewhere, or SPICA_ALLOW_SKIP=1
-to skip these tests on a machine without it.
+The project's tests use data in the project (examples/traces/, tests/data/, or a trace generated in
+the test); the real trace is optional: ../shared/data/traces/README.md asks that it is not copied
+into the project. A test that needs it skips, naming the file and how to provide it, on a clone
+without it. Set SPICA_SHARED_DATA to the data folder when it lives elsewhere, and
+SPICA_REQUIRE_SHARED_DATA=1 where it must be present (a missing file is then a failure).
 """
 
 import os
@@ -16,11 +19,12 @@ REAL_TRACE = SHARED_DATA / "traces" / "mooncake_synthetic_trace.jsonl"
 
 
 def require(path: Path) -> Path:
-    """`path` when it exists; otherwise fail (skip only with SPICA_ALLOW_SKIP set)."""
+    """`path` when it exists; otherwise skip the test with the reason (fail with
+    SPICA_REQUIRE_SHARED_DATA set)."""
     if path.is_file():
         return path
-    message = (f"shared data file {path} is missing (set SPICA_SHARED_DATA to the folder holding "
-               "traces/, or SPICA_ALLOW_SKIP=1 to skip the tests that need it)")
-    if os.environ.get("SPICA_ALLOW_SKIP"):
-        pytest.skip(message)
-    pytest.fail(message)
+    message = (f"optional shared data file {path} is absent (set SPICA_SHARED_DATA to the folder holding "
+               "traces/ to run this test)")
+    if os.environ.get("SPICA_REQUIRE_SHARED_DATA"):
+        pytest.fail(message + "; SPICA_REQUIRE_SHARED_DATA is set")
+    pytest.skip(message)

@@ -56,20 +56,39 @@ def test_trace_example_reads_the_committed_trace(monkeypatch, capsys):
     assert Path(cfg.workload.trace_path).resolve() == TRACE
 
 
-def _validate_with_the_real_trace(tmp_path, model: str) -> int:
-    cfg = tmp_path / "real.yaml"
+def _validate_with_trace(tmp_path, trace: Path, model: str) -> int:
+    cfg = tmp_path / "traced.yaml"
     cfg.write_text(f"search_space: {{model_name: {model}, hardware_sku: h200_sxm}}\n"
-                   f"workload: {{trace_path: {require(REAL_TRACE)}, replay_concurrency: 64}}\n")
+                   f"workload: {{trace_path: {trace}, replay_concurrency: 64}}\n")
     return cli.main(["validate", "--config", str(cfg)])
 
 
-def test_real_mooncake_trace_config_validates(tmp_path, capsys):
-    # the trace's inputs reach 191,378 tokens: a 256k-context model takes them all
-    assert _validate_with_the_real_trace(tmp_path, "Qwen/Qwen3-VL-32B-Instruct") == 0
+def _long_input_trace(tmp_path) -> Path:
+    """Ten requests; the seventh has the real Mooncake trace's longest input, 191,378 tokens."""
+    rows = [{"timestamp": 100 * i, "input_length": 2000, "output_length": 100, "hash_ids": [10 * i, 10 * i + 1,
+                                                                                           10 * i + 2, 10 * i + 3]}
+            for i in range(10)]
+    rows[6] = {**rows[6], "input_length": 191_378, "hash_ids": list(range(1000, 1000 + math.ceil(191_378 / 512)))}
+    path = tmp_path / "long_input.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_long_input_trace_validates_on_a_long_context_model(tmp_path, capsys):
+    # a 256k-context model takes a 191,378-token input
+    assert _validate_with_trace(tmp_path, _long_input_trace(tmp_path), "Qwen/Qwen3-VL-32B-Instruct") == 0
     assert "capped at 64 in flight" in capsys.readouterr().out
 
 
-def test_real_mooncake_trace_longer_than_the_context_is_one_line(tmp_path, capsys):
-    assert _validate_with_the_real_trace(tmp_path, "Qwen/Qwen3-32B") == 2
+def test_trace_longer_than_the_context_is_one_line(tmp_path, capsys):
+    trace = _long_input_trace(tmp_path)
+    assert _validate_with_trace(tmp_path, trace, "Qwen/Qwen3-32B") == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"{REAL_TRACE}:7:" in err
+    assert err.count("\n") == 1 and f"{trace}:7:" in err
+
+
+def test_real_mooncake_trace_config_validates(tmp_path, capsys):
+    """Optional: the real trace (../shared/data; skipped, with the reason, where it is absent)."""
+    # the trace's inputs reach 191,378 tokens: a 256k-context model takes them all
+    assert _validate_with_trace(tmp_path, require(REAL_TRACE), "Qwen/Qwen3-VL-32B-Instruct") == 0
+    assert "capped at 64 in flight" in capsys.readouterr().out
