@@ -18,7 +18,10 @@ heldout, the rule in fidelity/silicon.py), overall and by model, backend, system
 --from-json reads replays of earlier runs instead of replaying (several files: joined by row id, the first file
 wins; REV:PATH reads a file as it was at a git revision). A fit uses calibration rows only: the first 480 of the
 split in the bench's row order (scores.FIT_ROWS); with a profile, the calibration split's report adds its scores on
-the other rows ("outside_fit").
+the other rows ("outside_fit"). With a profile each split's report also holds its decision fidelity (the
+configuration picked on predicted numbers against silicon's best, fidelity/decisions.py) and the errors of
+profiles fitted on k of a model's own measurements ("own", fidelity/own.py), each row's benchmark campaign read
+from the silicon file.
 """
 
 import argparse
@@ -33,13 +36,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from fidelity import files, rows, scores  # noqa: E402
+from fidelity import decisions, files, rows, scores  # noqa: E402
 
 from spica_pipeline.errors import ConfigError  # noqa: E402
-from spica_pipeline.fidelity.fit import FIXED_LENGTHS_METHOD, METHOD, fit_profile  # noqa: E402
 from spica_pipeline.fidelity.measurement import CLIENT_LENGTH_SPREAD  # noqa: E402
-from spica_pipeline.fidelity.profile import FIXED_LENGTHS, load_profile, validate  # noqa: E402
+from spica_pipeline.fidelity.profile import FIXED_LENGTHS, PHASES, load_profile, validate  # noqa: E402
 from spica_pipeline.fidelity.records import client_lengths  # noqa: E402
+from spica_pipeline.fidelity.transfer import CHOICE_LEVEL, describe, fit_profile  # noqa: E402
 
 SILICON_CSV = "aiconfigurator_core/systems/silicon_sample.csv"
 
@@ -50,7 +53,8 @@ def _list(value: str | None) -> list[str] | None:
 
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, Any]:
     command = "bench/bench_fidelity.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    _, mapped = rows.load_cases()
+    silicon_rows, mapped = rows.load_cases()
+    sources = {r.id: r.source for r in silicon_rows}
     cases = rows.select(mapped, split=args.split, models=_list(args.models), systems=_list(args.systems),
                         quick=args.quick, max_rows=args.max_rows, ids=_list(args.ids),
                         max_concurrency=args.max_concurrency, backends=_list(args.backends),
@@ -59,6 +63,15 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
                       script_flags=args.script_flags)
     records: list[dict[str, Any]] = []
     started = time.perf_counter()
+    profile: dict[str, Any] | None = None
+
+    def split_report(name: str) -> dict[str, Any]:
+        report = scores.split_report(name, mapped, records)
+        if profile is not None and name != "all":
+            in_split = [r for r in records if r["split"] == name and r.get("calibrated")]
+            report["decisions"] = decisions.decisions(in_split, profile)
+            report["own"] = decisions.own_errors(in_split, profile)
+        return report
 
     def result(partial: bool) -> dict[str, Any]:
         splits = ["calibration", "heldout", "all"] if args.split == "all" else [args.split]
@@ -71,7 +84,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             "script_flags": args.script_flags, "replays_from": args.from_json,
             "calibration_profile": args.fit_calibration or args.calibration, "quick": bool(args.quick),
             "workers": args.workers, "partial": partial, "wall_seconds": round(time.perf_counter() - started, 1),
-            "splits": {s: scores.split_report(s, mapped, records) for s in splits},
+            "splits": {s: split_report(s) for s in splits},
             # a result read from stored replays is a report on them: the records stay in the replays file
             **({} if args.from_json else {"records": records}),
         }
@@ -95,7 +108,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
             files.write_json(args.json, result(partial=True))
     if args.compact:
         return {"compact": [files.compact(r, _source_of(r["id"], args.from_json)) for r in records]}
-    profile, lomo = None, None
+    decisions.attach_campaigns(records, sources)
     if args.fit_calibration:
         fit_rows = scores.fit_records(records)
         profile = fit_profile(fit_rows, fitted=time.strftime("%Y-%m-%d", time.gmtime()), source=command)
@@ -104,7 +117,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         files.write_json(args.fit_calibration, profile)
         print(f"wrote calibration profile {args.fit_calibration} ({len(profile['rows_used'])} rows, "
               f"{len((profile.get(FIXED_LENGTHS) or {}).get('rows_used', ()))} with fixed lengths)")
-        lomo = scores.leave_one_model_out(fit_rows)
+        print_choices(profile)
     elif args.calibration != "none":
         profile, _ = load_profile(args.calibration)
     if profile is not None:
@@ -117,11 +130,18 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         if "calibration" in final["splits"]:
             cal = [r for r in records if r["split"] == "calibration"]
             final["splits"]["calibration"]["outside_fit"] = scores.outside_fit(cal, profile)
-    if lomo is not None:
-        final["calibration"]["leave_one_model_out"] = lomo
-        print(f"leave-one-model-out calibrated ({lomo['rows']} rows): TTFT {scores._fmt(lomo['calibrated']['ttft'])} "
-              f"| TPOT {scores._fmt(lomo['calibrated']['tpot'])}")
     return final
+
+
+def print_choices(profile: dict[str, Any]) -> None:
+    """Each entry's chosen correction and its leave-one-architecture-out errors."""
+    for section in ("slices", "backend"):
+        for key, e in profile[section].items():
+            t = e["transfer"]
+            print(f"  {key:26s} {e['correction']:16s} factor {e['factor']:.3f}"
+                  f"{' + %.2f ms' % e['overhead_ms'] if 'overhead_ms' in e else ''}: left out by architecture "
+                  f"{100 * (t['mdape'] or 0):.0f} / {100 * (t['p90'] or 0):.0f} % on {t['rows']} rows of "
+                  f"{t['architectures']} architecture(s)")
 
 
 _sources: dict[str, set[str]] = {}
@@ -137,6 +157,26 @@ def _source_of(row_id: str, paths: str | None) -> int:
     return -1
 
 
+def print_decisions(rep: dict[str, Any]) -> None:
+    d, own = rep.get("decisions"), rep.get("own")
+    if d:
+        print(f"   decisions ({d['questions_asked']} questions; {d['rule']}):")
+        for name, v in d["by_prediction"].items():
+            if v["questions"]:
+                print(f"     {name:20s} within 5 % {100 * v['within_5pct']:3.0f} %, SLA broken "
+                      f"{100 * v['sla_broken']:3.0f} %, no pick {100 * v['no_pick']:3.0f} % ({v['questions']} questions)")
+        for name, v in (d.get("same_questions") or {}).items():
+            if v["questions"]:
+                print(f"     within one campaign, {name:20s} within 5 % {100 * v['within_5pct']:3.0f} %, SLA broken "
+                      f"{100 * v['sla_broken']:3.0f} % ({v['questions']} questions)")
+    if own:
+        for k, e in own.items():
+            if isinstance(e, dict):
+                print(f"   own {k:>2s}: " + " | ".join(
+                    f"{p.upper()} {scores._fmt(e[p])} band {100 * (e[p]['band_coverage'] or 0):.0f} % "
+                    f"({e[p]['campaigns']} campaigns)" for p in PHASES))
+
+
 def provenance(fit_rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     """What a fitted profile rests on, for people reading the file."""
     fixed = sorted({r["model"] for r in fit_rows if client_lengths(r) == "fixed"})
@@ -144,9 +184,10 @@ def provenance(fit_rows: list[dict[str, Any]], args: argparse.Namespace) -> dict
         "split": "calibration", "models": sorted({r["model"] for r in fit_rows}),
         "rows": f"the first {scores.FIT_ROWS} calibration rows in the bench's row order (crc32 of the row id) with "
                 "both replays; the others score the profile",
-        "method": METHOD.describe(),
-        "fixed_lengths": f"{FIXED_LENGTHS_METHOD.name} on the rows replayed with fixed lengths ({', '.join(fixed)})"
+        "method": describe("client", CHOICE_LEVEL),
+        "fixed_lengths": f"the same choice on the rows replayed with fixed lengths ({', '.join(fixed)})"
                          if fixed else None,
+        "own_bands": "own.own_bands on the fit rows' benchmark campaigns (the silicon file's source column)",
         "replays": args.from_json, "results": args.json, "silicon_csv": SILICON_CSV,
         "aiconfigurator_core": files.version("aiconfigurator-core"),
         "ai_dynamo_runtime": files.version("ai-dynamo-runtime"),
@@ -203,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         files.write_json(args.json, result)
     for name, rep in result["splits"].items():
         scores.print_report(name, rep)
+        print_decisions(rep)
     if args.json:
         print(f"wrote {args.json}")
     return 0

@@ -2,7 +2,7 @@
 
 The shipped profile (fidelity/fit.py) corrects a replayed TTFT or TPOT by a factor per (system, backend). The
 accuracy targets (held-out TTFT MdAPE <= 20 %, TPOT <= 10 %, P90 <= 50 %) ask whether some correction reaches them
-on a model it never saw. This bench answers without a candidate, in four parts:
+on a model it never saw. This bench answers without a candidate, in five parts:
 
 * in sample: for each grain a correction could key on, each group's factor is the median of ln(silicon / replayed)
   over the very rows it is scored on, about the best a factor of that grain can do there (optimistic; fine grains
@@ -13,6 +13,10 @@ on a model it never saw. This bench answers without a candidate, in four parts:
   (leave one architecture out, with each model's signed median bias);
 * own model: a factor from k measurements of the model itself on the (system, backend, mode) it runs on, scored on
   that group's other rows: what someone who measured their own model a few times could reach;
+* methods: whole profiles fitted the shipped way (fidelity/transfer.py) on the profile's fit rows without one
+  architecture, every choice included, and scored on its rows: the correction chosen per (system, backend, phase),
+  per (backend, phase) or per phase, and the uniform methods it replaces (replay-v15's, replay-v14's, the raw
+  client replay). transfer.CHOICE_LEVEL is the level with the lowest score here;
 * floor: bench/results/silicon_repeats.json, how far two measurements of one configuration disagree (read, not
   recomputed).
 
@@ -40,12 +44,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from fidelity.files import records_by_id  # noqa: E402
-from fidelity.scores import error_stats  # noqa: E402
+from fidelity.scores import error_stats, fit_records, leave_one_architecture_out  # noqa: E402
 
 from spica_pipeline.fidelity import silicon  # noqa: E402
 from spica_pipeline.fidelity.fit import SCORE_TARGETS  # noqa: E402
 from spica_pipeline.fidelity.profile import PHASES  # noqa: E402
-from spica_pipeline.fidelity.records import engine_concurrency, replayed  # noqa: E402
+from spica_pipeline.fidelity import transfer as shipped  # noqa: E402
+from spica_pipeline.fidelity.records import architecture, engine_concurrency, replayed  # noqa: E402
 
 TARGETS = SCORE_TARGETS
 REPEATS = ROOT / "bench" / "results" / "silicon_repeats.json"
@@ -135,15 +140,6 @@ def with_slope(pts: list[dict[str, Any]]) -> list[float]:
     return fitted
 
 
-# Two calibration models share one architecture and mostly the same measurements: leaving one out leaves its twin,
-# which a new model does not have, so the transfer leaves out the architecture.
-ARCHITECTURE = {"deepseek-ai/DeepSeek-R1": "DeepSeek-V3", "deepseek-ai/DeepSeek-V3": "DeepSeek-V3"}
-
-
-def architecture(model: Any) -> str:
-    return ARCHITECTURE.get(str(model), str(model))
-
-
 # the grains that do not name the model, coarse to fine: a correction keyed on one can reach a new model
 TRANSFER_GRAINS = ("backend", "system, backend (the profile's)", "system, backend, mode, ISL, OSL",
                    "system, backend, mode, ISL, OSL, concurrency")
@@ -196,6 +192,23 @@ def own_model(pts: list[dict[str, Any]], k: int, seed: int = OWN_MODEL_SEED) -> 
     return {"k": k, "draws": OWN_MODEL_DRAWS, "seed": seed, **_stats(scored, fitted)}
 
 
+def methods(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Each method left out by architecture on the profile's fit rows (scores.leave_one_architecture_out): the
+    transfer choice at each of shipped.LEVELS, then the uniform methods; "score" sums the phases' target scores
+    (lower is better)."""
+    rows = fit_records([dict(r) for r in records])
+    out: dict[str, Any] = {"rows": "the profile's fit rows (scores.fit_records) with spread client lengths"}
+    if len({architecture(r.get("model")) for r in rows}) < 2:
+        return {**out, "note": "fewer than two architectures among the fit rows: nothing to leave out"}
+    for level in shipped.LEVELS:
+        out[f"choice per {level}"] = leave_one_architecture_out(
+            rows, lambda train, lv=level: shipped.fit(train, fitted="-", source="-", level=lv, fallback=False))
+    for name, candidates in shipped.UNIFORM.items():
+        out[f"uniform {name}"] = leave_one_architecture_out(
+            rows, lambda train, c=candidates: shipped.fit(train, fitted="-", source="-", candidates=c, fallback=False))
+    return out
+
+
 def meets(stats: Mapping[str, Any], phase: str) -> bool:
     md, p90 = TARGETS[phase]
     return stats.get("n", 0) > 0 and stats["mdape"] <= md and stats["p90"] <= p90
@@ -230,12 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-json", required=True,
                     help="comma-separated bench_fidelity replay files (PATH or REV:PATH), first wins per row")
     ap.add_argument("--json", help="write the result here")
+    ap.add_argument("--no-methods", action="store_true", help="skip the whole-method check (about two minutes)")
     args = ap.parse_args(argv)
     try:
         records = list(records_by_id(args.from_json, "calibration").values())
         result: dict[str, Any] = {"bench": "fidelity_ceiling", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                   "command": "bench/bench_fidelity_ceiling.py " + " ".join(sys.argv[1:] if argv is None else argv),
                   "split": "calibration", "phases": ceiling(records)}
+        if not args.no_methods:
+            result["methods"] = methods(records)
     except (OSError, ValueError, KeyError) as e:  # json.JSONDecodeError is a ValueError
         print(f"error: {args.from_json}: {e}", file=sys.stderr)
         return 2
@@ -254,6 +270,12 @@ def main(argv: list[str] | None = None) -> int:
             print("    " + ", ".join(f"{m.split('/')[-1]} {100 * b:+.0f} %" for m, b in t["bias_by_model"].items()))
         for own in r["own_model"]:
             print(_line(f"own model: {own['k']} measurement(s) on its (system, backend, mode)", own, phase))
+    for name, m in (result.get("methods") or {}).items():
+        if isinstance(m, dict):
+            c = m["calibrated"]
+            print(f"  {name:22s} left out by architecture ({m['rows']} rows): score {m['score']:.3f}  " + " | ".join(
+                f"{p.upper()} {100 * c[p]['mdape']:.0f}/{100 * c[p]['p90']:.0f} % band "
+                f"{100 * m['band_coverage'][p]['inside']:.0f} %" for p in PHASES))
     for k, v in (result.get("floor") or {}).items():
         if isinstance(v, dict):
             print(f"floor {k}: " + " | ".join(f"{p.upper()} {100 * v[p]['mdape']:.0f}/{100 * v[p]['p90']:.0f} %"

@@ -106,26 +106,31 @@ def test_the_replays_files_hold_each_split_whole_and_compact():
     assert fixed == {("aic", "sglang")}  # AIC's SGLang runner, replayed with exactly its lengths
 
 
+PACKAGED = ROOT / "spica_pipeline/fidelity/data/replay-v16.json"
+# the previous packaged profile, as git history keeps it
+V15 = "cd4ddf5:spica_pipeline/fidelity/data/replay-v15.json"
+
+
 def test_fit_calibration_writes_the_packaged_numbers_and_scores_the_other_rows(tmp_path):
     profile_path, out = tmp_path / "p.json", tmp_path / "fit.json"
     assert bench_fidelity.main(["--split", "calibration", "--from-json", str(REPLAYS["calibration"]),
                                 "--fit-calibration", str(profile_path), "--json", str(out)]) == 0
     fitted = json.loads(profile_path.read_text())
-    packaged = json.loads((ROOT / "spica_pipeline/fidelity/data/replay-v15.json").read_text())
-    assert fitted["slices"] == packaged["slices"] and fitted["overhead_ms"] == packaged["overhead_ms"]
+    packaged = json.loads(PACKAGED.read_text())
+    assert fitted["slices"] == packaged["slices"] and fitted["own_bands"] == packaged["own_bands"]
     assert fitted["provenance"]["split"] == "calibration" and len(fitted["rows_used"]) == 431
     result = json.loads(out.read_text())
-    outside = result["splits"]["calibration"]["outside_fit"]
-    assert outside["rows"] == 664 and outside["tpot"]["score"] < outside["ttft"]["score"]
-    assert set(result["calibration"]["leave_one_model_out"]["by_model"]) == set(fitted["provenance"]["models"])
+    cal = result["splits"]["calibration"]
+    assert cal["outside_fit"]["rows"] == 664 and cal["outside_fit"]["tpot"]["score"] < cal["outside_fit"]["ttft"]["score"]
+    assert cal["decisions"]["by_prediction"]["calibrated"]["questions"] > 0 and set(cal["own"]) >= {"1", "3", "10"}
 
 
 def test_a_fit_refuses_held_out_rows_and_a_missing_file_is_one_line(tmp_path, capsys):
     held = json.loads(REPLAYS["heldout"].read_text())["records"][:5]
     with pytest.raises(SystemExit, match="held-out"):
-        scores.outside_fit(held, json.loads((ROOT / "spica_pipeline/fidelity/data/replay-v15.json").read_text()))
+        scores.outside_fit(held, json.loads(PACKAGED.read_text()))
     with pytest.raises(SystemExit, match="held-out"):
-        scores.leave_one_model_out(held)
+        scores.leave_one_architecture_out(held, lambda train: {})
     assert bench_fidelity.main(["--from-json", str(tmp_path / "missing.json"), "--split", "heldout"]) == 2
     assert "missing.json" in capsys.readouterr().err
 
@@ -147,20 +152,19 @@ def test_compact_keeps_what_fitting_reads_and_the_source(tmp_path):
 
 
 def test_a_file_is_read_from_git_history():
-    data = files.read_json("HEAD:spica_pipeline/fidelity/data/replay-v15.json")
+    data = files.read_json(V15)
     assert data["method_name"] == "v15"
     with pytest.raises(OSError, match="no-such-file"):
         files.read_json("HEAD:no-such-file.json")
 
 
 def test_compare_profiles_scores_each_on_the_rows_outside_every_fit(tmp_path, capsys):
-    packaged = str(ROOT / "spica_pipeline/fidelity/data/replay-v15.json")
     out = tmp_path / "c.json"
-    assert compare_profiles.main([packaged, "HEAD:spica_pipeline/fidelity/data/replay-v15.json", "--json",
-                                  str(out)]) == 0
+    assert compare_profiles.main([str(PACKAGED), V15, "--json", str(out)]) == 0
     result = json.loads(out.read_text())["profiles"]
-    a, b = result.values()
-    assert a == b and a["rows"] == 664 and a["ttft"]["score"] == 1.7307
+    v16, v15 = result.values()
+    assert v16["rows"] == v15["rows"] == 664 and v15["ttft"]["score"] == 1.7307  # fitted on the same rows
+    assert v16["profile"] == "transfer" and v15["profile"] == "v15"
     assert compare_profiles.main([str(tmp_path / "missing.json")]) == 2
 
 

@@ -80,3 +80,17 @@ def test_a_heldout_row_is_refused(tmp_path, capsys):
     assert bc.main(["--from-json", str(path), "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["split"] == "calibration" and set(data["phases"]) == set(bc.PHASES)
+
+
+def test_whole_methods_are_left_out_by_architecture():
+    """Each choice level and each uniform method, fitted without an architecture on the fit rows and scored on it."""
+    rows = [{**r, "sweep": dict(r["ours"]), "window_rule": "benchmark_client", "client_lengths": "spread"}
+            for r in _records()]
+    result = bc.methods(rows)
+    names = [f"choice per {lv}" for lv in bc.shipped.LEVELS] + [f"uniform {n}" for n in bc.shipped.UNIFORM]
+    assert [k for k in result if k != "rows"] == names
+    for name in names:
+        assert set(result[name]["by_architecture"]) == set(MODELS) and result[name]["score"] > 0
+    # every model is off by its own constant here: a factor from the other two transfers better than none
+    assert result["uniform raw"]["score"] > result["choice per backend"]["score"]
+    assert bc.methods(_records())["note"].startswith("fewer than two")

@@ -1,6 +1,6 @@
 """Fitting a profile: calibration rows only, the offsets and their shrinkage, the load term, the overhead chosen by
-leave-one-model-out score, the sweep fallback and the fixed-length sub-profile; and a refit from the stored replays
-writes the numbers the package ships."""
+leave-one-architecture-out score, the sweep fallback and the fixed-length sub-profile; and a refit from the stored
+replays writes the numbers the package ships."""
 
 import json
 import math
@@ -11,6 +11,8 @@ import pytest
 from calibration_fakes import OVERHEAD, PLAIN, SLOPED, client_record, record
 
 from spica_pipeline.fidelity import fit as ft
+from spica_pipeline.fidelity import transfer
+from spica_pipeline.fidelity.own import OWN_BANDS
 from spica_pipeline.fidelity.profile import FIXED_LENGTHS, PACKAGED, SWEEP_FALLBACK, ProfileError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,10 +30,12 @@ def test_fit_recovers_a_slice_factor_and_records_what_it_used():
 
 def test_fit_refuses_held_out_rows_before_it_fits_anything(monkeypatch):
     scored = []
-    monkeypatch.setattr(ft, "lomo_score", lambda *a, **k: scored.append(a) or 0.0)
+    monkeypatch.setattr(ft, "loao_score", lambda *a, **k: scored.append(a) or 0.0)
     with pytest.raises(ProfileError, match="held-out"):
         ft.fit([record(1), record(2, split="heldout")], fitted="d", source="t", method=OVERHEAD)
-    assert scored == []  # no leave-one-model-out score was computed with a held-out row in the pool
+    assert scored == []  # no leave-one-architecture-out score was computed with a held-out row in the pool
+    with pytest.raises(ProfileError, match="held-out"):
+        transfer.fit_profile([record(1), record(2, split="heldout")], fitted="d", source="t")
 
 
 def test_offsets_shrink_a_slice_towards_its_backend():
@@ -46,12 +50,18 @@ def test_offsets_shrink_a_slice_towards_its_backend():
     assert (math.log(b200) - math.log(backend)) / (math.log(4.0) - math.log(backend)) == pytest.approx(0.25, abs=0.01)
 
 
-def test_one_vote_per_model_not_per_row():
-    """A model with many rows does not set the offset: the median of per-model medians."""
+def test_one_vote_per_architecture_not_per_row():
+    """An architecture with many rows does not set the offset: the median of per-architecture medians; DeepSeek-R1
+    and -V3 are one architecture, one vote."""
     rows = [record(i, ttft_ratio=1.0, model="big") for i in range(30)]
     rows += [record(100 + i, ttft_ratio=3.0, model=m) for i, m in enumerate(["a", "a", "b", "b"])]
     p = ft.fit(rows, fitted="d", source="t", method=PLAIN)
     assert p["phase"]["ttft"]["factor"] == pytest.approx(3.0, rel=0.05)  # median of (1, 3, 3)
+    twins = [record(200 + i, ttft_ratio=3.0, model=m) for i, m in
+             enumerate(["deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3"] * 2)]
+    rows = [record(i, ttft_ratio=1.0, model=m) for i, m in enumerate(["big", "big", "small", "small"])] + twins
+    p = ft.fit(rows, fitted="d", source="t", method=PLAIN)
+    assert p["phase"]["ttft"]["factor"] == pytest.approx(1.0, rel=0.05)  # median of (1, 1, 3), not (1, 1, 3, 3)
 
 
 def test_the_load_slope_is_shrunk_and_centred_as_the_method_says():
@@ -103,32 +113,34 @@ def test_fit_profile_puts_the_fixed_length_rows_in_their_own_sub_profile():
     spread = [client_record(i) for i in range(6)]
     fixed = [{**client_record(10 + i, ttft_client=100.0), "backend": "sglang", "client_lengths": "fixed"}
              for i in range(6)]
-    p = ft.fit_profile(spread + fixed, fitted="d", source="t")
+    p = transfer.fit_profile(spread + fixed, fitted="d", source="t")
     assert set(p["rows_used"]) == {r["id"] for r in spread}
     assert set(p[FIXED_LENGTHS]["rows_used"]) == {r["id"] for r in fixed}
-    assert p[FIXED_LENGTHS]["method_name"] == ft.FIXED_LENGTHS_METHOD.name and "overhead_ms" not in p[FIXED_LENGTHS]
-    assert FIXED_LENGTHS not in ft.fit_profile(spread, fitted="d", source="t")
+    assert p[FIXED_LENGTHS]["method_name"] == "transfer" and FIXED_LENGTHS not in p[FIXED_LENGTHS]
+    assert FIXED_LENGTHS not in transfer.fit_profile(spread, fitted="d", source="t")
 
 
 def _numbers(profile: dict) -> dict:
-    """What a profile applies: every entry (without the backend entries' old 'offset' marker), term, overhead
-    and basis, and the rows it was fitted on."""
-    out = {k: profile.get(k) for k in ("slices", "phase", "terms", "overhead_ms", "replay", "rows_used", "band_method")}
-    out["backend"] = {k: {q: v for q, v in e.items() if q != "offset"} for k, e in profile["backend"].items()}
-    return out
+    """What a profile applies: every entry with its choice, term, overhead and basis, the rows it was fitted on and
+    the bands of own profiles."""
+    return {k: profile.get(k) for k in ("slices", "backend", "phase", "terms", "overhead_ms", "replay", "rows_used",
+                                        "band_method", OWN_BANDS)}
 
 
 def test_a_refit_from_the_stored_replays_writes_the_numbers_that_ship():
     """bench_fidelity.py --fit-calibration on bench/results/fidelity_replays_calibration.json: the packaged
-    profile, its sweep fallback and its fixed-length factors, entry for entry."""
+    profile, its sweep fallback, its fixed-length factors and its own bands, entry for entry."""
     sys.path.insert(0, str(ROOT / "bench"))
     try:
+        from fidelity.decisions import attach_campaigns
         from fidelity.files import records_by_id
+        from fidelity.rows import load_cases
         from fidelity.scores import fit_records
     finally:
         sys.path.remove(str(ROOT / "bench"))
     records = list(records_by_id(str(ROOT / "bench/results/fidelity_replays_calibration.json")).values())
-    refit = ft.fit_profile(fit_records(records), fitted="d", source="t")
+    attach_campaigns(records, {r.id: r.source for r in load_cases()[0]})
+    refit = transfer.fit_profile(fit_records(records), fitted="d", source="t")
     packaged = json.loads(PACKAGED.read_text())
     assert _numbers(refit) == _numbers(packaged)
     assert _numbers(refit[SWEEP_FALLBACK]) == _numbers(packaged[SWEEP_FALLBACK])

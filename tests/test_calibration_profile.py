@@ -10,7 +10,8 @@ from calibration_fakes import OVERHEAD, PLAIN, client_record, record
 
 from spica_pipeline.errors import ConfigError
 from spica_pipeline.fidelity import profile as pf
-from spica_pipeline.fidelity.fit import METHOD, fit
+from spica_pipeline.fidelity import transfer
+from spica_pipeline.fidelity.fit import fit
 from spica_pipeline.fidelity.silicon import CALIBRATION_MODELS
 
 
@@ -20,17 +21,20 @@ def plain_profile():
 
 def test_the_packaged_profile_is_valid_and_fitted_on_calibration_rows_only():
     p, digest = pf.load_profile("auto")
-    assert p is not None and digest and pf.PACKAGED.name == "replay-v15.json"
-    assert p["format"] == pf.FORMAT and p["method_name"] == METHOD.name and p["rows_used"]
+    assert p is not None and digest and pf.PACKAGED.name == "replay-v16.json"
+    assert p["format"] == pf.TRANSFER_FORMAT and p["method_name"] == "transfer" and p["rows_used"]
     assert set(p["phase"]) == set(pf.PHASES) and p["replay"] == {"ttft": "client", "tpot": "client"}
-    assert p["overhead_ms"] == {"sglang/tpot": 0.0, "vllm/tpot": 2.0}
     assert p["provenance"]["split"] == "calibration" and set(p["provenance"]["models"]) <= set(CALIBRATION_MODELS)
     assert pf.fixed_length_backends(p) == {"sglang"} and not pf.needs_client(p[pf.SWEEP_FALLBACK])
+    for entry in [*p["slices"].values(), *p["backend"].values(), *p["phase"].values()]:
+        assert entry["correction"] in transfer.CORRECTIONS and isinstance(entry["terms"], list)
+        assert entry["transfer"]["scores"][entry["correction"]] is not None  # what the choice rests on
+    assert sorted(p["own_bands"]) == sorted(str(k) for k in (1, 3, 10))
 
 
 def test_the_package_ships_one_profile_and_its_checks():
     shipped = sorted(f.name for f in pf.PACKAGED.parent.iterdir())
-    assert shipped == ["heldout_checks.json", "replay-v15.json"]
+    assert shipped == ["heldout_checks.json", "replay-v16.json"]
 
 
 def test_a_fitted_profile_round_trips_through_validation():
@@ -41,7 +45,7 @@ def test_a_fitted_profile_round_trips_through_validation():
 
 
 @pytest.mark.parametrize("change, match", [
-    ({"format": 3}, r"format 3 is not one of \[2, 5\]"),
+    ({"format": 3}, r"format 3 is not one of \[2, 5, 6\]"),
     ({"terms": {"ttft": [{"feature": "log2_isl", "coefficient": 1.0, "centre": 0.0}], "tpot": []}},
      r"terms.ttft\[0\]"),
     ({"terms": {"ttft": [], "tpot": [], "vllm/ttft": []}}, "terms must map phases"),
@@ -71,6 +75,21 @@ def test_a_sweep_fallback_must_correct_the_sweep_replay():
         pf.validate({**p, "sweep_fallback": {**p, "sweep_fallback": p["sweep_fallback"]}})
     with pytest.raises(pf.ProfileError, match=r"^sweep_fallback: slices"):
         pf.validate({**p, "sweep_fallback": {**p["sweep_fallback"], "slices": {"x": {"factor": 0, "band": [0, 1]}}}})
+
+
+def test_format_6_entries_carry_their_own_terms_and_overhead():
+    p = pf.validate(json.loads(json.dumps(transfer.fit([client_record(i) for i in range(6)], fitted="d", source="t"))))
+    assert p["format"] == pf.TRANSFER_FORMAT and p["terms"] == {"ttft": [], "tpot": []}
+    entry = p["slices"]["h200_sxm/vllm/ttft"]
+    with pytest.raises(pf.ProfileError, match="carries its own terms"):
+        pf.validate({**p, "slices": {"x": {k: v for k, v in entry.items() if k != "terms"}}})
+    with pytest.raises(pf.ProfileError, match=r"slices.x.overhead_ms must be a number >= 0"):
+        pf.validate({**p, "slices": {"x": {**entry, "overhead_ms": -1.0}}})
+    plain = plain_profile()
+    with pytest.raises(pf.ProfileError, match="own \\['terms'\\] needs format 6"):
+        pf.validate({**plain, "slices": {"x": entry}})
+    with pytest.raises(pf.ProfileError, match="own_bands.3.ttft"):
+        pf.validate({**p, "own_bands": {"3": {"ttft": [1.0, 0.0], "tpot": [0.0, 1.0]}}})
 
 
 def test_an_overhead_profile_validates_as_format_5():

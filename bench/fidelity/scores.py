@@ -9,17 +9,17 @@ target (targets TTFT 20 % / 50 %, TPOT 10 % / 50 %; lower is better).
 import copy
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from fidelity.rows import row_order
 
 from spica_pipeline.fidelity import silicon
 from spica_pipeline.fidelity.apply import calibrate, goal_band
-from spica_pipeline.fidelity.fit import fit, target_score
+from spica_pipeline.fidelity.fit import target_score
 from spica_pipeline.fidelity.measurement import quantile
 from spica_pipeline.fidelity.profile import FIXED_LENGTHS, PHASES, for_client
-from spica_pipeline.fidelity.records import client_lengths, engine_concurrency
+from spica_pipeline.fidelity.records import architecture, client_lengths, engine_concurrency
 
 GROUPS = ("model", "backend", "system", "mode", "load")
 LOAD_BUCKETS = ((8, "c<=8"), (32, "c9-32"), (128, "c33-128"), (512, "c129-512"))
@@ -206,18 +206,23 @@ def outside_fit(records: list[dict[str, Any]], profile: dict[str, Any],
     return {"profile": profile.get("method_name"), **phase_scores([r for r in rows if r.get("calibrated")])}
 
 
-def leave_one_model_out(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Calibrated errors on each calibration model's rows with the main factors fitted without it: the
-    calibration split's own estimate of how the profile does on a model it never saw."""
-    calibration_rows_only(records, "leave one model out")
+def leave_one_architecture_out(records: list[dict[str, Any]],
+                                fit_fn: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> dict[str, Any]:
+    """Calibrated errors on each calibration architecture's rows (records.architecture) with the whole profile,
+    every choice included, fitted by `fit_fn` without it: the calibration split's own estimate of how a method does
+    on a model it never saw. Rows with spread client lengths (the main factors)."""
+    calibration_rows_only(records, "leave one architecture out")
     scored: list[dict[str, Any]] = []
-    by_model: dict[str, Any] = {}
+    by_arch: dict[str, Any] = {}
     spread = [r for r in records if client_lengths(r) == "spread"]
-    for model in sorted({r["model"] for r in spread}):
-        train = [r for r in spread if r["model"] != model]
-        test = [copy.deepcopy(r) for r in spread if r["model"] == model]
-        apply_profile(test, fit(train, fitted="lomo", source="lomo"))
+    for arch in sorted({architecture(r["model"]) for r in spread}):
+        train = [r for r in spread if architecture(r["model"]) != arch]
+        test = [copy.deepcopy(r) for r in spread if architecture(r["model"]) == arch]
+        apply_profile(test, fit_fn(train))
         scored += test
-        by_model[model] = summarise(test)["calibrated"]
-    return {"rows": len(scored), "calibrated": summarise(scored)["calibrated"], "band_coverage": band_coverage(scored),
-            "by_model": by_model}
+        by_arch[arch] = {"rows": len(test), **summarise(test)["calibrated"], "band_coverage": band_coverage(test)}
+    out: dict[str, Any] = {"rows": len(scored), "calibrated": summarise(scored)["calibrated"],
+                           "band_coverage": band_coverage(scored), "by_architecture": by_arch}
+    out["score"] = round(sum(target_score(out["calibrated"][p]["mdape"], out["calibrated"][p]["p90"], p)
+                             for p in PHASES), 4)
+    return out

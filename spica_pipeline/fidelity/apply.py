@@ -7,7 +7,8 @@ A phase's calibrated value is factor x (replayed + overhead), where:
   ran it; without it the profile's sweep_fallback corrects the sweep's own mean;
 * factor = the entry's factor x exp(b (x - a)) for the candidate's (system, backend, phase): its slice, else its
   backend's entry, else its phase's (those two with the band widened FALLBACK_WIDEN x); x = log2 of the
-  concurrency per engine of the phase's role.
+  concurrency per engine of the phase's role; the load terms and the overhead are the entry's own where it
+  carries them (format 6), else the profile's.
 
 Every other key of the phase (medians, P90s, ITL, per-user throughput) takes the same factor over the report's
 own mean, so they move with it. Pure: no files (profile.py loads them).
@@ -57,26 +58,31 @@ def load_x(concurrency_per_engine: float | None) -> float:
 def factor_at(profile: Mapping[str, Any], system: str, backend: str, phase: str,
               load: float) -> tuple[float, dict[str, Any], str]:
     """(factor, the entry, where it came from: slice / backend / phase) for one phase at load coordinate `load`."""
-    log_load = sum(t["coefficient"] * (load - t.get("anchor", 0.0)) for t in profile["terms"][phase])
     entry = profile["slices"].get(f"{system}/{backend}/{phase}")
     source = "slice"
     if entry is None:
         entry, source = profile["backend"].get(f"{backend}/{phase}"), "backend"
     if entry is None:
         entry, source = profile["phase"][phase], "phase"
+    terms = entry["terms"] if "terms" in entry else profile["terms"][phase]
+    log_load = sum(t["coefficient"] * (load - t.get("anchor", 0.0)) for t in terms)
     return entry["factor"] * math.exp(log_load), entry, source
 
 
 def lookup(profile: Mapping[str, Any], system: str, backend: str, phase: str,
            concurrency_per_engine: float | None = None) -> dict[str, Any]:
-    """{factor, band: [lo, hi] (log), rows, source}: the slice, else its backend, else the phase (a fallback:
-    rows 0, the band widened FALLBACK_WIDEN x)."""
+    """{factor, band: [lo, hi] (log), rows, source, overhead_ms}: the slice, else its backend, else the phase (a
+    fallback: rows 0, the band widened FALLBACK_WIDEN x); overhead_ms: the entry's own, else the profile's for
+    the backend."""
     factor, entry, source = factor_at(profile, system, backend, phase, load_x(concurrency_per_engine))
+    overhead = entry["overhead_ms"] if "overhead_ms" in entry else \
+        (profile.get("overhead_ms") or {}).get(f"{backend}/{phase}", 0.0)
     if source == "slice":
-        return {"factor": factor, "band": list(entry["band"]), "rows": entry["rows"], "source": source}
+        return {"factor": factor, "band": list(entry["band"]), "rows": entry["rows"], "source": source,
+                "overhead_ms": overhead}
     lo, hi = entry["band"]
     return {"factor": factor, "band": [lo * FALLBACK_WIDEN, hi * FALLBACK_WIDEN], "rows": 0,
-            "source": f"fallback:{source}"}
+            "source": f"fallback:{source}", "overhead_ms": overhead}
 
 
 def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: str, backend: str,
@@ -115,7 +121,7 @@ def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: 
             info = {**info, "source": f"{SWEEP_FALLBACK}:{info['source']}"}
         else:
             info = lookup(profile, system, backend, p, per_phase.get(p))
-        overhead = (corrected.get("overhead_ms") or {}).get(f"{backend}/{p}", 0.0)
+        overhead = info["overhead_ms"]
         if overhead and base is not None and base > 0:  # factor x replayed -> factor x (replayed + a)
             info = {**info, "factor": info["factor"] * (base + overhead) / base}
         looked[p] = info

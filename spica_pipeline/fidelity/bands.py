@@ -1,10 +1,10 @@
 """P10-P90 error bands: how far silicon fell from the calibrated value on rows like a candidate's.
 
 A band is built from calibrated residuals ln(silicon / (replayed x factor)), each row scored by a profile fitted
-without its own model (fit.lomo_residuals: the profile is used on models it never saw). The residuals are pooled
-per (backend, phase) or per phase (`BandMethod.level`); every model weighs the same in the pool's quantiles
-(weight 1 / its rows there), so the model with most rows does not set the band; the band's distance from the
-pool's median is scaled by `spread`. It reads: on calibration rows like this one, 80 % of silicon values fell in
+without its own architecture (fit.loao_residuals, transfer.held_out: the profile is used on models it never saw).
+The residuals are pooled per (backend, phase) or per phase (`BandMethod.level`); every architecture weighs the
+same in the pool's quantiles (weight 1 / its rows there), so the one with most rows does not set the band; the
+band's distance from the pool's median is scaled by `spread`. It reads: on calibration rows like this one, 80 % of silicon values fell in
 [value x exp(lo), value x exp(hi)].
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from spica_pipeline.fidelity.profile import BAND_LEVELS
 
-Pool = list[tuple[float, str]]  # (calibrated residual, model)
+Pool = list[tuple[float, str]]  # (calibrated residual, architecture)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Fitting a calibration profile on calibration-split records (fidelity/records.py); held-out rows are refused.
+"""Fitting corrections on calibration-split records (fidelity/records.py); held-out rows are refused.
 
 Per phase (TTFT and TPOT are fitted independently, `PhaseMethod`):
 
@@ -7,19 +7,18 @@ Per phase (TTFT and TPOT are fitted independently, `PhaseMethod`):
 * a load slope b: the Theil-Sen (median pairwise) slope of r over x = log2(concurrency per engine), on all
   rows of the phase; the applied term is s b (x - anchor), s = `slope_shrink`, anchor = the rows' median x
   when `centred` (else 0); the offsets are fitted on r - b (x - anchor);
-* offsets (unless `offsets` is off: factor 1, the phase's band only): per phase the median over models of
-  per-model medians; per (backend, phase) and per (system, backend, phase) the same, shrunk towards the parent:
-  m = (n x median + K x parent) / (n + K), K = SHRINK_K, n = models in the slice. Medians are robust to rows
-  where the replay is far off, one vote per model keeps the model with most rows from setting a slice, and the
-  shrinkage keeps a slice with two rows from swinging. Nothing is fitted per model, so a model the profile never
-  saw is corrected by factors it never influenced;
-* an overhead (with `overhead_grid`): a in ms per backend, the grid value with the lowest leave-one-model-out
-  score (`target_score`) on that backend's rows, backends in order, ties to the smaller;
-* bands (bands.py) from leave-one-model-out calibrated residuals.
+* offsets (unless `offsets` is off: factor 1): per phase the median over architectures of per-architecture
+  medians; per (backend, phase) and per (system, backend, phase) the same, shrunk towards the parent:
+  m = (n x median + K x parent) / (n + K), K = SHRINK_K, n = architectures in the slice (records.architecture).
+  Medians are robust to rows where the replay is far off, one vote per architecture keeps the one with most rows
+  from setting a slice, and the shrinkage keeps a slice with two rows from swinging. Nothing is fitted per
+  model, so a model the profile never saw is corrected by factors it never influenced;
+* an overhead (with `overhead_grid`): a in ms per backend, the grid value with the lowest
+  leave-one-architecture-out score (`balanced_score`) on that backend's rows, backends in order, ties to the
+  smaller.
 
-`fit_profile` writes the shipped profile: METHOD on the rows replayed with spread lengths, its sweep_fallback
-(the same method on the sweep's own replay, overheads chosen again), and the fixed_lengths sub-profile
-(FIXED_LENGTHS_METHOD on the rows replayed with fixed lengths).
+`fit` applies one method to every entry, with bands (bands.py) from leave-one-architecture-out residuals; the
+shipped profile chooses a method per entry (fidelity/transfer.py).
 """
 
 import math
@@ -30,11 +29,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spica_pipeline.fidelity.apply import factor_at, load_x
-from spica_pipeline.fidelity.bands import BandMethod, Pool, band, few_rows_widen
-from spica_pipeline.fidelity.measurement import quantile
+from spica_pipeline.fidelity.bands import BandMethod, Pool, band, few_rows_widen, weighted_quantile
 from spica_pipeline.fidelity.profile import (
     FALLBACK_WIDEN,
-    FIXED_LENGTHS,
     FORMAT,
     LOAD,
     PHASES,
@@ -42,7 +39,7 @@ from spica_pipeline.fidelity.profile import (
     SWEEP_FALLBACK,
     ProfileError,
 )
-from spica_pipeline.fidelity.records import client_lengths, engine_concurrency, residual
+from spica_pipeline.fidelity.records import architecture, engine_concurrency, residual
 
 SHRINK_K = 3.0
 # the per-decode-step costs (ms) a TPOT overhead is chosen from, 0 first (no overhead)
@@ -67,7 +64,7 @@ class PhaseMethod:
     def label(self) -> str:
         corr = f"s={self.slope_shrink:g}{' centred' if self.centred else ''}" if self.offsets else "factor 1"
         over = f", + an overhead per backend from {list(self.overhead_grid)} ms" if self.overhead_grid else ""
-        return (f"{self.replay} replay, {corr}{over}; band {self.band.level} pool, model-balanced, "
+        return (f"{self.replay} replay, {corr}{over}; band {self.band.level} pool, architecture-balanced, "
                 f"x{self.band.spread:g}")
 
 
@@ -87,21 +84,13 @@ class Method:
     def describe(self) -> str:
         return (f"{self.name} (TTFT: {self.ttft.label()}; TPOT: {self.tpot.label()}): r = ln(silicon / (replayed + "
                 "overhead)); per phase a Theil-Sen slope b of r on x = log2(concurrency per engine), applied as "
-                "s b (x - anchor); offsets per (system, backend, phase) = median over models of per-model medians "
-                f"of the detrended r, shrunk to (backend, phase) then (phase) with K={SHRINK_K:g} pseudo-models; "
-                "overhead per backend by leave-one-model-out score; band = model-balanced P10-P90 of "
-                "leave-one-model-out calibrated residuals in the pool, x spread around its median, widened "
+                "s b (x - anchor); offsets per (system, backend, phase) = median over architectures of per-architecture "
+                f"medians of the detrended r, shrunk to (backend, phase) then (phase) with K={SHRINK_K:g} "
+                "pseudo-architectures; overhead per backend by leave-one-architecture-out score; band = "
+                "architecture-balanced P10-P90 of leave-one-architecture-out calibrated residuals in the pool, x "
+                "spread around its median, widened "
                 f"sqrt(1 + K/n); a backend or phase entry's band x{FALLBACK_WIDEN:g}")
 
-
-# The shipped method (replay-v15.json): TTFT on the client replay with half the load slope, centred; TPOT the
-# client replay's value plus a per-step overhead per backend, no factor.
-METHOD = Method("v15",
-                ttft=PhaseMethod("client", slope_shrink=0.5, centred=True, band=BandMethod("backend", spread=0.9)),
-                tpot=PhaseMethod("client", offsets=False, overhead_grid=TPOT_OVERHEAD_GRID_MS,
-                                 band=BandMethod("phase")))
-# The fixed-length factors: the same without the TPOT overhead (fitted on few rows of two models)
-FIXED_LENGTHS_METHOD = Method(f"{METHOD.name}-fixed-lengths", METHOD.ttft, replace(METHOD.tpot, overhead_grid=()))
 
 Overheads = dict[tuple[str, str], float]  # (backend, phase) -> ms
 
@@ -112,17 +101,42 @@ def target_score(mdape: float, p90: float, phase: str) -> float:
     return mdape / t_md + p90 / t_p90
 
 
+def balanced_errors(held: Iterable[tuple[Mapping[str, Any], float]]) -> dict[str, Any]:
+    """{mdape, p90, rows, architectures} of calibrated residuals ln(silicon / calibrated), each architecture
+    weighing the same (weight 1 / its rows): how far off a model the correction never saw is, not how far off the
+    architecture with most rows is. Empty: mdape and p90 None."""
+    apes, archs = [], []
+    for x, res in held:
+        apes.append(abs(math.exp(-res) - 1.0))
+        archs.append(str(x["arch"]))
+    if not apes:
+        return {"mdape": None, "p90": None, "rows": 0, "architectures": 0}
+    counts: dict[str, int] = defaultdict(int)
+    for a in archs:
+        counts[a] += 1
+    weights = [1.0 / counts[a] for a in archs]
+    return {"mdape": round(weighted_quantile(apes, weights, 0.5), 6),
+            "p90": round(weighted_quantile(apes, weights, 0.9), 6), "rows": len(apes), "architectures": len(counts)}
+
+
+def balanced_score(held: Iterable[tuple[Mapping[str, Any], float]], phase: str) -> float:
+    """target_score of balanced_errors (inf without rows)."""
+    e = balanced_errors(held)
+    return math.inf if e["mdape"] is None else target_score(e["mdape"], e["p90"], phase)
+
+
 # ---- one phase ---------------------------------------------------------------------------------------
 
 def residual_rows(records: Iterable[Mapping[str, Any]], phase: str, pm: PhaseMethod,
                   overheads: Overheads) -> list[dict[str, Any]]:
-    """{id, model, system, backend, x, residual} of every record with both values of the phase positive."""
+    """{id, model, arch, system, backend, x, residual} of every record with both values of the phase positive."""
     out = []
     for r in records:
         res = residual(r, phase, pm.replay, overheads.get((str(r.get("backend")), phase), 0.0))
         if res is not None:
-            out.append({"id": r["id"], "model": r.get("model"), "system": r["system"], "backend": r["backend"],
-                        "x": load_x(engine_concurrency(r, phase)), "residual": res})
+            out.append({"id": r["id"], "model": r.get("model"), "arch": architecture(r.get("model")),
+                        "system": r["system"], "backend": r["backend"], "x": load_x(engine_concurrency(r, phase)),
+                        "residual": res})
     return out
 
 
@@ -133,17 +147,17 @@ def theil_sen(xs: list[float], ys: list[float]) -> float:
     return statistics.median(slopes) if slopes else 0.0
 
 
-def _model_median(members: list[dict[str, Any]]) -> float:
-    """Median over models of each model's median residual."""
+def _vote_median(members: list[dict[str, Any]]) -> float:
+    """Median over architectures of each architecture's median residual."""
     per: dict[Any, list[float]] = defaultdict(list)
     for m in members:
-        per[m.get("model")].append(m["residual"])
+        per[m["arch"]].append(m["residual"])
     return statistics.median(statistics.median(v) for v in per.values())
 
 
 def _shrunk(members: list[dict[str, Any]], parent: float) -> float:
-    n = len({m.get("model") for m in members})  # evidence counts in models, not rows
-    return (n * _model_median(members) + SHRINK_K * parent) / (n + SHRINK_K)
+    n = len({m["arch"] for m in members})  # evidence counts in architectures, not rows
+    return (n * _vote_median(members) + SHRINK_K * parent) / (n + SHRINK_K)
 
 
 def _load_term(rows: list[dict[str, Any]], pm: PhaseMethod) -> dict[str, Any]:
@@ -169,7 +183,7 @@ def fit_phase(records: list[Mapping[str, Any]], phase: str, pm: PhaseMethod, ove
     for r in rows:
         by_backend[r["backend"]].append(r)
         by_slice[(r["system"], r["backend"])].append(r)
-    phase_m = _model_median(rows) if pm.offsets else 0.0
+    phase_m = _vote_median(rows) if pm.offsets else 0.0
     backend_m = {b: _shrunk(v, phase_m) if pm.offsets else 0.0 for b, v in by_backend.items()}
     slices = {}
     for (system, backend), members in sorted(by_slice.items()):
@@ -188,14 +202,14 @@ def _as_profile(phase: str, part: Mapping[str, Any]) -> dict[str, Any]:
             "phase": {phase: part["phase"]}}
 
 
-def lomo_residuals(records: list[Mapping[str, Any]], phase: str, pm: PhaseMethod, overheads: Overheads,
+def loao_residuals(records: list[Mapping[str, Any]], phase: str, pm: PhaseMethod, overheads: Overheads,
                    keep: Callable[[Mapping[str, Any]], bool] = lambda r: True,
                    ) -> Iterator[tuple[dict[str, Any], float]]:
     """(residual row, calibrated residual ln(silicon / (replayed x factor))) of every kept record, its factor
-    fitted without the record's model; a model without kept records costs no fit."""
-    for model in sorted({str(r.get("model")) for r in records}):
-        train = [r for r in records if str(r.get("model")) != model]
-        test = [r for r in records if str(r.get("model")) == model and keep(r)]
+    fitted without the record's architecture; an architecture without kept records costs no fit."""
+    for arch in sorted({architecture(r.get("model")) for r in records}):
+        train = [r for r in records if architecture(r.get("model")) != arch]
+        test = [r for r in records if architecture(r.get("model")) == arch and keep(r)]
         if not train or not test:
             continue
         sub = _as_profile(phase, fit_phase(train, phase, pm, overheads))
@@ -203,23 +217,22 @@ def lomo_residuals(records: list[Mapping[str, Any]], phase: str, pm: PhaseMethod
             yield x, x["residual"] - math.log(factor_at(sub, x["system"], x["backend"], phase, x["x"])[0])
 
 
-def lomo_score(records: list[Mapping[str, Any]], phase: str, pm: PhaseMethod, overheads: Overheads,
+def loao_score(records: list[Mapping[str, Any]], phase: str, pm: PhaseMethod, overheads: Overheads,
                backend: str) -> float:
-    """The phase's score on `backend`'s rows, each row calibrated by the phase fitted without the row's model."""
-    apes = [abs(math.exp(-res) - 1.0)
-            for _, res in lomo_residuals(records, phase, pm, overheads, lambda r: r.get("backend") == backend)]
-    return target_score(quantile(apes, 0.5), quantile(apes, 0.9), phase) if apes else math.inf
+    """The phase's balanced_score on `backend`'s rows, each row calibrated by the phase fitted without the row's
+    architecture."""
+    return balanced_score(loao_residuals(records, phase, pm, overheads, lambda r: r.get("backend") == backend), phase)
 
 
 def choose_overheads(records: list[Mapping[str, Any]], phase: str, pm: PhaseMethod) -> Overheads:
     """Per backend (sorted; the others at their chosen value, unchosen ones 0), the grid value with the lowest
-    lomo_score, ties to the smaller."""
+    loao_score, ties to the smaller."""
     chosen: Overheads = {}
     for backend in sorted({str(r.get("backend")) for r in records}):
         scores = []
         for ms in pm.overhead_grid:
             chosen[(backend, phase)] = ms
-            scores.append((lomo_score(records, phase, pm, chosen, backend), ms))
+            scores.append((loao_score(records, phase, pm, chosen, backend), ms))
         chosen[(backend, phase)] = min(scores)[1]
     return chosen
 
@@ -231,7 +244,7 @@ def _bands(part: dict[str, Any], calibrated: Iterable[tuple[dict[str, Any], floa
     by_backend: dict[str, Pool] = defaultdict(list)
     pooled: Pool = []
     for x, res in calibrated:
-        by_slice[(x["system"], x["backend"])].append((res, str(x.get("model"))))
+        by_slice[(x["system"], x["backend"])].append((res, str(x["arch"])))
     for (system, backend), members in by_slice.items():
         by_backend[backend] += members
         pooled += members
@@ -250,16 +263,23 @@ def _bands(part: dict[str, Any], calibrated: Iterable[tuple[dict[str, Any], floa
 
 # ---- a profile ---------------------------------------------------------------------------------------
 
-def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, method: Method = METHOD,
-        fallback: bool = True) -> dict[str, Any]:
-    """A profile from calibration-split records (every row's split is checked before anything is fitted).
-
-    Bands come from leave-one-model-out residuals (in sample when the rows hold one model). fallback: with a
-    client-replay phase, a sweep_fallback fitted the same way on the sweep's own replay."""
+def calibration_only(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The records as a list, or ProfileError naming held-out rows: nothing is fitted or chosen on them."""
     records = list(records)
     held = sorted(str(r.get("id")) for r in records if r.get("split") != "calibration")
     if held:
         raise ProfileError(f"calibration may only use calibration-split rows; got held-out {held[:3]}")
+    return records
+
+
+def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, method: Method,
+        fallback: bool = True) -> dict[str, Any]:
+    """A profile from calibration-split records, one method for every entry (every row's split is checked before
+    anything is fitted).
+
+    Bands come from leave-one-architecture-out residuals (in sample when the rows hold one architecture).
+    fallback: with a client-replay phase, a sweep_fallback fitted the same way on the sweep's own replay."""
+    records = calibration_only(records)
     profile: dict[str, Any] = {"format": PLAIN_FORMAT, "method": method.describe(), "method_name": method.name,
                                "fitted": fitted, "source": source, "terms": {}, "slices": {}, "backend": {},
                                "phase": {}, "replay": {}, "band_method": {}}
@@ -272,8 +292,8 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
         fitted_phase = fit_phase(records, phase, pm, chosen)
         rows_used |= fitted_phase["rows_used"]
         part = _as_profile(phase, fitted_phase)
-        if len({str(r.get("model")) for r in records if r["id"] in fitted_phase["rows_used"]}) > 1:
-            calibrated: Iterable[tuple[dict[str, Any], float]] = lomo_residuals(records, phase, pm, chosen)
+        if len({architecture(r.get("model")) for r in records if r["id"] in fitted_phase["rows_used"]}) > 1:
+            calibrated: Iterable[tuple[dict[str, Any], float]] = loao_residuals(records, phase, pm, chosen)
         else:
             calibrated = ((x, x["residual"] - math.log(factor_at(part, x["system"], x["backend"], phase, x["x"])[0]))
                           for x in residual_rows(records, phase, pm, chosen))
@@ -289,15 +309,4 @@ def fit(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str, metho
     profile["slices"] = dict(sorted(profile["slices"].items()))
     if fallback and any(method.phase(p).replay == "client" for p in PHASES):
         profile[SWEEP_FALLBACK] = fit(records, fitted=fitted, source=source, method=method.on_sweep())
-    return profile
-
-
-def fit_profile(records: Iterable[Mapping[str, Any]], *, fitted: str, source: str) -> dict[str, Any]:
-    """The shipped profile: METHOD on the rows whose client replay drew spread lengths, and beside it the
-    FIXED_LENGTHS sub-profile, FIXED_LENGTHS_METHOD on the rows replayed with fixed lengths (when there are any)."""
-    records = list(records)
-    profile = fit([r for r in records if client_lengths(r) == "spread"], fitted=fitted, source=source)
-    fixed = [r for r in records if client_lengths(r) == "fixed"]
-    if fixed:
-        profile[FIXED_LENGTHS] = fit(fixed, fitted=fitted, source=source, method=FIXED_LENGTHS_METHOD)
     return profile

@@ -12,11 +12,17 @@ one from bench records, `apply.py` applies one to a replay's report. The JSON ob
   {"factor", "band": [lo, hi] (natural log of the P10 and P90 multipliers), "rows"}; a candidate reads its
   slice, else its backend's entry, else its phase's, the last two with the band widened FALLBACK_WIDEN x;
 * "overhead_ms" {"<backend>/<phase>": ms} (format 5 only): added to the replayed value before the factor;
+* format 6 (TRANSFER_FORMAT, fidelity/transfer.py): each entry carries its own correction, replacing the
+  profile-wide ones: "terms" [load terms] (the phase's "terms" are then empty), "overhead_ms" ms (absent: none),
+  "correction" (the candidate chosen) and "transfer" (its leave-one-architecture-out errors and every candidate's
+  score, for people);
 * "sweep_fallback": a profile correcting the sweep's own replay, for candidates without a client replay
   (required when some phase corrects the client replay);
+* "own_bands" (optional): {"<k>": {phase: [lo, hi]}}, the band of a profile fitted on k of a model's own
+  measurements (fidelity/own.py), measured on the calibration split;
 * "fixed_lengths" (optional): a profile for benchmark clients that send exactly the workload's lengths,
   replayed so (`uses_fixed_lengths`), with no "fixed_lengths" of its own;
-* "format" 5 (2: the same without "overhead_ms"); "method", "method_name", "fitted", "source", "rows_used",
+* "format" 6, 5 (profile-wide terms and overheads) or 2 (5 without "overhead_ms"); "method", "method_name", "fitted", "source", "rows_used",
   "band_method", "provenance": how it was fitted, for people (lookups never read them).
 
 A missing or corrupt file is a ConfigError naming the path (exit 2). Each packaged profile's one held-out
@@ -38,13 +44,14 @@ REPLAYS = ("sweep", "client")
 LOAD = "log2_concurrency_per_engine"
 FORMAT = 5  # with "overhead_ms"
 PLAIN_FORMAT = 2  # without
-READABLE_FORMATS = (PLAIN_FORMAT, FORMAT)
+TRANSFER_FORMAT = 6  # every entry with its own correction
+READABLE_FORMATS = (PLAIN_FORMAT, FORMAT, TRANSFER_FORMAT)
 FIXED_LENGTHS = "fixed_lengths"
 SWEEP_FALLBACK = "sweep_fallback"
 FALLBACK_WIDEN = 1.5  # a parent entry read for a slice the profile has no rows of
 BAND_LEVELS = ("backend", "phase")
 
-PACKAGED = Path(__file__).resolve().parent / "data" / "replay-v15.json"
+PACKAGED = Path(__file__).resolve().parent / "data" / "replay-v16.json"
 HELDOUT_CHECKS = PACKAGED.parent / "heldout_checks.json"
 RAW = "none"  # the held-out check of uncalibrated sweep numbers (`evaluation.calibration: none`)
 
@@ -71,7 +78,7 @@ def validate(profile: Any) -> dict[str, Any]:
         if not isinstance(profile[section], dict):
             raise ProfileError(f"{section} must be an object")
         for name, entry in profile[section].items():
-            _check_entry(f"{section}.{name}", entry)
+            _check_entry(f"{section}.{name}", entry, fmt)
     if set(profile["phase"]) != set(PHASES):
         raise ProfileError(f"phase must cover {list(PHASES)}")
     replay = profile.get("replay", {})
@@ -81,6 +88,7 @@ def validate(profile: Any) -> dict[str, Any]:
     _check_terms(profile["terms"])
     _check_overhead(profile.get("overhead_ms"), fmt)
     _check_band_method(profile.get("band_method"))
+    _check_own_bands(profile.get("own_bands"))
     fixed = profile.get(FIXED_LENGTHS)
     if fixed is not None:
         if not isinstance(fixed, dict) or FIXED_LENGTHS in fixed:
@@ -104,26 +112,39 @@ def _nested(key: str, sub: dict[str, Any]) -> None:
         raise ProfileError(f"{key}: {exc}") from None
 
 
-def _check_entry(where: str, entry: Any) -> None:
+def _check_entry(where: str, entry: Any, fmt: Any) -> None:
     f = entry.get("factor") if isinstance(entry, dict) else None
     band = entry.get("band") if isinstance(entry, dict) else None
     if not number(f) or f <= 0:
         raise ProfileError(f"{where}.factor must be a positive number, got {f!r}")
     if not isinstance(band, list) or len(band) != 2 or not all(number(x) for x in band) or band[0] > band[1]:
         raise ProfileError(f"{where}.band must be [lo, hi] with lo <= hi, got {band!r}")
+    own = {k for k in ("terms", "overhead_ms") if k in entry}
+    if own and fmt != TRANSFER_FORMAT:
+        raise ProfileError(f"{where}: an entry's own {sorted(own)} needs format {TRANSFER_FORMAT}")
+    if fmt == TRANSFER_FORMAT and "terms" not in entry:
+        raise ProfileError(f"{where}: a format {TRANSFER_FORMAT} entry carries its own terms")
+    if "terms" in entry:
+        _check_term_list(f"{where}.terms", entry["terms"])
+    ms = entry.get("overhead_ms", 0.0)
+    if not number(ms) or ms < 0:
+        raise ProfileError(f"{where}.overhead_ms must be a number >= 0, got {ms!r}")
 
 
 def _check_terms(terms: Any) -> None:
     if not isinstance(terms, dict) or set(terms) - set(PHASES):
         raise ProfileError(f"terms must map phases {list(PHASES)} to lists of terms")
     for phase in PHASES:
-        if not isinstance(terms.get(phase), list):
-            raise ProfileError(f"terms.{phase} must be a list")
-        for i, t in enumerate(terms[phase]):
-            if not isinstance(t, dict) or t.get("feature") != LOAD or not number(t.get("coefficient")) \
-                    or not number(t.get("centre")) or not number(t.get("anchor", 0.0)):
-                raise ProfileError(f"terms.{phase}[{i}] must be {{feature: {LOAD!r}, coefficient, centre, anchor}}, "
-                                   f"got {t!r}")
+        _check_term_list(f"terms.{phase}", terms.get(phase))
+
+
+def _check_term_list(where: str, terms: Any) -> None:
+    if not isinstance(terms, list):
+        raise ProfileError(f"{where} must be a list")
+    for i, t in enumerate(terms):
+        if not isinstance(t, dict) or t.get("feature") != LOAD or not number(t.get("coefficient")) \
+                or not number(t.get("centre")) or not number(t.get("anchor", 0.0)):
+            raise ProfileError(f"{where}[{i}] must be {{feature: {LOAD!r}, coefficient, centre, anchor}}, got {t!r}")
 
 
 def _check_overhead(overhead: Any, fmt: Any) -> None:
@@ -147,6 +168,19 @@ def _check_band_method(band_method: Any) -> None:
                 or not number(bm.get("spread")) or bm["spread"] <= 0:
             raise ProfileError(f"band_method.{phase} must be {{level: one of {list(BAND_LEVELS)}, balanced: true, "
                                f"spread > 0}}, got {bm!r}")
+
+
+def _check_own_bands(own: Any) -> None:
+    if own is None:
+        return
+    if not isinstance(own, dict) or not own:
+        raise ProfileError(f"own_bands must map row counts to {{phase: [lo, hi]}}, got {own!r}")
+    for k, entry in own.items():
+        if not k.isdigit() or not isinstance(entry, dict) or set(entry) != set(PHASES):
+            raise ProfileError(f"own_bands.{k} must be {{phase: [lo, hi]}} for {list(PHASES)} under a row count")
+        for phase, b in entry.items():
+            if not isinstance(b, list) or len(b) != 2 or not all(number(x) for x in b) or b[0] > b[1]:
+                raise ProfileError(f"own_bands.{k}.{phase} must be [lo, hi] with lo <= hi, got {b!r}")
 
 
 def replay_basis(profile: Mapping[str, Any], phase: str) -> str:

@@ -9,6 +9,10 @@ bench/bench_fidelity.py writes these records (one per silicon row); `fit.py` fit
 * "concurrency" and "shape" ({"agg": {...}} or {"prefill": {...}, "decode": {...}}, each with "workers"): the load
   per engine of the role that serves a phase;
 * "client_lengths": "spread" or "fixed", how the client replay drew request lengths ("spread" when absent).
+
+A record's architecture (`architecture`) is what leaving a model out means: DeepSeek-R1 and DeepSeek-V3 share
+one architecture and mostly the same measurements, so leaving out one while its twin stays is not what a model
+the profile never saw gets.
 """
 
 import math
@@ -16,6 +20,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from spica_pipeline.fidelity.profile import number
+
+# model -> architecture, where models share one (every other model is its own)
+ARCHITECTURES = {"deepseek-ai/DeepSeek-R1": "DeepSeek-V3", "deepseek-ai/DeepSeek-V3": "DeepSeek-V3"}
+
+
+def architecture(model: object) -> str:
+    """The architecture a model counts as when one is left out (ARCHITECTURES, else the model itself)."""
+    return ARCHITECTURES.get(str(model), str(model))
 
 
 def engine_concurrency(record: Mapping[str, Any], phase: str) -> float:
