@@ -20,7 +20,7 @@ def test_the_packaged_default_has_a_recorded_heldout_check():
     """A new default profile must be measured once on the held-out models before it ships
     (bench/record_heldout_check.py), so the report can cite its errors."""
     check = rc.heldout_check("auto")
-    assert check is not None and check["profile"] == "spica_pipeline/fidelity/data/replay-v15.json"
+    assert check is not None and check["profile"] == "spica_pipeline/fidelity/data/replay-v16.json"
     assert check["rows"] > 0 and check["models"] and check["source"] == "bench/results/fidelity_heldout.json"
     assert Path(ROOT / check["source"]).is_file()
     assert {"vllm", "sglang"} <= set(check["by_backend"])
