@@ -25,13 +25,13 @@ REPORT = {"mean_ttft_ms": 120.0, "median_ttft_ms": 110.0, "p90_ttft_ms": 300.0, 
 
 @pytest.mark.parametrize("system, backend, concurrency, lengths, client, widen, expected", [
     ("h200_sxm", "vllm", 16, None, {"ttft": 250.0, "tpot": 14.0}, 1.5,
-     (334.2089228791843, 16.0, 0.6165329567377416, 1.6987250515198393, 0.0)),
+     (333.2311908857976, 15.499999999999998, 0.5952707112597346, 1.934934546864854, 0.0)),
     ("b200_sxm", "sglang", {"ttft": 4, "tpot": 64}, "fixed", {"ttft": 250.0, "tpot": 14.0}, 1.5,
-     (344.21077251213825, 14.0, 0.006731586012593583, 13.865004449726484, 1.0)),
+     (250.00000000000003, 14.0, 0.6276627682367721, 29.266462913633923, 1.0)),
     ("gb200", "vllm", 3.5, None, None, 1.0,
-     (278.98161652462863, 12.500000000000002, 0.34852075336828586, 2.85776256863004, 1.0)),
+     (278.12236349596657, 12.500000000000002, 0.31633088778254076, 3.410351959844946, 1.0)),
     ("h100_sxm", "sglang", 200, "spread", None, 1.5,
-     (538.4691025958159, 11.0, 9.577045590639727e-07, 8.74453120649067, 1.0)),
+     (120.0, 11.0, 1.5025977821900404e-05, 771.6522537253022, 1.0)),
 ])
 def test_the_packaged_profile_gives_the_recorded_calibrated_values(system, backend, concurrency, lengths, client,
                                                                    widen, expected):
@@ -259,6 +259,6 @@ def test_a_calibrated_sweep_ranks_on_calibrated_goodput_and_says_so(tmp_path):
     assert (candidates["goodput_output_throughput_tok_s"] != candidates["score"]).any()  # raw beside it
     report = (out / "report.md").read_text()
     assert "Ranked on **calibrated** numbers" in report
-    assert "## Accuracy on unseen models (held-out check)" in report and "`replay-v15.json`" in report
+    assert "## Accuracy on unseen models (held-out check)" in report and "`replay-v16.json`" in report
     assert "| vllm | 429 |" in report and "| sglang |" not in report
     assert "# held-out check of these numbers: vllm TTFT median error" in (out / "deploy" / "1" / "dgd.yaml").read_text()
