@@ -1,8 +1,8 @@
 """How close any correction of the replay's numbers could get to silicon, measured on the calibration split.
 
-The shipped profile (fidelity/fit.py) corrects a replayed TTFT or TPOT by a factor per (system, backend). The
-accuracy targets (held-out TTFT MdAPE <= 20 %, TPOT <= 10 %, P90 <= 50 %) ask whether some correction reaches them
-on a model it never saw. This bench answers without a candidate, in five parts:
+The shipped profile (fidelity/transfer.py) corrects a replayed TTFT or TPOT per (system, backend) with the
+correction that transferred best to architectures left out. Whether some correction reaches the accuracy targets
+on a model it never saw, this bench answers without a candidate, in five parts:
 
 * in sample: for each grain a correction could key on, each group's factor is the median of ln(silicon / replayed)
   over the very rows it is scored on, about the best a factor of that grain can do there (optimistic; fine grains
@@ -20,11 +20,11 @@ on a model it never saw. This bench answers without a candidate, in five parts:
 * floor: bench/results/silicon_repeats.json, how far two measurements of one configuration disagree (read, not
   recomputed).
 
-Only calibration rows are read: the held-out split stays unread (the split rule, fidelity/silicon.py). Each row is compared on its
-benchmark-client replay ("ours" in the bench records), the replay the shipped profile corrects (fidelity/fit.METHOD).
+Only calibration rows are read: the held-out split stays unread (the split rule, fidelity/silicon.py). Each row is
+compared on its benchmark-client replay ("ours" in the bench records), the replay the shipped profile corrects.
 
 usage: .venv/bin/python bench/bench_fidelity_ceiling.py --from-json bench/results/fidelity_replays_calibration.json
-           [--json bench/results/fidelity_ceiling.json]
+           [--json bench/results/fidelity_ceiling.json] [--no-methods]
 """
 
 import argparse
