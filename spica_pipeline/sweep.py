@@ -18,7 +18,7 @@ import pandas as pd
 from spica_pipeline.config import SmartSearchConfig
 from spica_pipeline.errors import ModelHardwareError
 from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest, Evaluator
-from spica_pipeline.evaluate.pool import EvaluationPool
+from spica_pipeline.evaluate.pool import ENGINE_LOG, EvaluationPool
 from spica_pipeline.evaluate.ray_pool import RayEvaluationPool
 from spica_pipeline.evaluate.replay import ReplayEvaluator
 from spica_pipeline.fidelity.profile import heldout_check, load_profile
@@ -363,7 +363,8 @@ def run_sweep(
 
         try:
             with make_pool(evaluator, config.sweep.eval_workers, config.sweep.max_eval_seconds,
-                           executor=config.sweep.executor, ray_address=config.sweep.ray_address) as pool:
+                           executor=config.sweep.executor, ray_address=config.sweep.ray_address,
+                           log_path=output_dir / ENGINE_LOG) as pool:
                 run = session.run(
                     plans, config, prepared.load_predictor, backend=pool,
                     vizier=vizier, time_budget=config.sweep.time_budget,
@@ -485,13 +486,14 @@ def default_vizier() -> "VizierClient":
 
 
 def make_pool(evaluator: Evaluator, workers: int, max_eval_seconds: float | None, *, executor: str = "local",
-              ray_address: str | None = None) -> "EvaluationBackend":
-    """The evaluation backend `sweep.executor` names (the `EvaluationBackend` of evaluate/pool.py)."""
+              ray_address: str | None = None, log_path: Path | None = None) -> "EvaluationBackend":
+    """The evaluation backend `sweep.executor` names (the `EvaluationBackend` of evaluate/pool.py);
+    `log_path`: where its workers' replay-runtime output goes (see evaluate/pool.send_engine_output)."""
     if executor == "ray":
 
-        return RayEvaluationPool(evaluator, workers, max_eval_seconds, address=ray_address)
+        return RayEvaluationPool(evaluator, workers, max_eval_seconds, address=ray_address, log_path=log_path)
 
-    return EvaluationPool(evaluator, workers=workers, max_eval_seconds=max_eval_seconds)
+    return EvaluationPool(evaluator, workers=workers, max_eval_seconds=max_eval_seconds, log_path=log_path)
 
 
 def write_anytime(output_dir: Path, config: SmartSearchConfig, log: RecordLog) -> None:

@@ -25,6 +25,7 @@ from spica_pipeline.cli.validate import algorithm_of
 from spica_pipeline.config import SmartSearchConfig, render_validation_error
 from spica_pipeline.config.sweep import ALGORITHMS
 from spica_pipeline.errors import ConfigError, SpicaError
+from spica_pipeline.evaluate import scoring
 from spica_pipeline.optimize.journal import JOURNAL_NAME, QUARANTINE_SUFFIX
 from spica_pipeline.preflight import refusal_line
 from spica_pipeline.progress import ProgressPrinter
@@ -52,6 +53,15 @@ def _with_overrides(config: Any, args: argparse.Namespace) -> Any:
         return fail(f"invalid config {args.config}: {err}")
 
 
+def progress_for(config: SmartSearchConfig) -> ProgressPrinter:
+    """The console's progress: the budget it counts against and the goal whose best it shows."""
+    target = config.goal.target.value
+    pareto = target == "pareto"
+    return ProgressPrinter(evaluation_budget=config.sweep.evaluation_budget, time_budget=config.sweep.time_budget,
+                           goal=None if pareto else target,
+                           sign=1.0 if pareto or scoring.direction(target) == "max" else -1.0)
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Run a sweep; results and the resumable journal go under --output-dir."""
     config = load_or_report(args.config)
@@ -65,7 +75,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except ConfigError as err:
         return fail(f"invalid config {args.config}: {err}")
     output_dir = Path(args.output_dir or Path("runs") / Path(args.config).stem)
-    progress = ProgressPrinter()
+    progress = progress_for(config)
     try:
         with sigterm_as_interrupt():
             result = run_sweep(config, output_dir, progress=progress, repair=args.repair,

@@ -21,6 +21,7 @@ Why the local pool has this shape:
 import abc
 import multiprocessing as mp
 import os
+import sys
 import time
 import traceback
 from collections import deque
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import SpawnContext
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from types import EllipsisType
 from typing import Any, Iterator, Sequence
 
@@ -222,9 +224,39 @@ def evaluate_safely(evaluator: Evaluator, request: EvalRequest) -> EvalOutcome:
                            replay_seconds=time.perf_counter() - started)
 
 
+ENGINE_LOG = "logs/engine.log"  # the replay runtime's own output, under the run directory
+# the replay runtime's logger and its per-replay progress bar: no colour codes, even on a terminal
+_PLAIN_OUTPUT = {"NO_COLOR": "1", "DYN_SDK_DISABLE_ANSI_LOGGING": "1"}
+
+
+def send_engine_output(log_path: str | os.PathLike[str] | None) -> None:
+    """Point this worker's stdout and stderr at `log_path` (appended; None keeps them), before the
+    replay runtime starts. Its Rust logger (DYN_LOG) and per-replay progress bar write to file
+    descriptors 1 and 2 directly, so the descriptors move, not only sys.stderr: the console is left
+    to the sweep's own lines. Colour codes are off either way."""
+    for name, value in _PLAIN_OUTPUT.items():
+        os.environ.setdefault(name, value)
+    if log_path is None:
+        return
+    path = Path(log_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)  # one file, whole lines, many writers
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    finally:
+        os.close(fd)
+    os.write(2, f"--- replay worker pid {os.getpid()} started\n".encode())
+
+
 def warm_up(evaluator: Evaluator) -> None:
     """Import runtimes and build per-process tables once, before the first candidate's clock starts."""
     os.environ.setdefault("DYN_LOG", "warn")
+    for name, value in _PLAIN_OUTPUT.items():
+        os.environ.setdefault(name, value)
     warm = getattr(evaluator, "warm_up", None)
     if callable(warm):
         warm()
@@ -234,9 +266,11 @@ def warm_up(evaluator: Evaluator) -> None:
 # the local spawned pool
 # --------------------------------------------------------------------------------------------
 
-def _worker_main(conn: Connection, evaluator: Evaluator) -> None:
-    """Worker loop: warm up once, then evaluate requests until a None arrives or the pipe closes."""
+def _worker_main(conn: Connection, evaluator: Evaluator, log_path: str | None = None) -> None:
+    """Worker loop: warm up once, then evaluate requests until a None arrives or the pipe closes.
+    `log_path`: where the replay runtime's output goes (see `send_engine_output`)."""
     try:
+        send_engine_output(log_path)
         warm_up(evaluator)
         conn.send((_READY, None))
     except Exception as exc:  # report and exit: the parent gives up after repeated start failures
@@ -266,10 +300,10 @@ class _Task:
 
 
 class _Worker:
-    def __init__(self, ctx: SpawnContext, evaluator: Evaluator):
+    def __init__(self, ctx: SpawnContext, evaluator: Evaluator, log_path: str | None = None):
         parent, child = ctx.Pipe(duplex=True)
         self.conn: Connection = parent
-        self.process = ctx.Process(target=_worker_main, args=(child, evaluator), daemon=True)
+        self.process = ctx.Process(target=_worker_main, args=(child, evaluator, log_path), daemon=True)
         self.process.start()
         child.close()
         self.started = time.monotonic()
@@ -313,11 +347,15 @@ class EvaluationPool(EvaluationBackend):
     """Evaluate requests on `workers` spawned processes, each capped at `max_eval_seconds`.
 
     Use as a context manager (or call `close()`); workers start on the first submit.
+    `log_path`: the file every worker's stdout and stderr (the replay runtime's log lines and
+    progress bars) is appended to; None leaves them on this process's stderr.
     """
 
-    def __init__(self, evaluator: Evaluator, workers: int, max_eval_seconds: float | None = None):
+    def __init__(self, evaluator: Evaluator, workers: int, max_eval_seconds: float | None = None, *,
+                 log_path: str | os.PathLike[str] | None = None):
         super().__init__(workers, max_eval_seconds)
         self.evaluator = evaluator
+        self.log_path = None if log_path is None else str(log_path)
         self._ctx = mp.get_context("spawn")
         self._pool: list[_Worker] = []
         self._queue: deque[tuple[int, float | None]] = deque()  # (ticket, limit), in submit order
@@ -343,7 +381,7 @@ class EvaluationPool(EvaluationBackend):
     def _fill(self) -> None:
         while len(self._pool) < self.workers:
             try:
-                self._pool.append(_Worker(self._ctx, self.evaluator))
+                self._pool.append(_Worker(self._ctx, self.evaluator, self.log_path))
             except OSError as exc:  # fork/exec refused: process or memory limits (EAGAIN, ENOMEM)
                 raise BackendStartError(
                     f"the local worker pool cannot start a process: {type(exc).__name__}: {one_line(str(exc))}",

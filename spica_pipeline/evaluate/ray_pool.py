@@ -37,6 +37,7 @@ from spica_pipeline.evaluate.pool import (
     Completion,
     EvaluationBackend,
     evaluate_safely,
+    send_engine_output,
     timed_out_outcome,
     warm_up,
 )
@@ -57,8 +58,9 @@ _BUGS = (TypeError, AttributeError, NameError, KeyError, IndexError, AssertionEr
 class EvaluatorActor:
     """One warm worker: holds the evaluator, answers one candidate at a time (wrapped by ray.remote)."""
 
-    def __init__(self, evaluator: Evaluator):
+    def __init__(self, evaluator: Evaluator, log_path: str | None = None):
         self.evaluator = evaluator
+        send_engine_output(log_path)
         warm_up(evaluator)
 
     def where(self) -> dict[str, Any]:
@@ -185,12 +187,19 @@ class RayEvaluationPool(EvaluationBackend):
     address: a Ray cluster ("ray://host:10001" or "host:6379"); None reads `RAY_ADDRESS`, and with
         neither a local Ray is started on this machine's CPUs. A driver already connected
         (`ray.is_initialized()`) is used as it is and left connected.
+    log_path: where the actors' stdout and stderr (the replay runtime's output) are appended, when
+        the Ray is one this pool starts on this machine; on a cluster the path is not this
+        machine's, so the output stays in Ray's own worker logs on each node (never on this console:
+        the driver connects with log_to_driver off).
     """
 
     def __init__(self, evaluator: Evaluator, workers: int, max_eval_seconds: float | None = None, *,
-                 address: str | None = None, num_cpus: int | None = None):
+                 address: str | None = None, num_cpus: int | None = None,
+                 log_path: str | os.PathLike[str] | None = None):
         super().__init__(workers, max_eval_seconds)
         self.evaluator = evaluator
+        self.log_path = None if log_path is None else str(log_path)
+        self._actor_log: str | None = None  # log_path once the Ray turns out to be local
         self.address = address or os.environ.get(RAY_ADDRESS_ENV) or None
         self.address_source = ("sweep.ray_address" if address else f"${RAY_ADDRESS_ENV}" if self.address
                                else "a local Ray")
@@ -222,6 +231,7 @@ class RayEvaluationPool(EvaluationBackend):
                 self._connect(ray, quiet, self.address)
             else:
                 self._start_local(ray, quiet)
+                self._actor_log = self.log_path  # its actors run here and can write the run's log
             self._owns_connection = True
         self._ray = ray
         try:
@@ -298,7 +308,7 @@ class RayEvaluationPool(EvaluationBackend):
 
     def _fill(self) -> None:
         while len(self._actors) < self.workers:
-            handle = self._actor_class.remote(self._evaluator_ref)
+            handle = self._actor_class.remote(self._evaluator_ref, self._actor_log)
             self._actors.append(_Actor(handle, handle.where.remote()))
 
     def _kill(self, actor: _Actor) -> None:
