@@ -24,12 +24,13 @@ from spica_pipeline.evaluate import timing  # noqa: E402
 from spica_pipeline.evaluate.evaluator import EvalRequest  # noqa: E402
 from spica_pipeline.evaluate.pool import EvaluationPool  # noqa: E402
 from spica_pipeline.evaluate.replay import ReplayEvaluator  # noqa: E402
+from spica_pipeline.space.candidate import Candidate  # noqa: E402
 
 MODEL, SKU, BACKEND = "Qwen/Qwen3-32B", "h200_sxm", "vllm"
 GOAL = {"target": "throughput", "sla": None, "pareto_objectives": None}
 
 
-def sample(version: str, **over) -> dict:
+def candidate(version: str, **over) -> Candidate:
     s = {
         "deployment_mode": "agg", "backend": BACKEND, "backend_version": version, "model_name": MODEL,
         "hardware_sku": SKU, "gpu_budget": 8, "startup_time": None, "aic_nextn": None, "num_g2_blocks": 0,
@@ -39,7 +40,7 @@ def sample(version: str, **over) -> dict:
         "enable_throughput_scaling": False, "enable_load_scaling": False,
     }
     s.update(over)
-    return s
+    return Candidate.from_dict(s)
 
 
 def median_time(fn, repeats: int) -> float:
@@ -79,7 +80,7 @@ def main() -> None:
     print(f"identity {MODEL} {SKU} {BACKEND} {version}; synthetic {args.requests} requests, cache {cache}")
 
     # 1. wrapper overhead on a cached identity
-    request = EvalRequest(sample(version), workload, GOAL)
+    request = EvalRequest(candidate(version), workload, GOAL)
     assert ev.evaluate(request).status == "feasible"  # builds and caches the identity
     call = ev.prepare(request)
     import dynamo._core as core
@@ -117,8 +118,8 @@ def main() -> None:
     print(f"    cached in-process                             {memo * 1000:9.3f} ms")
 
     # 3. candidates per second with 1 vs 2 workers
-    requests = [EvalRequest(sample(version, agg_max_num_seqs=(128, 256, 512)[i % 3], replicas=2 + i % 3,
-                                   used_gpus=2 * (2 + i % 3)), workload, GOAL) for i in range(args.candidates)]
+    requests = [EvalRequest(candidate(version, agg_max_num_seqs=(128, 256, 512)[i % 3], replicas=2 + i % 3,
+                                      used_gpus=2 * (2 + i % 3)), workload, GOAL) for i in range(args.candidates)]
     for r in requests:  # warm the disk cache so workers only read it
         ev.prepare(r)
     rates = {}

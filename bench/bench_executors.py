@@ -40,8 +40,13 @@ sys.path.insert(0, str(ROOT))
 from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest  # noqa: E402
 from spica_pipeline.evaluate.pool import EvaluationPool  # noqa: E402
 from spica_pipeline.evaluate.ray_pool import RayEvaluationPool, loopback_only  # noqa: E402
+from spica_pipeline.space.candidate import Candidate, EngineArgs, Role  # noqa: E402
+from spica_pipeline.space.shapes import RoleShape  # noqa: E402
 
 SLEEP_S = 0.010
+# any candidate: the bench evaluator reads its work from the request's context
+CANDIDATE = Candidate(model="m", system="h200_sxm", backend="vllm",
+                      roles=(Role("agg", RoleShape(), EngineArgs(8192, 256, 64, 0.9, True)),))
 
 
 class BenchEvaluator:
@@ -53,18 +58,18 @@ class BenchEvaluator:
 
     def evaluate(self, request: EvalRequest) -> EvalOutcome:
         started = time.perf_counter()
-        if request.sample["kind"] == "sleep":
+        if request.context["kind"] == "sleep":
             time.sleep(SLEEP_S)
         else:
             x = 0
             for i in range(self.iterations):
                 x += i * i % 7
-        return EvalOutcome("feasible", report={"i": float(request.sample["i"])},
+        return EvalOutcome("feasible", report={"i": float(request.context["i"])},
                            replay_seconds=time.perf_counter() - started)
 
 
 def requests(kind: str, n: int) -> list[EvalRequest]:
-    return [EvalRequest({"kind": kind, "i": i}, {}, {}) for i in range(n)]
+    return [EvalRequest(CANDIDATE, {}, {}, {"kind": kind, "i": i}) for i in range(n)]
 
 
 def stream(backend, reqs: list[EvalRequest]) -> tuple[float, float]:
@@ -95,7 +100,7 @@ def calibrate(target_s: float) -> int:
     times = []
     for _ in range(3):
         t0 = time.perf_counter()
-        ev.evaluate(EvalRequest({"kind": "spin", "i": 0}, {}, {}))
+        ev.evaluate(EvalRequest(CANDIDATE, {}, {}, {"kind": "spin", "i": 0}))
         times.append(time.perf_counter() - t0)
     return max(1, int(probe * target_s / statistics.median(times)))
 

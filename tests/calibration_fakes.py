@@ -59,7 +59,7 @@ def fake_replay(monkeypatch, tmp_path, vary):
 
 def evaluate_with_profile(tmp_path, profile, *, backend="vllm", context=None):
     """A small agg h200 candidate evaluated with `profile` (written to tmp_path) as its calibration."""
-    from test_deploy import agg_sample
+    from test_deploy import agg_candidate
     from test_replay import THROUGHPUT
 
     from spica_pipeline.evaluate.evaluator import EvalRequest
@@ -68,6 +68,6 @@ def evaluate_with_profile(tmp_path, profile, *, backend="vllm", context=None):
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(profile))
     wl = {"isl": 100, "osl": 10, "concurrency": 2, "num_request_ratio": 8}
-    req = EvalRequest(agg_sample(hardware_sku="h200_sxm", backend=backend), wl, THROUGHPUT,
+    req = EvalRequest(agg_candidate(hardware_sku="h200_sxm", backend=backend), wl, THROUGHPUT,
                       {"calibration": {"setting": str(path)}, **(context or {})})
     return ReplayEvaluator(cache_dir=str(tmp_path)).evaluate(req)

@@ -7,9 +7,9 @@ class FakeEvaluator(Evaluator):
     """Deterministic stand-in for the replay: throughput grows with max_num_seqs, per-GPU falls with GPUs."""
 
     def evaluate(self, request):
-        s = request.sample
-        gpus = max(1, int(s.get("used_gpus") or 1))
-        seqs = float(s.get("agg_max_num_seqs") or s.get("max_num_seqs") or 256)
+        candidate = request.candidate
+        gpus = max(1, candidate.used_gpus)
+        seqs = float(candidate.role("agg").engine.max_num_seqs if candidate.deployment_mode == "agg" else 256)
         tput = 1000.0 + seqs + 100.0 / gpus
         report = {"output_throughput_tok_s": tput * gpus, "gpu_hours": gpus / 60.0, "duration_ms": 60_000.0,
                   "mean_output_token_throughput_per_user": 5000.0 / seqs, "mean_e2e_latency_ms": 100.0 + seqs,

@@ -23,13 +23,14 @@ class FaultyEvaluator(Evaluator):
         self.calls_file = calls_file  # when set, every evaluation appends its spec hash here first
 
     @staticmethod
-    def fault_key(sample: dict) -> tuple | None:
-        if int(sample.get("replicas") or 0) != 2:
+    def fault_key(config: dict) -> tuple | None:
+        """The fault of a flat candidate config (a request's `candidate.to_dict()` or a ledger row's)."""
+        if int(config.get("replicas") or 0) != 2:
             return None
-        return int(sample["agg_max_num_seqs"]), int(sample["agg_max_num_batched_tokens"])
+        return int(config["agg_max_num_seqs"]), int(config["agg_max_num_batched_tokens"])
 
     def evaluate(self, request):
-        sample = request.sample
+        candidate = request.candidate
         if self.calls_file:
             with open(self.calls_file, "a") as fh:
                 fh.write(request.spec_hash + "\n")
@@ -37,15 +38,15 @@ class FaultyEvaluator(Evaluator):
             time.sleep(self.delay_seconds)
         while self.gate_file and not os.path.exists(self.gate_file):
             time.sleep(0.05)
-        fault = self.faults.get(self.fault_key(sample))
+        fault = self.faults.get(self.fault_key(candidate.to_dict()))
         if fault == "raise":
             raise RuntimeError("injected evaluator fault")
         if fault == "hang":
             time.sleep(self.hang_seconds)
         if fault == "exit":
             os._exit(3)
-        gpus = int(sample.get("used_gpus") or 1)
-        tokens = 1000.0 + sample["agg_max_num_seqs"] / 8 + sample["agg_max_num_batched_tokens"] / 1024
+        gpus, engine = candidate.used_gpus, candidate.role("agg").engine
+        tokens = 1000.0 + engine.max_num_seqs / 8 + engine.max_num_batched_tokens / 1024
         duration_ms = 60_000.0
         return EvalOutcome("feasible", report={
             "output_throughput_tok_s": tokens * gpus, "duration_ms": duration_ms,

@@ -7,10 +7,10 @@ class AggFailsEvaluator(Evaluator):
     """Every agg candidate fails; disagg candidates score their GPU count (no replay involved)."""
 
     def evaluate(self, request):
-        sample = request.sample
-        if sample["deployment_mode"] == "agg":
+        candidate = request.candidate
+        if candidate.deployment_mode == "agg":
             return EvalOutcome("failed", reason="replay failed: RuntimeError: injected")
-        return EvalOutcome("feasible", report={"output_throughput_tok_s": 100.0 * sample["used_gpus"]},
+        return EvalOutcome("feasible", report={"output_throughput_tok_s": 100.0 * candidate.used_gpus},
                            replay_seconds=0.001)
 
 
@@ -19,10 +19,11 @@ class CapacityEvaluator(Evaluator):
     and a fleet of two replicas breaks the p90 TTFT SLA, so it must never be part of the answer."""
 
     def evaluate(self, request):
-        s = request.sample
-        used = int(s["used_gpus"])
-        rps = 3.0 * used + (1.0 if int(s.get("tp") or 1) == 2 else 0.0)
-        ttft = 900.0 if int(s.get("replicas") or 1) == 2 else 100.0
+        candidate = request.candidate
+        used = candidate.used_gpus
+        agg = candidate.role("agg") if candidate.deployment_mode == "agg" else None
+        rps = 3.0 * used + (1.0 if agg is not None and agg.shape.tp == 2 else 0.0)
+        ttft = 900.0 if agg is not None and agg.replicas == 2 else 100.0
         report = {"request_throughput_rps": rps, "output_throughput_tok_s": 64.0 * rps,
                   "duration_ms": 3_600_000.0, "gpu_hours": float(used),
                   "p90_ttft_ms": ttft, "p90_itl_ms": 10.0, "mean_ttft_ms": ttft / 2}

@@ -1,12 +1,12 @@
 """Asynchronous dispatch of the study loop with a simulated backend (issue 15 items 3-4).
 
 `SimBackend` subclasses the real `EvaluationBackend` interface and runs candidates on simulated
-workers: each request takes `duration(sample)` simulated seconds, and `wait` returns the one
+workers: each request takes `duration(candidate)` simulated seconds, and `wait` returns the one
 finishing first. So completion order is fully controlled, and time is a number, not a sleep.
 """
 
 import pytest
-from test_study import CountingEvaluator, ScriptedSampler, build, score
+from test_study import CountingEvaluator, ScriptedSampler, build, score, seqs
 
 from spica_pipeline.evaluate.evaluator import EvalOutcome
 from spica_pipeline.evaluate.pool import Completion, EvaluationBackend
@@ -18,11 +18,11 @@ SHAPE = ScriptedSampler().shape
 
 
 class SimBackend(EvaluationBackend):
-    def __init__(self, workers, duration=lambda sample: 1.0, outcome=None, kill_after=None):
+    def __init__(self, workers, duration=lambda candidate: 1.0, outcome=None, kill_after=None):
         super().__init__(workers, None)
         self.duration = duration
-        self.outcome = outcome or (lambda s: EvalOutcome("feasible", report={"throughput": s["agg_max_num_seqs"]},
-                                                          replay_seconds=duration(s)))
+        self.outcome = outcome or (lambda c: EvalOutcome("feasible", report={"throughput": seqs(c)},
+                                                          replay_seconds=duration(c)))
         self.now = 0.0
         self.running = {}  # ticket -> (finish time, request)
         self.submitted = []  # (time, seqs)
@@ -31,8 +31,8 @@ class SimBackend(EvaluationBackend):
 
     def _submit(self, ticket, request, max_seconds):
         assert len(self.running) < self.workers, "more candidates in flight than workers"
-        self.submitted.append((self.now, request.sample["agg_max_num_seqs"]))
-        self.running[ticket] = (self.now + self.duration(request.sample), request)
+        self.submitted.append((self.now, seqs(request.candidate)))
+        self.running[ticket] = (self.now + self.duration(request.candidate), request)
 
     def _wait(self, timeout):
         if timeout == 0 and all(t > self.now for t, _ in self.running.values()):
@@ -42,8 +42,8 @@ class SimBackend(EvaluationBackend):
         self.now = max(self.now, finish)
         if self.kill_after is not None and len(self.completed) >= self.kill_after:
             raise KeyboardInterrupt("simulated kill")
-        self.completed.append(request.sample["agg_max_num_seqs"])
-        return [Completion(ticket, request, self.outcome(request.sample))]
+        self.completed.append(seqs(request.candidate))
+        return [Completion(ticket, request, self.outcome(request.candidate))]
 
     def _cancel(self, ticket):
         self.running.pop(ticket, None)
@@ -85,7 +85,7 @@ def rows(result):
 
 def test_a_free_worker_gets_the_next_trial_without_waiting_for_a_slow_one():
     # trial 1 takes 10 s; the second worker keeps going meanwhile (no round barrier)
-    backend = SimBackend(2, duration=lambda s: 10.0 if s["agg_max_num_seqs"] == 0 else 1.0)
+    backend = SimBackend(2, duration=lambda s: 10.0 if seqs(s) == 0 else 1.0)
     result = run_async(DesignerSampler(batches=[[0, 1]], menu=range(1, 1000)), backend, per_round=2,
                        max_rounds=3)
     assert result.evaluated == 6 and len(backend.submitted) == 6
@@ -96,8 +96,8 @@ def test_a_free_worker_gets_the_next_trial_without_waiting_for_a_slow_one():
 
 
 def test_the_ledger_does_not_depend_on_completion_order():
-    fast_first = SimBackend(2, duration=lambda s: 1.0 + (s["agg_max_num_seqs"] % 7))
-    slow_first = SimBackend(2, duration=lambda s: 9.0 - (s["agg_max_num_seqs"] % 7))
+    fast_first = SimBackend(2, duration=lambda s: 1.0 + (seqs(s) % 7))
+    slow_first = SimBackend(2, duration=lambda s: 9.0 - (seqs(s) % 7))
     a = run_async(DesignerSampler(seed=5, menu=range(500)), fast_first, max_rounds=6)
     b = run_async(DesignerSampler(seed=5, menu=range(500)), slow_first, max_rounds=6)
     assert fast_first.completed != slow_first.completed and rows(a) == rows(b)
@@ -113,13 +113,13 @@ def test_pending_trials_are_passed_to_the_designer_within_the_lag_window():
 
 @pytest.mark.parametrize("kill_after", [0, 1, 3, 5, 8])
 def test_kill_then_resume_gives_an_equal_ledger_and_no_duplicate_replays(kill_after):
-    clean = run_async(DesignerSampler(seed=11, menu=range(60)), SimBackend(2, duration=lambda s: 1 + s["agg_max_num_seqs"] % 3),
+    clean = run_async(DesignerSampler(seed=11, menu=range(60)), SimBackend(2, duration=lambda s: 1 + seqs(s) % 3),
                       max_rounds=5)
     journal = MemoryJournal()
-    first = SimBackend(2, duration=lambda s: 1 + s["agg_max_num_seqs"] % 3, kill_after=kill_after)
+    first = SimBackend(2, duration=lambda s: 1 + seqs(s) % 3, kill_after=kill_after)
     with pytest.raises(KeyboardInterrupt):
         run_async(DesignerSampler(seed=11, menu=range(60)), first, max_rounds=5, journal=journal)
-    second = SimBackend(2, duration=lambda s: 1 + s["agg_max_num_seqs"] % 3)
+    second = SimBackend(2, duration=lambda s: 1 + seqs(s) % 3)
     resumed = run_async(DesignerSampler(seed=11, menu=range(60)), second, max_rounds=5, journal=journal)
     assert rows(resumed) == rows(clean)
     assert not set(first.completed) & {s for _, s in second.submitted}  # nothing finished is redone
@@ -184,9 +184,9 @@ def _default_cost_aware_run(run_no):
     seconds = {}  # the replay time varies run to run; the request count an outcome records does not
 
     def outcome(s):
-        return EvalOutcome("feasible", report={"throughput": s["agg_max_num_seqs"],
-                                               "num_requests": 10_000 + 1_000 * (s["agg_max_num_seqs"] % 20)},
-                           replay_seconds=seconds.setdefault(s["agg_max_num_seqs"], jitter.uniform(0.01, 5.0)))
+        return EvalOutcome("feasible", report={"throughput": seqs(s),
+                                               "num_requests": 10_000 + 1_000 * (seqs(s) % 20)},
+                           replay_seconds=seconds.setdefault(seqs(s), jitter.uniform(0.01, 5.0)))
 
     backend = SimBackend(2, duration=lambda s: outcome(s).replay_seconds, outcome=outcome)
     settings = StudySettings(per_round=4, max_rounds=15, workers=2, replay_estimate_s=2.0,

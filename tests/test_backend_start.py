@@ -13,13 +13,12 @@ import sys
 import time
 
 import pytest
-from pool_fakes import BrokenWarmUp
+from pool_fakes import BrokenWarmUp, probe
 from reliability_fakes import FaultyEvaluator
 from test_reliability import tiny_config, write_config
 
 from spica_pipeline import cli
 from spica_pipeline.errors import BackendStartError
-from spica_pipeline.evaluate.evaluator import EvalRequest
 from spica_pipeline.evaluate.pool import EvaluationPool
 
 
@@ -70,7 +69,7 @@ def test_a_process_that_cannot_be_spawned_is_exit_4(monkeypatch):
     pool = EvaluationPool(FaultyEvaluator(), workers=1)
     monkeypatch.setattr(pool, "_ctx", Refusing())
     with pytest.raises(BackendStartError, match=r"cannot start a process: BlockingIOError: \[Errno 11\] Resource temporarily") as err:
-        pool.submit(EvalRequest({}, {}, {}))
+        pool.submit(probe())
     assert err.value.exit_code == 4 and "sweep.parallel_evals" in str(err.value)
 
 

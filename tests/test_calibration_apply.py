@@ -201,7 +201,7 @@ def test_sla_attainment_is_a_share_of_the_window_it_was_counted_in():
 
 
 def test_a_client_profile_makes_the_evaluator_replay_the_benchmark_client(monkeypatch, tmp_path):
-    from test_deploy import agg_sample
+    from test_deploy import agg_candidate
     from test_replay import THROUGHPUT
 
     from spica_pipeline.evaluate.evaluator import EvalRequest
@@ -219,7 +219,7 @@ def test_a_client_profile_makes_the_evaluator_replay_the_benchmark_client(monkey
     assert out.report["calibrated_mean_ttft_ms"] == pytest.approx(300.0)
     f.calls.clear()  # without a calibration profile there is no second replay
     wl = {"isl": 100, "osl": 10, "concurrency": 2, "num_request_ratio": 8}
-    plain = ReplayEvaluator(cache_dir=str(tmp_path)).evaluate(EvalRequest(agg_sample(), wl, THROUGHPUT))
+    plain = ReplayEvaluator(cache_dir=str(tmp_path)).evaluate(EvalRequest(agg_candidate(), wl, THROUGHPUT))
     assert plain.status == "feasible" and len(f.calls) == 1 and "benchmark_client" not in plain.derived
 
 

@@ -57,7 +57,7 @@ def test_the_sweep_context_carries_fixed_client_lengths_only_when_set(tmp_path):
 @pytest.mark.parametrize("backend, replay, factor", [("sglang", "synthetic", 3.0), ("vllm", "trace", 1.5)])
 def test_a_fixed_length_sweep_replays_sglangs_client_in_lockstep_and_corrects_it_with_its_factors(
         monkeypatch, tmp_path, backend, replay, factor):
-    from test_deploy import agg_sample
+    from test_deploy import agg_candidate
     from test_replay import THROUGHPUT
 
     from spica_pipeline.evaluate.evaluator import EvalRequest
@@ -68,7 +68,7 @@ def test_a_fixed_length_sweep_replays_sglangs_client_in_lockstep_and_corrects_it
     path.write_text(json.dumps(two_client_profile()))
     wl = {"isl": 100, "osl": 10, "concurrency": 2, "num_request_ratio": 8}
     context = {"calibration": {"setting": str(path)}, "client_lengths": "fixed"}
-    out = ReplayEvaluator(cache_dir=str(tmp_path)).evaluate(EvalRequest(agg_sample(backend=backend), wl, THROUGHPUT,
+    out = ReplayEvaluator(cache_dir=str(tmp_path)).evaluate(EvalRequest(agg_candidate(backend=backend), wl, THROUGHPUT,
                                                                         context))
     assert out.status == "feasible", out.reason
     assert f.calls[0][0] == replay  # fixed lengths: a plain synthetic replay; the 1/9 spread needs a trace

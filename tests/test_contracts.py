@@ -17,10 +17,11 @@ from typing import get_args
 import pytest
 from dagster_fakes import FakeEvaluator as DagsterFake
 from dagster_fakes import InfeasibleEvaluator
+from pool_fakes import PROBE
 from pool_fakes import FakeEvaluator as PoolFake
 from reliability_fakes import FaultyEvaluator
 from sweep_fakes import AggFailsEvaluator, CapacityEvaluator
-from test_deploy import agg_sample, disagg_sample
+from test_deploy import agg_candidate, disagg_candidate
 
 from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest, Evaluator, Status
 from spica_pipeline.optimize.journal import FileJournal
@@ -44,15 +45,15 @@ def _version():
 
 # (id, factory, request factory): each evaluator on a candidate it handles normally
 EVALUATORS = [
-    ("replay", _replay, lambda: EvalRequest(agg_sample(backend_version=_version(), tp=1, replicas=1, used_gpus=1),
+    ("replay", _replay, lambda: EvalRequest(agg_candidate(backend_version=_version(), tp=1, replicas=1, used_gpus=1),
                                             TINY, THROUGHPUT)),
-    ("dagster-fake", DagsterFake, lambda: EvalRequest(agg_sample(), TINY, THROUGHPUT)),
-    ("dagster-infeasible", InfeasibleEvaluator, lambda: EvalRequest(agg_sample(), TINY, THROUGHPUT)),
-    ("sweep-agg-fails", AggFailsEvaluator, lambda: EvalRequest(agg_sample(), TINY, THROUGHPUT)),
-    ("sweep-agg-fails-disagg", AggFailsEvaluator, lambda: EvalRequest(disagg_sample(), TINY, THROUGHPUT)),
-    ("sweep-capacity", CapacityEvaluator, lambda: EvalRequest(agg_sample(), TINY, THROUGHPUT)),
-    ("pool-fake", PoolFake, lambda: EvalRequest({"behaviour": "ok", "value": 3}, TINY, THROUGHPUT)),
-    ("reliability-faulty", FaultyEvaluator, lambda: EvalRequest(agg_sample(replicas=1), TINY, THROUGHPUT)),
+    ("dagster-fake", DagsterFake, lambda: EvalRequest(agg_candidate(), TINY, THROUGHPUT)),
+    ("dagster-infeasible", InfeasibleEvaluator, lambda: EvalRequest(agg_candidate(), TINY, THROUGHPUT)),
+    ("sweep-agg-fails", AggFailsEvaluator, lambda: EvalRequest(agg_candidate(), TINY, THROUGHPUT)),
+    ("sweep-agg-fails-disagg", AggFailsEvaluator, lambda: EvalRequest(disagg_candidate(), TINY, THROUGHPUT)),
+    ("sweep-capacity", CapacityEvaluator, lambda: EvalRequest(agg_candidate(), TINY, THROUGHPUT)),
+    ("pool-fake", PoolFake, lambda: EvalRequest(PROBE, TINY, THROUGHPUT, {"behaviour": "ok", "value": 3})),
+    ("reliability-faulty", FaultyEvaluator, lambda: EvalRequest(agg_candidate(replicas=1), TINY, THROUGHPUT)),
 ]
 
 

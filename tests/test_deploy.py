@@ -2,7 +2,11 @@ import json
 
 import pytest
 
+from spica_pipeline.space.candidate import Candidate
 from spica_pipeline.space.plan import DeploymentPlan, build_deployment_plan
+
+# flat keys that follow from the shape: a hand-built dict leaves them to the candidate unless a test sets them
+SHAPE_DERIVED = ("strategy", "prefill_strategy", "decode_strategy", "used_gpus")
 
 
 def agg_sample(**over):
@@ -42,6 +46,19 @@ def disagg_sample(**over):
     return s
 
 
+def as_candidate(flat, **over):
+    """The Candidate of a hand-built flat dict (strategy and used_gpus follow its shape unless in `over`)."""
+    return Candidate.from_dict({k: v for k, v in flat.items() if k not in SHAPE_DERIVED or k in over})
+
+
+def agg_candidate(**over):
+    return as_candidate(agg_sample(**over), **over)
+
+
+def disagg_candidate(**over):
+    return as_candidate(disagg_sample(**over), **over)
+
+
 THROUGHPUT_180_5 = {
     "planner_scaling_policy": "throughput_180_5", "enable_throughput_scaling": True, "enable_load_scaling": False,
     "throughput_adjustment_interval_seconds": 180, "load_adjustment_interval_seconds": 5,
@@ -56,7 +73,7 @@ for k in ("load_predictor", "load_predictor_log1p", "prophet_window_size"):
 
 
 def test_static_agg_plan():
-    plan = build_deployment_plan(agg_sample(), planner_target="throughput", sla=None)
+    plan = build_deployment_plan(agg_candidate(), planner_target="throughput", sla=None)
     assert isinstance(plan, DeploymentPlan)
     assert plan.is_static and plan.planner_config is None
     assert plan.num_workers == 2 and plan.num_prefill_workers == 0 and plan.num_decode_workers == 0
@@ -77,7 +94,7 @@ def test_static_agg_plan():
 
 def test_throughput_policy_under_sla_target():
     s = agg_sample(tp=4, **THROUGHPUT_180_5)
-    plan = build_deployment_plan(s, planner_target="sla", sla={"ttft_ms": 500.0, "itl_ms": 30.0})
+    plan = build_deployment_plan(as_candidate(s), planner_target="sla", sla={"ttft_ms": 500.0, "itl_ms": 30.0})
     p = plan.planner_config
     assert not plan.is_static
     assert p["mode"] == "agg" and p["optimization_target"] == "sla"
@@ -91,7 +108,7 @@ def test_throughput_policy_under_sla_target():
 
 
 def test_load_policy_throughput_target_has_no_sla_keys():
-    plan = build_deployment_plan(agg_sample(**LOAD_180_5), planner_target="throughput",
+    plan = build_deployment_plan(agg_candidate(**LOAD_180_5), planner_target="throughput",
                                  sla={"ttft_ms": 500.0, "itl_ms": 30.0})
     p = plan.planner_config
     assert p["optimization_target"] == "throughput"
@@ -101,15 +118,15 @@ def test_load_policy_throughput_target_has_no_sla_keys():
 
 def test_budget_limits_and_disagg_gpu_counts():
     s = disagg_sample(gpu_budget=16, min_gpu_budget=4, min_endpoint=2, **LOAD_180_5)
-    p = build_deployment_plan(s, planner_target="throughput", sla=None).planner_config
+    p = build_deployment_plan(as_candidate(s), planner_target="throughput", sla=None).planner_config
     assert p["max_gpu_budget"] == 16 and p["min_gpu_budget"] == 4 and p["min_endpoint"] == 2
     assert p["prefill_engine_num_gpu"] == 2 and p["decode_engine_num_gpu"] == 4
-    p2 = build_deployment_plan(disagg_sample(**LOAD_180_5), planner_target="throughput", sla=None).planner_config
+    p2 = build_deployment_plan(disagg_candidate(**LOAD_180_5), planner_target="throughput", sla=None).planner_config
     assert "min_gpu_budget" not in p2 and "min_endpoint" not in p2 and p2["max_gpu_budget"] == 8
 
 
 def test_disagg_roles():
-    plan = build_deployment_plan(disagg_sample(), planner_target="throughput", sla=None)
+    plan = build_deployment_plan(disagg_candidate(), planner_target="throughput", sla=None)
     assert plan.agg_engine_args is None and plan.num_workers == 0
     assert plan.num_prefill_workers == 1 and plan.num_decode_workers == 1
     pre, dec = plan.prefill_engine_args, plan.decode_engine_args
@@ -123,15 +140,15 @@ def test_disagg_roles():
 
 @pytest.mark.parametrize("backend", ["vllm", "sglang", "trtllm"])
 def test_engine_type_equals_backend(backend):
-    plan = build_deployment_plan(disagg_sample(backend=backend), planner_target="throughput", sla=None)
+    plan = build_deployment_plan(disagg_candidate(backend=backend), planner_target="throughput", sla=None)
     for args in plan.engine_args().values():
         assert args["engine_type"] == backend == args["aic_backend"]
 
 
 def test_moe_keys_only_for_moe():
-    plan = build_deployment_plan(agg_sample(tp=2, moe_tp=1, moe_ep=2), planner_target="throughput", sla=None)
+    plan = build_deployment_plan(agg_candidate(tp=2, moe_tp=1, moe_ep=2), planner_target="throughput", sla=None)
     assert plan.agg_engine_args["aic_moe_tp_size"] == 1 and plan.agg_engine_args["aic_moe_ep_size"] == 2
-    plan = build_deployment_plan(disagg_sample(decode_moe_ep=4, decode_attention_dp=4, decode_tp=1),
+    plan = build_deployment_plan(disagg_candidate(decode_moe_ep=4, decode_attention_dp=4, decode_tp=1),
                                  planner_target="throughput", sla=None)
     assert "aic_moe_ep_size" not in plan.prefill_engine_args
     assert plan.decode_engine_args["aic_moe_ep_size"] == 4
@@ -140,44 +157,44 @@ def test_moe_keys_only_for_moe():
 def test_offload_keys_agg_and_prefill_only():
     offload = {"num_g2_blocks": 1000, "kv_bytes_per_token": 131072, "bandwidth_g1_to_g2_gbps": 20.0,
                "bandwidth_g2_to_g1_gbps": None, "offload_batch_size": 8}
-    agg = build_deployment_plan(agg_sample(**offload), planner_target="throughput", sla=None).agg_engine_args
+    agg = build_deployment_plan(agg_candidate(**offload), planner_target="throughput", sla=None).agg_engine_args
     assert agg["num_g2_blocks"] == 1000 and agg["kv_bytes_per_token"] == 131072
     assert agg["bandwidth_g1_to_g2_gbps"] == 20.0 and agg["offload_batch_size"] == 8
     assert "bandwidth_g2_to_g1_gbps" not in agg  # None values are not emitted
-    plan = build_deployment_plan(disagg_sample(**offload), planner_target="throughput", sla=None)
+    plan = build_deployment_plan(disagg_candidate(**offload), planner_target="throughput", sla=None)
     assert plan.prefill_engine_args["num_g2_blocks"] == 1000
     assert not any(k.startswith(("num_g", "bandwidth_g")) or k in ("kv_bytes_per_token", "offload_batch_size")
                    for k in plan.decode_engine_args)
     off = dict(offload, num_g2_blocks=0)
-    agg0 = build_deployment_plan(agg_sample(**off), planner_target="throughput", sla=None).agg_engine_args
+    agg0 = build_deployment_plan(agg_candidate(**off), planner_target="throughput", sla=None).agg_engine_args
     assert not any(k.startswith(("num_g", "bandwidth_g")) or k in ("kv_bytes_per_token", "offload_batch_size")
                    for k in agg0)
 
 
 def test_e2e_only_sla_with_scaling_policy_raises():
     with pytest.raises(ValueError, match="ttft_ms"):
-        build_deployment_plan(agg_sample(**LOAD_180_5), planner_target="sla", sla={"e2e_ms": 2000.0})
+        build_deployment_plan(agg_candidate(**LOAD_180_5), planner_target="sla", sla={"e2e_ms": 2000.0})
     # A static candidate never builds a planner payload, so the same SLA is fine.
-    plan = build_deployment_plan(agg_sample(), planner_target="sla", sla={"e2e_ms": 2000.0})
+    plan = build_deployment_plan(agg_candidate(), planner_target="sla", sla={"e2e_ms": 2000.0})
     assert plan.planner_config is None
 
 
 def test_router_payload():
     s = agg_sample(router_mode="kv_router", overlap_score_credit=0.5, prefill_load_scale=2.0,
                    router_temperature=0.0, active_decode_blocks_threshold=None)
-    plan = build_deployment_plan(s, planner_target="throughput", sla=None)
+    plan = build_deployment_plan(as_candidate(s), planner_target="throughput", sla=None)
     assert plan.router_mode == "kv_router"
     assert plan.router_config == {"overlap_score_credit": 0.5, "prefill_load_scale": 2.0, "router_temperature": 0.0}
     s.pop("router_mode")
-    assert build_deployment_plan(s, planner_target="throughput", sla=None).router_mode == "round_robin"
+    assert build_deployment_plan(as_candidate(s), planner_target="throughput", sla=None).router_mode == "round_robin"
 
 
 def test_optional_nextn_and_startup():
-    a = build_deployment_plan(agg_sample(aic_nextn=2, startup_time=30.0), planner_target="throughput",
+    a = build_deployment_plan(agg_candidate(aic_nextn=2, startup_time=30.0), planner_target="throughput",
                               sla=None).agg_engine_args
     assert a["aic_nextn"] == 2 and a["startup_time"] == 30.0
 
 
 def test_bad_mode():
     with pytest.raises(ValueError, match="deployment_mode"):
-        build_deployment_plan(agg_sample(deployment_mode="mixed"), planner_target="throughput", sla=None)
+        agg_candidate(deployment_mode="mixed")

@@ -9,8 +9,8 @@ import pytest
 from spica_pipeline.config import load_config
 from spica_pipeline.report.dgd import dgd_manifest, manifest_gpus, manifest_name, validate_manifest
 from spica_pipeline.space.branches import enumerate_branches
+from spica_pipeline.space.candidate import build_candidate
 from spica_pipeline.space.plan import planner_config_for
-from spica_pipeline.space.sample import unroll_sample
 from spica_pipeline.sweep import deploy_options, filter_policies
 
 pytestmark = pytest.mark.integration  # real aiconfigurator-core data for the pools
@@ -35,11 +35,9 @@ def test_every_example_manifest_validates(path, monkeypatch):
             for backend in backends:
                 for selection in variants:
                     sel = {**selection, "backend": backend, "deployment_mode": branch.deployment_mode}
-                    sample = unroll_sample(config.search_space, sel, pc)
-                    planner = None
-                    if sample["enable_throughput_scaling"] or sample["enable_load_scaling"]:
-                        planner = planner_config_for(sample, planner_target=goal.planner_target,
-                                                     sla=sla)
+                    candidate = build_candidate(config.search_space, sel, pc)
+                    sample = candidate.to_dict()
+                    planner = planner_config_for(candidate, planner_target=goal.planner_target, sla=sla)
                     doc = dgd_manifest(sample, name=manifest_name(sample["model_name"], 1, branch.deployment_mode),
                                        options=options, planner_config=planner)
                     assert validate_manifest(doc) == [], (path.name, sample)

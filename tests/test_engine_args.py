@@ -1,10 +1,10 @@
 """The pure replay-argument builder against a fake `EngineFacts` (no AIC, no disk, no replay)."""
 
 import pytest
-from test_deploy import agg_sample, disagg_sample
+from test_deploy import agg_candidate, agg_sample, as_candidate, disagg_candidate, disagg_sample
 
 from spica_pipeline.errors import CandidateBuildError, InfeasibleKVCapacity
-from spica_pipeline.evaluate.engine_args import EngineFacts, ReplaySettings, build_replay_call, role_gpus
+from spica_pipeline.evaluate.engine_args import EngineFacts, ReplaySettings, build_replay_call
 from spica_pipeline.evaluate.evaluator import EvalRequest
 from spica_pipeline.space.engine import EngineIdentity, KvCapacity
 
@@ -60,8 +60,8 @@ class FakeFacts(EngineFacts):
 
 def build(sample, workload=SYNTH, goal=THROUGHPUT, facts=None, **settings):
     derived: dict = {}
-    call = build_replay_call(EvalRequest(sample, workload, goal), ReplaySettings(**settings), facts or FakeFacts(),
-                             derived)
+    call = build_replay_call(EvalRequest(as_candidate(sample), workload, goal), ReplaySettings(**settings),
+                             facts or FakeFacts(), derived)
     return call, derived
 
 
@@ -102,9 +102,8 @@ def test_expected_failures_are_candidate_errors():
         build(agg_sample(), facts=FakeFacts(context=150))
     with pytest.raises(CandidateBuildError, match="cannot combine e2e_ms"):
         build(agg_sample(), goal={"target": "goodput", "sla": {"ttft_ms": 1.0, "itl_ms": 1.0, "e2e_ms": 5.0}})
-    with pytest.raises(CandidateBuildError) as info:
+    with pytest.raises(ValueError, match="deployment_mode must be"):  # no such candidate: no request either
         build(agg_sample(deployment_mode="mixed"))
-    assert info.value.detail.startswith("ValueError: deployment_mode must be")
 
 
 def test_trace_checked_through_facts(tmp_path):
@@ -113,14 +112,14 @@ def test_trace_checked_through_facts(tmp_path):
     assert facts.traces == [("/t.jsonl", 40960, 256)] and call.kwargs["trace_block_size"] == 256
 
 
-def test_role_gpus():
-    assert role_gpus(agg_sample()) == 4
+def test_used_gpus():
+    assert agg_candidate().used_gpus == 4 and disagg_candidate().used_gpus == 6
 
 
 def test_benchmark_client_starts_every_client_together():
     """context closed_loop_client=together: the silicon rows' client (all at t=0, 10c requests, all counted)."""
     derived: dict = {}
-    req = EvalRequest(agg_sample(), {**SYNTH, "num_request_ratio": 10}, THROUGHPUT, {"closed_loop_client": "together"})
+    req = EvalRequest(agg_candidate(), {**SYNTH, "num_request_ratio": 10}, THROUGHPUT, {"closed_loop_client": "together"})
     call = build_replay_call(req, ReplaySettings(), FakeFacts(), derived)
     assert call.function == "synthetic" and call.args == (100, 100, 40)
     assert call.kwargs["replay_concurrency"] == 4 and call.kwargs["arrival_interval_ms"] is None
@@ -130,7 +129,7 @@ def test_benchmark_client_starts_every_client_together():
 
 def test_benchmark_client_gap_generates_sessions_with_delays():
     facts = FakeFacts()
-    req = EvalRequest(agg_sample(), {**SYNTH, "num_request_ratio": 10}, THROUGHPUT,
+    req = EvalRequest(agg_candidate(), {**SYNTH, "num_request_ratio": 10}, THROUGHPUT,
                       {"closed_loop_client": "together", "client_gap_cycles": 0.5})
     call = build_replay_call(req, ReplaySettings(), facts, {})
     assert call.function == "trace" and call.kwargs["replay_concurrency"] is None
@@ -144,7 +143,7 @@ def test_benchmark_client_gap_generates_sessions_with_delays():
 
 
 def test_unknown_client_start_is_a_candidate_error():
-    req = EvalRequest(agg_sample(), SYNTH, THROUGHPUT, {"closed_loop_client": "burst"})
+    req = EvalRequest(agg_candidate(), SYNTH, THROUGHPUT, {"closed_loop_client": "burst"})
     with pytest.raises(CandidateBuildError, match="closed_loop_client"):
         build_replay_call(req, ReplaySettings(), FakeFacts(), {})
 

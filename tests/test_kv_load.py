@@ -1,6 +1,7 @@
 import pytest
 
 from spica_pipeline.errors import InfeasibleKVCapacity
+from spica_pipeline.space.candidate import Candidate
 from spica_pipeline.space.kv_load import resolve_kv_load, role_kv_capacity_tokens
 
 
@@ -29,9 +30,9 @@ BASE = {"model_name": "m", "hardware_sku": "h200_sxm", "backend": "vllm", "backe
 def agg(**over):
     s = dict(BASE, deployment_mode="agg", tp=1, pp=1, attention_dp=2, moe_tp=1, moe_ep=1, replicas=3,
              agg_max_num_batched_tokens=8192, agg_max_num_seqs=256, agg_block_size=64,
-             agg_gpu_memory_utilization=0.9)
+             agg_gpu_memory_utilization=0.9, agg_enable_prefix_caching=True)
     s.update(over)
-    return s
+    return Candidate.from_dict(s)
 
 
 def disagg(**over):
@@ -41,9 +42,10 @@ def disagg(**over):
              decode_moe_ep=1, decode_replicas=1,
              prefill_max_num_batched_tokens=16384, prefill_max_num_seqs=8, prefill_block_size=1,
              prefill_gpu_memory_utilization=0.9, decode_max_num_batched_tokens=8192, decode_max_num_seqs=512,
-             decode_block_size=1, decode_gpu_memory_utilization=0.8)
+             decode_block_size=1, decode_gpu_memory_utilization=0.8, prefill_enable_prefix_caching=True,
+             decode_enable_prefix_caching=False)
     s.update(over)
-    return s
+    return Candidate.from_dict(s)
 
 
 def test_agg_worked_example():

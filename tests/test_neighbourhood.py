@@ -9,6 +9,7 @@ import random
 import pytest
 from branch_stub import Branch
 from test_async_dispatch import SimBackend
+from test_study import seqs, study_candidate
 
 from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest
 from spica_pipeline.optimize.branch_plan import StudySampler, SuggestingStudy, propose
@@ -292,14 +293,14 @@ class FakeStudy(SuggestingStudy):
 
 
 def build(selection, config):
-    sample = {**selection, **config.to_dict(), "used_gpus": config.used_gpus}
-    return EvalRequest(sample=sample, workload={"isl": 100}, goal={"target": "throughput"})
+    return EvalRequest(candidate=study_candidate(selection, config), workload={"isl": 100},
+                       goal={"target": "throughput"})
 
 
-def outcome(sample):
-    config = RoleShape(tp=sample["tp"], replicas=sample["replicas"])
-    value = objective({"agg_max_num_seqs": sample["agg_max_num_seqs"]}, config)
-    return EvalOutcome("feasible", report={"objective": value, "agg_max_num_seqs": sample["agg_max_num_seqs"]},
+def outcome(candidate):
+    config = candidate.role("agg").shape
+    value = objective({"agg_max_num_seqs": seqs(candidate)}, config)
+    return EvalOutcome("feasible", report={"objective": value, "agg_max_num_seqs": seqs(candidate)},
                        replay_seconds=0.01)
 
 
@@ -309,7 +310,7 @@ def score(result):
 
 
 class Backend(SimBackend):
-    def __init__(self, duration=lambda sample: 1.0, kill_after=None):
+    def __init__(self, duration=lambda candidate: 1.0, kill_after=None):
         super().__init__(2, duration=duration, outcome=outcome, kill_after=kill_after)
 
 
@@ -336,8 +337,8 @@ def test_the_fill_records_its_designer_on_every_trial_and_never_repeats_a_point(
 
 
 def test_a_seeded_sweep_gives_the_same_ledger_whatever_the_timings():
-    fast_first = Backend(duration=lambda s: 1.0 + s["replicas"] % 3)
-    slow_first = Backend(duration=lambda s: 5.0 - s["replicas"] % 3)
+    fast_first = Backend(duration=lambda s: 1.0 + s.role("agg").replicas % 3)
+    slow_first = Backend(duration=lambda s: 5.0 - s.role("agg").replicas % 3)
     a, b = sweep(fast_first, seed=3), sweep(slow_first, seed=3)
     assert fast_first.completed != slow_first.completed
     assert rows(a) == rows(b)
@@ -356,8 +357,8 @@ def test_kill_then_resume_gives_an_equal_ledger(kill_after):
 def test_with_or_without_the_probe_the_ledger_ignores_timings_and_a_kill_resumes_exactly(monkeypatch, probe):
     if not probe:
         monkeypatch.setattr(NeighbourhoodDesigner, "_leads", lambda self, rows, config: False)
-    fast_first = Backend(duration=lambda s: 1.0 + s["replicas"] % 3)
-    slow_first = Backend(duration=lambda s: 5.0 - s["replicas"] % 3)
+    fast_first = Backend(duration=lambda s: 1.0 + s.role("agg").replicas % 3)
+    slow_first = Backend(duration=lambda s: 5.0 - s.role("agg").replicas % 3)
     clean = sweep(fast_first, seed=4)
     assert rows(clean) == rows(sweep(slow_first, seed=4))
     journal = MemoryJournal()
@@ -450,15 +451,15 @@ class LookAlikeGP(FakeStudy):
         return out
 
 
-def layout_outcome(sample):
+def layout_outcome(candidate):
     """`outcome` with every knob inert: the layout alone decides."""
-    config = RoleShape(tp=sample["tp"], replicas=sample["replicas"])
+    config = candidate.role("agg").shape
     value = objective({"agg_max_num_seqs": 0}, config)
     return EvalOutcome("feasible", report={"objective": value}, replay_seconds=0.01)
 
 
 class LayoutBackend(SimBackend):
-    def __init__(self, duration=lambda sample: 1.0, kill_after=None):
+    def __init__(self, duration=lambda candidate: 1.0, kill_after=None):
         super().__init__(2, duration=duration, outcome=layout_outcome, kill_after=kill_after)
 
 
@@ -493,8 +494,8 @@ def test_the_models_seed_batch_goes_to_the_local_designer_deterministically_and_
     assert designers[:8] == [NEIGHBOURHOOD] * 8 and "QUASI_RANDOM_SEARCH" not in designers
     configs = [RoleShape(**r.parallel_config) for r in result.records[:8]]
     assert len(set(configs)) == min(8, len(POOL))  # exploration: a layout no trial has used, each time
-    fast_first = LayoutBackend(duration=lambda s: 1.0 + s["replicas"] % 3)
-    slow_first = LayoutBackend(duration=lambda s: 5.0 - s["replicas"] % 3)
+    fast_first = LayoutBackend(duration=lambda s: 1.0 + s.role("agg").replicas % 3)
+    slow_first = LayoutBackend(duration=lambda s: 5.0 - s.role("agg").replicas % 3)
     assert rows(gp_sweep(fast_first, seed=3)[0]) == rows(gp_sweep(slow_first, seed=3)[0])
     clean = gp_sweep(LayoutBackend(), seed=2)[0]
     journal = MemoryJournal()
@@ -504,8 +505,8 @@ def test_the_models_seed_batch_goes_to_the_local_designer_deterministically_and_
 
 
 def test_look_alike_routing_is_deterministic_whatever_the_timings_and_resumes_exactly():
-    fast_first = LayoutBackend(duration=lambda s: 1.0 + s["replicas"] % 3)
-    slow_first = LayoutBackend(duration=lambda s: 5.0 - s["replicas"] % 3)
+    fast_first = LayoutBackend(duration=lambda s: 1.0 + s.role("agg").replicas % 3)
+    slow_first = LayoutBackend(duration=lambda s: 5.0 - s.role("agg").replicas % 3)
     a, b = gp_sweep(fast_first, seed=3)[0], gp_sweep(slow_first, seed=3)[0]
     assert fast_first.completed != slow_first.completed and rows(a) == rows(b)
     clean = gp_sweep(LayoutBackend(), seed=2)[0]
@@ -589,7 +590,7 @@ def test_replace_mode_in_the_loop_records_mixed_designers_per_trial_and_resumes_
     assert any(names == {"DEFAULT", NEIGHBOURHOOD} for names in asks.values())  # one ask, two designers
     assert sampler.look_alikes_seen > 0
     assert len({r.spec_hash for r in result.records}) == len(result.records)
-    slow_first = LayoutBackend(duration=lambda s: 5.0 - s["replicas"] % 3)
+    slow_first = LayoutBackend(duration=lambda s: 5.0 - s.role("agg").replicas % 3)
     assert rows(gp_sweep(slow_first, study=MixedGP(0))[0]) == rows(result)  # same seed, same ledger
     journal = MemoryJournal()
     with pytest.raises(KeyboardInterrupt):
@@ -604,7 +605,7 @@ def test_the_round_loop_records_each_trials_own_designer(monkeypatch):
     sampler = StudySampler(MixedGP(0), ENCODING, NeighbourhoodDesigner(ENCODING, SCALAR, seed=0))
 
     def wave(requests):
-        return [outcome(r.sample) for r in requests]
+        return [outcome(r.candidate) for r in requests]
 
     settings = StudySettings(per_round=4, max_rounds=6, workers=2, optimizer_share=None)
     result = run_branch_study("agg", sampler, build, wave, score, settings)

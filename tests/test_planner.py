@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from spica_pipeline.evaluate.planner import EngineModel, build_scaling_policy
+from spica_pipeline.space.candidate import Candidate
 
 ROOT = Path(__file__).resolve().parents[1]
 SLA_GOAL = {"target": "goodput", "sla": {"ttft_ms": 500.0, "itl_ms": 50.0}}
@@ -23,6 +24,18 @@ def agg_sample(**kw):
          "load_min_observations": 3}
     s.update(kw)
     return s
+
+
+IDENTITY = {"model_name": "Qwen/Qwen3-32B", "hardware_sku": "h200_sxm", "backend": "vllm"}
+PINNED_ENGINE = {"block_size": 64, "gpu_memory_utilization": 0.9, "enable_prefix_caching": True}
+
+
+def candidate(flat):
+    """The Candidate of a planner test's flat dict, with model, system, backend and the pinned engine knobs
+    filled in; the planner fields of a static dict are left out, as a static candidate has none."""
+    roles = ("agg",) if flat.get("deployment_mode") == "agg" else ("prefill", "decode")
+    pinned = {f"{r}_{k}": v for r in roles for k, v in PINNED_ENGINE.items()}
+    return Candidate.from_dict({**IDENTITY, **pinned, **flat}, extra="ignore")
 
 
 def fpm(worker, decode=10, queued_tokens=0, prefill_tokens=0, wall=0.006):
@@ -49,24 +62,23 @@ def snap(now_ms, n, *, starting=0, ttft=50.0, itl=10.0, decode=10, queued_tokens
 
 
 def test_static_candidates_get_no_policy():
-    assert build_scaling_policy(agg_sample(enable_load_scaling=False), SLA_GOAL, {}) is None
-    assert build_scaling_policy({"enable_throughput_scaling": False, "enable_load_scaling": False}, SLA_GOAL, {}) is None
-    assert build_scaling_policy(agg_sample(), SLA_GOAL, {}) is not None
+    assert build_scaling_policy(candidate(agg_sample(enable_load_scaling=False)), SLA_GOAL, {}) is None
+    assert build_scaling_policy(candidate(agg_sample()), SLA_GOAL, {}) is not None
 
 
 def test_the_policy_takes_its_target_and_sla_from_the_goal():
-    sla = build_scaling_policy(agg_sample(), SLA_GOAL, {})
+    sla = build_scaling_policy(candidate(agg_sample()), SLA_GOAL, {})
     assert (sla.target, sla.sla_ttft_ms, sla.sla_itl_ms) == ("sla", 500.0, 50.0)
-    tput = build_scaling_policy(agg_sample(), TPUT_GOAL, {})
+    tput = build_scaling_policy(candidate(agg_sample()), TPUT_GOAL, {})
     assert (tput.target, tput.sla_ttft_ms, tput.sla_itl_ms) == ("throughput", None, None)
     min_gpus = {"target": "min_gpus", "sla": {"ttft_ms": 400.0, "itl_ms": 40.0}, "load": {"request_rate": 10}}
-    assert build_scaling_policy(agg_sample(), min_gpus, {}).target == "sla"  # as its deployed planner runs
-    latency = build_scaling_policy(agg_sample(), {"target": "e2e_latency", "sla": {"ttft_ms": 400.0}}, {})
+    assert build_scaling_policy(candidate(agg_sample()), min_gpus, {}).target == "sla"  # as its deployed planner runs
+    latency = build_scaling_policy(candidate(agg_sample()), {"target": "e2e_latency", "sla": {"ttft_ms": 400.0}}, {})
     assert (latency.target, latency.sla_ttft_ms) == ("latency", None)  # the SLA steers only an sla planner
 
 
 def test_load_scaling_up_on_sla_violation_then_down_after_calm_observations():
-    p = build_scaling_policy(agg_sample(), SLA_GOAL, {})
+    p = build_scaling_policy(candidate(agg_sample()), SLA_GOAL, {})
     assert p.initial_tick_ms() == 5000.0
     out = p.on_tick(snap(5000.0, 2, ttft=1500.0))  # TTFT 3x the SLA
     assert set(out) == KEYS and out["target_decode"] == 4 and out["target_prefill"] is None
@@ -79,14 +91,14 @@ def test_load_scaling_up_on_sla_violation_then_down_after_calm_observations():
 
 
 def test_scale_down_respects_sensitivity():
-    p = build_scaling_policy(agg_sample(load_scaling_down_sensitivity=70), SLA_GOAL, {})
+    p = build_scaling_policy(candidate(agg_sample(load_scaling_down_sensitivity=70)), SLA_GOAL, {})
     # pressure 0.4 -> projected 0.4 * 2 / 1 = 80% >= 70%: never calm
     outs = [p.on_tick(snap(5000.0 * (k + 1), 2, ttft=200.0, itl=10.0))["target_decode"] for k in range(6)]
     assert outs == [None] * 6
 
 
 def test_queue_signal_without_sla():
-    p = build_scaling_policy(agg_sample(), TPUT_GOAL, {})
+    p = build_scaling_policy(candidate(agg_sample()), TPUT_GOAL, {})
     assert p.on_tick(snap(5000.0, 1, ttft=5000.0))["target_decode"] is None  # no SLA: latency alone is no signal
     out = p.on_tick(snap(10000.0, 1, queued_tokens=3 * 8192))
     assert out["target_decode"] == 2  # step capped at doubling
@@ -94,13 +106,13 @@ def test_queue_signal_without_sla():
 
 def test_budget_min_endpoint_and_min_gpu_budget():
     # tp=2 engines, budget 8 GPUs -> at most 4 workers
-    p = build_scaling_policy(agg_sample(tp=2, gpu_budget=8), SLA_GOAL, {})
+    p = build_scaling_policy(candidate(agg_sample(tp=2, gpu_budget=8)), SLA_GOAL, {})
     assert p.on_tick(snap(5000.0, 3, ttft=5000.0))["target_decode"] == 4
     for k in range(20):
         out = p.on_tick(snap(10000.0 + 5000.0 * k, 4, ttft=5000.0))
         assert out["target_decode"] is None
         assert p.history[-1]["gpus"] <= 8
-    q = build_scaling_policy(agg_sample(min_endpoint=2, min_gpu_budget=6, tp=2, load_min_observations=1),
+    q = build_scaling_policy(candidate(agg_sample(min_endpoint=2, min_gpu_budget=6, tp=2, load_min_observations=1)),
                              SLA_GOAL, {})
     outs = [q.on_tick(snap(5000.0 * (k + 1), n, ttft=10.0, itl=1.0, decode=0))["target_decode"]
             for k, n in enumerate((4, 3, 3))]
@@ -113,7 +125,7 @@ def test_disagg_roles_scale_separately():
          "decode_max_num_seqs": 256, "decode_max_num_batched_tokens": 8192, "enable_throughput_scaling": False,
          "enable_load_scaling": True, "load_adjustment_interval_seconds": 5, "load_scaling_down_sensitivity": 80,
          "load_min_observations": 3}
-    p = build_scaling_policy(s, SLA_GOAL, {})
+    p = build_scaling_policy(candidate(s), SLA_GOAL, {})
     out = p.on_tick(snap(5000.0, 1, prefill=1, ttft=1000.0, itl=10.0))
     assert out["target_prefill"] == 2 and out["target_decode"] is None  # TTFT is the prefill pool's signal
     out = p.on_tick(snap(10000.0, 1, prefill=2, ttft=100.0, itl=200.0))
@@ -140,7 +152,7 @@ def test_engine_model_fit_and_capacity():
 def test_throughput_scaling_follows_the_forecast():
     s = agg_sample(enable_throughput_scaling=True, enable_load_scaling=False, throughput_adjustment_interval_seconds=10,
                    load_predictor="constant", load_predictor_log1p=False)
-    p = build_scaling_policy(s, TPUT_GOAL, {"isl": 1000, "osl": 100})
+    p = build_scaling_policy(candidate(s), TPUT_GOAL, {"isl": 1000, "osl": 100})
     assert p.initial_tick_ms() == 10000.0
     # engine: 5 ms + 0.1 ms per decode request, prefill 20 us per token -> ~31 req/s per engine
     samples = [fpm(0, decode=d, wall=0.005 + 1e-4 * d) for d in (1, 40, 120, 250)]
@@ -154,7 +166,7 @@ def test_throughput_scaling_follows_the_forecast():
     low = snap(20000.0, out["target_decode"], ttft=25.0, num_req=2)
     low["decode_fpm_snapshots"] = samples
     assert p.on_tick(low)["target_decode"] == 1  # throughput-only scaling also scales down
-    dp = build_scaling_policy(dict(s, attention_dp=2, gpu_budget=16), TPUT_GOAL, {"isl": 1000, "osl": 100})
+    dp = build_scaling_policy(candidate(dict(s, attention_dp=2, gpu_budget=16)), TPUT_GOAL, {"isl": 1000, "osl": 100})
     assert dp.on_tick(first)["target_decode"] == math.ceil(100.0 / (2 * cap * 0.85)) == 2  # two ranks per engine
 
 
@@ -165,7 +177,7 @@ def test_raising_forecaster_falls_back_to_last_value(monkeypatch):
                    load_predictor="constant", load_predictor_log1p=False)
 
     def plan() -> dict:
-        p = build_scaling_policy(s, SLA_GOAL, {"isl": 1000, "osl": 100})
+        p = build_scaling_policy(candidate(s), SLA_GOAL, {"isl": 1000, "osl": 100})
         first = snap(5000.0, 1, ttft=25.0)
         first["decode_fpm_snapshots"] = [fpm(0, decode=d, wall=0.005 + 1e-4 * d) for d in (1, 40, 120)]
         p.on_tick(first)
@@ -211,7 +223,7 @@ def test_replay_scales_with_the_sine_wave(tmp_path, policy):
                                                "kalman_q_level": 10.0, "kalman_q_trend": 1.0, "kalman_r": 5.0,
                                                "kalman_min_points": 3}
     sample = agg_sample(gpu_budget=budget, **extra)
-    planner = build_scaling_policy(sample, SLA_GOAL, {})
+    planner = build_scaling_policy(candidate(sample), SLA_GOAL, {})
     scaled = dynamo_core.run_mocker_trace_replay([trace], extra_engine_args=ENGINE, num_workers=1,
                                                  scaling_policy=planner, sla_ttft_ms=500, sla_itl_ms=50)
     static = dynamo_core.run_mocker_trace_replay([trace], extra_engine_args=ENGINE, num_workers=budget,

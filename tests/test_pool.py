@@ -1,15 +1,14 @@
 import time
 
 import pytest
-from pool_fakes import BrokenWarmUp, FakeEvaluator
+from pool_fakes import BrokenWarmUp, FakeEvaluator, probe
 
 from spica_pipeline.errors import BackendStartError
-from spica_pipeline.evaluate.evaluator import EvalRequest
 from spica_pipeline.evaluate.pool import EvaluationPool
 
 
 def req(behaviour="ok", **extra):
-    return EvalRequest({"behaviour": behaviour, **extra}, {}, {})
+    return probe(behaviour, **extra)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +98,7 @@ def test_completions_stream_as_they_finish_without_a_barrier(pool):
     fast = pool.submit(req(value=2))
     first = pool.wait()
     assert [c.ticket for c in first] == [fast]  # the quick one comes back while the slow one runs
-    assert first[0].request.sample["value"] == 2 and first[0].outcome.report["value"] == 2
+    assert first[0].request.context["value"] == 2 and first[0].outcome.report["value"] == 2
     later = pool.submit(req(value=3))  # submitted while iterating: streamed too
     rest = {c.ticket: c.outcome.status for c in pool.completions()}
     assert rest == {slow: "feasible", later: "feasible"}

@@ -78,7 +78,7 @@ def test_cli_validate_unsupported_precision_exit_2(tmp_path, capsys):
 
 def test_precision_travels_in_sample_identity_and_deploy_flags():
     from spica_pipeline.report.dgd import sglang_args, vllm_args
-    from spica_pipeline.space.sample import unroll_sample
+    from spica_pipeline.space.candidate import build_candidate
     from spica_pipeline.space.shapes import RoleShape
 
     space = SmartSearchConfig.from_dict({
@@ -86,7 +86,9 @@ def test_precision_travels_in_sample_identity_and_deploy_flags():
                          "precision": {"weights": "fp8", "kv_cache": "fp8"}},
         "workload": {"isl": 100, "osl": 10, "request_rate": 1.0, "num_request_ratio": 2.0}}).search_space
     selection = {k: v[0] for k, v in space.choice_lists().items() if v}
-    sample = unroll_sample(space, selection, RoleShape(tp=2))
+    candidate = build_candidate(space, selection, RoleShape(tp=2))
+    assert candidate.precision == {"weights": "fp8", "kv_cache": "fp8"}
+    sample = candidate.to_dict()
     assert sample["precision_weights"] == "fp8" and sample["precision_kv_cache"] == "fp8"
     facts = FakeFacts()
     build({**agg_sample(), **precision_of_fields(sample)}, facts=facts)
@@ -103,14 +105,14 @@ def precision_of_fields(sample):
 
 
 def test_unset_precision_leaves_the_sample_unchanged():
-    from spica_pipeline.space.sample import unroll_sample
+    from spica_pipeline.space.candidate import build_candidate
     from spica_pipeline.space.shapes import RoleShape
 
     space = SmartSearchConfig.from_dict({
         "search_space": {"model_name": "Qwen/Qwen3-32B", "hardware_sku": "h200_sxm", "deployment_mode": ["agg"]},
         "workload": {"isl": 100, "osl": 10, "request_rate": 1.0, "num_request_ratio": 2.0}}).search_space
     selection = {k: v[0] for k, v in space.choice_lists().items() if v}
-    assert not any(k.startswith("precision_") for k in unroll_sample(space, selection, RoleShape(tp=2)))
+    assert not any(k.startswith("precision_") for k in build_candidate(space, selection, RoleShape(tp=2)).to_dict())
 
 
 # ---- fallback notes ------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ def test_finite_points_counts_what_enumerate_space_yields():
         assert finite_points(enc) == sum(1 for _ in enumerate_space(enc))
 
 
-def test_a_searched_kv_load_ratio_reaches_the_sample_and_the_spec_hash():
+def test_a_searched_kv_load_ratio_reaches_the_candidate_and_the_spec_hash():
     from spica_pipeline.config import SmartSearchConfig
     from spica_pipeline.optimize.branch_plan import candidate_builder
 
@@ -75,11 +75,12 @@ def test_a_searched_kv_load_ratio_reaches_the_sample_and_the_spec_hash():
                  "agg_max_num_batched_tokens": 8192}
     low = build({**selection, "kv_load_ratio": 0.25}, RoleShape(tp=2))
     high = build({**selection, "kv_load_ratio": 0.75}, RoleShape(tp=2))
-    assert low.sample["kv_load_ratio"] == 0.25 and high.sample["kv_load_ratio"] == 0.75
+    assert low.candidate.kv_load_ratio == 0.25 and high.candidate.kv_load_ratio == 0.75
+    assert low.to_dict()["sample"]["kv_load_ratio"] == 0.25
     assert low.spec_hash != high.spec_hash
     # the request carries the goal typed (the config's own), hashed as its JSON dump
     assert low.goal is config.goal and low.to_dict()["goal"] == config.goal.model_dump(mode="json")
     from spica_pipeline.evaluate.evaluator import EvalRequest
 
-    as_dict = EvalRequest(low.sample, low.workload, config.goal.model_dump(mode="json"), low.context)
+    as_dict = EvalRequest(low.candidate, low.workload, config.goal.model_dump(mode="json"), low.context)
     assert as_dict.goal == config.goal and as_dict.spec_hash == low.spec_hash

@@ -20,7 +20,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from pool_fakes import FakeEvaluator  # noqa: E402
+from pool_fakes import FakeEvaluator, probe  # noqa: E402
 from ray_fakes import PacedEvaluator, register_by_value, watchdog  # noqa: E402
 from reliability_fakes import FaultyEvaluator  # noqa: E402
 
@@ -50,7 +50,7 @@ def overloaded(err) -> None:
 
 
 def req(behaviour="ok", **extra):
-    return EvalRequest({"behaviour": behaviour, **extra}, {}, {})
+    return probe(behaviour, **extra)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -127,16 +127,15 @@ def test_executor_choice_config_cli_and_dagster_resource():
 
 LOCAL = """
 import json, os, sys
-from pool_fakes import FakeEvaluator
+from pool_fakes import FakeEvaluator, probe
 from ray_fakes import register_by_value
 from spica_pipeline.evaluate.ray_pool import RayEvaluationPool
-from spica_pipeline.evaluate.evaluator import EvalRequest
 
 if __name__ == "__main__":
     import ray
     register_by_value()
     with RayEvaluationPool(FakeEvaluator(), workers=1, max_eval_seconds=60) as pool:
-        (out,) = pool.evaluate_wave([EvalRequest({"value": 3}, {}, {})])
+        (out,) = pool.evaluate_wave([probe(value=3)])
         info = pool.workers_info()
         node = ray._private.worker._global_node
         pids = [p.process.pid for ps in node.all_processes.values() for p in ps]

@@ -7,7 +7,7 @@ import types
 
 import dynamo._core as core
 import pytest
-from test_deploy import agg_sample, disagg_sample
+from test_deploy import agg_candidate, agg_sample, as_candidate, disagg_candidate
 
 from spica_pipeline.errors import InfeasibleKVCapacity
 from spica_pipeline.evaluate import replay as replay_mod
@@ -77,7 +77,7 @@ def ev(**kw):
 
 def test_static_agg_trace(fake, tmp_path):
     path = trace_file(tmp_path)
-    out = ev().evaluate(EvalRequest(agg_sample(), {"trace_path": path, "arrival_speedup_ratio": 2.0}, THROUGHPUT))
+    out = ev().evaluate(EvalRequest(agg_candidate(), {"trace_path": path, "arrival_speedup_ratio": 2.0}, THROUGHPUT))
     assert out.status == "feasible", out.reason
     ((fn, args, kw),) = fake.calls
     assert fn == "trace" and args == ([path],)
@@ -101,21 +101,21 @@ def test_static_agg_trace(fake, tmp_path):
 
 def test_trace_replay_concurrency_passed(fake, tmp_path):
     wl = {"trace_path": trace_file(tmp_path), "replay_concurrency": 32}
-    assert ev().evaluate(EvalRequest(agg_sample(), wl, THROUGHPUT)).status == "feasible"
+    assert ev().evaluate(EvalRequest(agg_candidate(), wl, THROUGHPUT)).status == "feasible"
     assert fake.calls[0][2]["replay_concurrency"] == 32
 
 
 def test_bad_trace_fails_before_replay(fake, tmp_path):
     path = trace_file(tmp_path, isl=50_000)  # longer than the 40960 context
-    out = ev().evaluate(EvalRequest(agg_sample(), {"trace_path": path}, THROUGHPUT))
+    out = ev().evaluate(EvalRequest(agg_candidate(), {"trace_path": path}, THROUGHPUT))
     assert out.status == "failed" and fake.calls == []
     assert out.reason.startswith("candidate build failed: TraceError: ") and "trace.jsonl:1:" in out.reason
-    out = ev().evaluate(EvalRequest(agg_sample(context_length=65536), {"trace_path": path}, THROUGHPUT))
+    out = ev().evaluate(EvalRequest(agg_candidate(context_length=65536), {"trace_path": path}, THROUGHPUT))
     assert out.status == "feasible"
 
 
 def test_goodput_threads_sla(fake, tmp_path):
-    ev().evaluate(EvalRequest(agg_sample(), {"trace_path": trace_file(tmp_path)}, dict(GOODPUT)))
+    ev().evaluate(EvalRequest(agg_candidate(), {"trace_path": trace_file(tmp_path)}, dict(GOODPUT)))
     kw = fake.calls[0][2]
     assert kw["sla_ttft_ms"] == 500.0 and kw["sla_itl_ms"] == 30.0 and "sla_e2e_ms" not in kw
 
@@ -133,8 +133,8 @@ def test_goodput_threads_sla_on_planner_path(fake, tmp_path, monkeypatch):
         def on_tick(self, snapshot):
             return {"target_prefill": None, "target_decode": None, "next_tick_ms": None}
 
-    def build_scaling_policy(sample, goal, workload):
-        built.append((sample["planner_scaling_policy"], goal.target.value, workload.get("trace_path")))  # typed goal
+    def build_scaling_policy(candidate, goal, workload):
+        built.append((candidate.scaling_policy, goal.target.value, workload.get("trace_path")))  # typed goal
         return Policy()
 
     planner = types.ModuleType("spica_pipeline.evaluate.planner")
@@ -144,7 +144,7 @@ def test_goodput_threads_sla_on_planner_path(fake, tmp_path, monkeypatch):
                    throughput_adjustment_interval_seconds=180, load_adjustment_interval_seconds=5,
                    max_num_fpm_samples=64, fpm_sample_bucket_size=16, load_scaling_down_sensitivity=80,
                    load_min_observations=5)
-    out = ev().evaluate(EvalRequest(s, {"trace_path": trace_file(tmp_path)}, dict(GOODPUT)))
+    out = ev().evaluate(EvalRequest(as_candidate(s), {"trace_path": trace_file(tmp_path)}, dict(GOODPUT)))
     assert out.status == "failed"  # the fake summary has no goodput key: fail closed
     kw = fake.calls[0][2]
     assert kw["sla_ttft_ms"] == 500.0 and kw["sla_itl_ms"] == 30.0
@@ -153,20 +153,20 @@ def test_goodput_threads_sla_on_planner_path(fake, tmp_path, monkeypatch):
 
 
 def test_goodput_missing_fails_closed(fake, tmp_path):
-    out = ev().evaluate(EvalRequest(agg_sample(), {"trace_path": trace_file(tmp_path)}, dict(GOODPUT)))
+    out = ev().evaluate(EvalRequest(agg_candidate(), {"trace_path": trace_file(tmp_path)}, dict(GOODPUT)))
     assert out.status == "failed" and "per-request SLA accounting" in out.reason
     pareto = {"target": "pareto", "pareto_objectives": ["goodput", "throughput_per_user"],
               "sla": {"ttft_ms": 500.0, "itl_ms": 30.0}}
-    out = ev().evaluate(EvalRequest(agg_sample(), {"trace_path": trace_file(tmp_path)}, pareto))
+    out = ev().evaluate(EvalRequest(agg_candidate(), {"trace_path": trace_file(tmp_path)}, pareto))
     assert out.status == "failed" and "per-request SLA accounting" in out.reason
     fake.summary["goodput_output_throughput_tok_s"] = 800.0
-    out = ev().evaluate(EvalRequest(agg_sample(), {"trace_path": trace_file(tmp_path)}, dict(GOODPUT)))
+    out = ev().evaluate(EvalRequest(agg_candidate(), {"trace_path": trace_file(tmp_path)}, dict(GOODPUT)))
     assert out.status == "feasible" and out.report["goodput_output_throughput_tok_s"] == 800.0
 
 
 def test_synthetic_concurrency(fake):
     wl = {"isl": 100, "osl": 100, "concurrency": 4, "num_request_ratio": 25}
-    out = ev().evaluate(EvalRequest(agg_sample(), wl, THROUGHPUT))
+    out = ev().evaluate(EvalRequest(agg_candidate(), wl, THROUGHPUT))
     fn, args, kw = fake.calls[0]
     # 4 ramped clients (fidelity/measurement.py): one session each, started one cycle / 4 apart,
     # each sending its next request when the previous completes; 25 requests per client
@@ -181,7 +181,7 @@ def test_synthetic_concurrency(fake):
 def test_kv_load_override(fake):
     # per-rank 1216 tokens, block 64 -> 1216 usable; avg 150 tokens -> capacity concurrency 8
     wl = {"isl": 100, "osl": 100, "kv_load_ratio": 1.0, "num_request_ratio": 25}
-    out = ev().evaluate(EvalRequest(agg_sample(replicas=1, used_gpus=2), wl, THROUGHPUT))
+    out = ev().evaluate(EvalRequest(agg_candidate(replicas=1, used_gpus=2), wl, THROUGHPUT))
     fn, args, kw = fake.calls[0]
     assert args == (100, 100, 8) and kw["turns_per_session"] == 25 and kw["replay_concurrency"] is None
     assert out.derived["concurrency"] == 8 and out.derived["kv_load_concurrency_capacity"] == 8
@@ -190,14 +190,14 @@ def test_kv_load_override(fake):
 
 def test_kv_load_ratio_from_sample_under_pareto(fake):
     wl = {"isl": 100, "osl": 100, "kv_load_ratio": [0.0, 1.0], "num_request_ratio": 25}
-    out = ev().evaluate(EvalRequest(agg_sample(replicas=1, kv_load_ratio=0.5), wl,
+    out = ev().evaluate(EvalRequest(agg_candidate(replicas=1, kv_load_ratio=0.5), wl,
                                     {"target": "pareto", "sla": None, "pareto_objectives": None}))
     assert out.derived["concurrency"] == 4 and fake.calls[0][1][2] == 4  # 4 ramped clients
 
 
 def test_request_rate(fake):
     wl = {"isl": 100, "osl": 100, "request_rate": 20.0, "num_request_ratio": 4}
-    ev().evaluate(EvalRequest(agg_sample(), wl, THROUGHPUT))
+    ev().evaluate(EvalRequest(agg_candidate(), wl, THROUGHPUT))
     fn, args, kw = fake.calls[0]
     assert args == (100, 100, 80) and kw["arrival_interval_ms"] == 50.0 and kw["replay_concurrency"] is None
 
@@ -206,7 +206,7 @@ def test_kv_router_config_and_repeats(fake):
     fake.vary = [10.0, 20.0, 30.0, 40.0]
     s = agg_sample(router_mode="kv_router", overlap_score_credit=0.5, prefill_load_scale=2.0, router_temperature=0.0)
     wl = {"isl": 100, "osl": 100, "concurrency": 4, "num_request_ratio": 2}
-    out = ev().evaluate(EvalRequest(s, wl, THROUGHPUT))
+    out = ev().evaluate(EvalRequest(as_candidate(s), wl, THROUGHPUT))
     assert len(fake.calls) == 3 and out.repeats == 3
     assert isinstance(fake.calls[0][2]["router_config"], core.KvRouterConfig)
     assert fake.calls[0][2]["router_mode"] == "kv_router"
@@ -215,13 +215,13 @@ def test_kv_router_config_and_repeats(fake):
     assert out.spread["mean_ttft_ms"]["std"] > 0
     fake.calls.clear()
     fake.vary = None
-    ev().evaluate(EvalRequest(s, wl, THROUGHPUT, {"router_repeats": 2}))
+    ev().evaluate(EvalRequest(as_candidate(s), wl, THROUGHPUT, {"router_repeats": 2}))
     assert len(fake.calls) == 2
 
 
 def test_disagg(fake, tmp_path):
     out = ev(kv_transfer_bandwidth_gbps=10.0).evaluate(
-        EvalRequest(disagg_sample(), {"trace_path": trace_file(tmp_path)}, THROUGHPUT))
+        EvalRequest(disagg_candidate(), {"trace_path": trace_file(tmp_path)}, THROUGHPUT))
     assert out.status == "feasible", out.reason
     kw = fake.calls[0][2]
     assert "num_workers" not in kw and "extra_engine_args" not in kw
@@ -238,11 +238,11 @@ def test_disagg(fake, tmp_path):
 
 def test_backend_specific_engine_fields(fake):
     wl = {"isl": 100, "osl": 100, "concurrency": 4, "num_request_ratio": 2}
-    ev().evaluate(EvalRequest(agg_sample(backend="sglang", agg_max_num_batched_tokens=16384), wl, THROUGHPUT))
+    ev().evaluate(EvalRequest(agg_candidate(backend="sglang", agg_max_num_batched_tokens=16384), wl, THROUGHPUT))
     cfg = fake.calls[-1][2]["extra_engine_args"]
     assert cfg["engine"]["sglang"]["chunked_prefill_size"] == 16384 and cfg["mem_fraction_static"] == 0.9
     offload = {"num_g2_blocks": 500, "kv_bytes_per_token": 131072, "bandwidth_g1_to_g2_gbps": 20.0}
-    ev().evaluate(EvalRequest(agg_sample(startup_time=30.0, aic_nextn=1, **offload), wl, THROUGHPUT))
+    ev().evaluate(EvalRequest(agg_candidate(startup_time=30.0, aic_nextn=1, **offload), wl, THROUGHPUT))
     cfg = fake.calls[-1][2]["extra_engine_args"]
     assert cfg["startup_time"] == 30.0 and cfg["engine"]["aic_nextn"] == 1
     assert cfg["engine"]["native_host_offload"] == {"num_host_blocks": 500, "d2h_bandwidth_gbps": 20.0}
@@ -255,19 +255,19 @@ def test_outcome_classes(fake, monkeypatch):
     def no_budget(ident, **kw):
         raise InfeasibleKVCapacity("no KV budget for backend=vllm, shape=tp2/pp1/dp1/moe_tp1/moe_ep1")
 
-    over = ev().evaluate(EvalRequest(agg_sample(used_gpus=16, gpu_budget=8), wl, THROUGHPUT))
+    over = ev().evaluate(EvalRequest(agg_candidate(tp=8, gpu_budget=8), wl, THROUGHPUT))
     assert over.status == "infeasible" and over.reason == "over gpu_budget: used_gpus=16 > gpu_budget=8"
-    broken = ev().evaluate(EvalRequest(agg_sample(deployment_mode="mixed"), wl, THROUGHPUT))
-    assert broken.status == "failed" and broken.reason.startswith("candidate build failed: ValueError: ")
+    bad_shape = ev().evaluate(EvalRequest(agg_candidate(agg_block_size=0), wl, THROUGHPUT))
+    assert bad_shape.status == "failed" and bad_shape.reason.startswith("candidate build failed: ")
     fake.raises = RuntimeError("engine\nexploded")
-    failed = ev().evaluate(EvalRequest(agg_sample(), wl, THROUGHPUT))
+    failed = ev().evaluate(EvalRequest(agg_candidate(), wl, THROUGHPUT))
     assert failed.status == "failed" and failed.reason == "replay failed: RuntimeError: engine exploded"
     fake.raises = None
     sla_mix = dict(GOODPUT, sla={"ttft_ms": 1.0, "itl_ms": 1.0, "e2e_ms": 5.0})
-    mixed = ev().evaluate(EvalRequest(agg_sample(), wl, sla_mix))
+    mixed = ev().evaluate(EvalRequest(agg_candidate(), wl, sla_mix))
     assert mixed.status == "failed" and "cannot combine e2e_ms" in mixed.reason
     monkeypatch.setattr(timing, "kv_capacity", no_budget)
-    inf = ev().evaluate(EvalRequest(agg_sample(), wl, THROUGHPUT))
+    inf = ev().evaluate(EvalRequest(agg_candidate(), wl, THROUGHPUT))
     assert inf.status == "infeasible" and "no KV budget" in inf.reason
 
 
@@ -276,7 +276,7 @@ def test_exactly_one_controller_everywhere(fake, tmp_path):
              {"isl": 10, "osl": 10, "request_rate": 5.0, "num_request_ratio": 2},
              {"isl": 10, "osl": 10, "kv_load_ratio": 0.5, "num_request_ratio": 2}]
     for wl in cases:
-        ev().evaluate(EvalRequest(agg_sample(), wl, THROUGHPUT))
+        ev().evaluate(EvalRequest(agg_candidate(), wl, THROUGHPUT))
         kw = fake.calls[-1][2]
         assert sum(kw.get(k) is not None for k in ("replay_concurrency", "arrival_interval_ms")) == 1
         assert "request_rate" not in kw
@@ -301,7 +301,7 @@ def test_missing_planner_module_fails_the_build(fake, monkeypatch):
     monkeypatch.setitem(sys.modules, "spica_pipeline.evaluate.planner", None)  # import raises ImportError
     s = agg_sample(planner_scaling_policy="load_180_5", enable_load_scaling=True,
                    throughput_adjustment_interval_seconds=180, load_adjustment_interval_seconds=5)
-    out = ev().evaluate(EvalRequest(s, {"isl": 10, "osl": 10, "concurrency": 2, "num_request_ratio": 2}, THROUGHPUT))
+    out = ev().evaluate(EvalRequest(as_candidate(s), {"isl": 10, "osl": 10, "concurrency": 2, "num_request_ratio": 2}, THROUGHPUT))
     assert out.status == "failed" and out.reason.startswith("candidate build failed: ") and fake.calls == []
 
 
@@ -341,7 +341,7 @@ def test_perf_model_refusal_keeps_its_name(fake, monkeypatch):
 
     monkeypatch.setattr(timing, "timing_table", no_data)
     wl = {"isl": 100, "osl": 100, "concurrency": 4, "num_request_ratio": 2}
-    out = ev().evaluate(EvalRequest(agg_sample(), wl, THROUGHPUT))
+    out = ev().evaluate(EvalRequest(agg_candidate(), wl, THROUGHPUT))
     assert out.status == "failed" and fake.calls == []
     assert out.reason == "candidate build failed: PerfDataNotAvailableError: perf database error: context MLA data missing"
 
@@ -355,7 +355,7 @@ def test_a_bug_is_an_internal_error_with_traceback(fake, monkeypatch, caplog):
     monkeypatch.setattr(timing, "kv_capacity", typo)
     wl = {"isl": 100, "osl": 100, "concurrency": 4, "num_request_ratio": 2}
     with caplog.at_level("ERROR", logger="spica_pipeline.evaluate.replay"):
-        out = ev().evaluate(EvalRequest(agg_sample(), wl, THROUGHPUT))
+        out = ev().evaluate(EvalRequest(agg_candidate(), wl, THROUGHPUT))
     assert out.status == "failed" and out.reason.startswith("internal error: KeyError: 'tokens_per_rank'")
     assert any(r.exc_info and r.exc_info[0] is KeyError for r in caplog.records)
     fake.raises = TypeError("unexpected keyword argument 'x'")  # our call is wrong, not the candidate
@@ -365,7 +365,7 @@ def test_a_bug_is_an_internal_error_with_traceback(fake, monkeypatch, caplog):
     monkeypatch.setattr(timing, "timing_table", lambda ident, **kw: timing.TimingTable("/x.npz", 10.0, "k"))
     monkeypatch.setattr(timing, "model_context_length", lambda model: 40960)
     monkeypatch.setattr(timing, "table_estimators", lambda path: (lambda t: 100.0, lambda b, c: 10.0))
-    out = ev().evaluate(EvalRequest(agg_sample(), wl, THROUGHPUT))
+    out = ev().evaluate(EvalRequest(agg_candidate(), wl, THROUGHPUT))
     assert out.status == "failed" and out.reason.startswith("internal error: TypeError")
 
 

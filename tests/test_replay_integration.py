@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_deploy import agg_sample, disagg_sample
+from test_deploy import agg_candidate, agg_sample, as_candidate, disagg_sample
 
 from spica_pipeline.evaluate import timing
 from spica_pipeline.evaluate.evaluator import EvalRequest
@@ -31,7 +31,7 @@ def evaluator(tmp_path_factory):
 
 
 def agg(version, **over):
-    return agg_sample(backend_version=version, **over)
+    return agg_candidate(backend_version=version, **over)
 
 
 def single(isl, osl=8):
@@ -92,8 +92,8 @@ def test_small_prefill_pool_saturates_under_heavy_load(evaluator, version):
                              decode_tp=2, decode_attention_dp=1, decode_replicas=1, used_gpus=6)
     starved = disagg_sample(backend_version=version, prefill_tp=1, prefill_attention_dp=1, prefill_replicas=1,
                             decode_tp=2, decode_attention_dp=1, decode_replicas=2, used_gpus=5)
-    good = evaluator.evaluate(EvalRequest(balanced, wl, THROUGHPUT))
-    bad = evaluator.evaluate(EvalRequest(starved, wl, THROUGHPUT))
+    good = evaluator.evaluate(EvalRequest(as_candidate(balanced), wl, THROUGHPUT))
+    bad = evaluator.evaluate(EvalRequest(as_candidate(starved), wl, THROUGHPUT))
     assert good.status == bad.status == "feasible", (good.reason, bad.reason)
     assert bad.report["mean_ttft_ms"] > 5 * good.report["mean_ttft_ms"], (good.report["mean_ttft_ms"],
                                                                            bad.report["mean_ttft_ms"])
@@ -160,7 +160,7 @@ def test_cached_identity_is_reused_the_second_time(tmp_path, version):
         assert npz["decode_itl"].shape == (len(npz["decode_active_kv_tokens"]), len(npz["decode_context_length"]))
         assert (npz["decode_itl"] > 1.0).all()  # stored x TIME_SCALE: clear of the replay's 1 ms floor
     ev = ReplayEvaluator(cache_dir=str(tmp_path))
-    request = EvalRequest(agg_sample(backend_version=version, tp=8, replicas=1, used_gpus=8), single(1024), THROUGHPUT)
+    request = EvalRequest(agg_candidate(backend_version=version, tp=8, replicas=1, used_gpus=8), single(1024), THROUGHPUT)
     first = ev.evaluate(request)
     again = ev.evaluate(request)
     for key in ("mean_ttft_ms", "mean_itl_ms", "duration_ms", "gpu_hours"):  # round robin is deterministic

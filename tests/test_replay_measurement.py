@@ -3,7 +3,7 @@
 import json
 import types
 
-from test_deploy import agg_sample
+from test_deploy import agg_candidate
 from test_replay import THROUGHPUT, FakeReplay, ev, fake  # noqa: F401  (fixture)
 
 from spica_pipeline.evaluate.evaluator import EvalRequest
@@ -36,7 +36,7 @@ def test_metrics_come_from_the_steady_state_window(fake, monkeypatch):  # noqa: 
 
     f = WithPerRequest()
     monkeypatch.setattr(core, "run_mocker_synthetic_trace_replay", f.synthetic)
-    out = ev().evaluate(EvalRequest(agg_sample(), WL, THROUGHPUT))
+    out = ev().evaluate(EvalRequest(agg_candidate(), WL, THROUGHPUT))
     assert out.status == "feasible", out.reason
     rep = out.report
     assert rep["mean_ttft_ms"] == 20.0 and rep["full_run_mean_ttft_ms"] == 50.0  # the fake summary's value
@@ -46,7 +46,7 @@ def test_metrics_come_from_the_steady_state_window(fake, monkeypatch):  # noqa: 
 
 def test_jitter_replays_a_generated_trace_of_ramped_sessions(fake, tmp_path):  # noqa: F811
     wl = {**WL, "isl_jitter": 0.2, "osl_jitter": 0.2}
-    out = ReplayEvaluator(cache_dir=str(tmp_path)).evaluate(EvalRequest(agg_sample(), wl, THROUGHPUT))
+    out = ReplayEvaluator(cache_dir=str(tmp_path)).evaluate(EvalRequest(agg_candidate(), wl, THROUGHPUT))
     assert out.status == "feasible", out.reason
     fn, args, kw = fake.calls[0]
     assert fn == "trace" and kw["replay_concurrency"] is None and kw["trace_format"] == "mooncake"
@@ -54,7 +54,7 @@ def test_jitter_replays_a_generated_trace_of_ramped_sessions(fake, tmp_path):  #
     assert len(lines) == out.derived["request_count"] == 16 and len({x["session_id"] for x in lines}) == 2
     assert all(80 <= x["input_length"] <= 120 for x in lines)
     # the same workload gives the same requests (every candidate of a sweep sees one trace)
-    again = ReplayEvaluator(cache_dir=str(tmp_path)).evaluate(EvalRequest(agg_sample(tp=4), wl, THROUGHPUT))
+    again = ReplayEvaluator(cache_dir=str(tmp_path)).evaluate(EvalRequest(agg_candidate(tp=4), wl, THROUGHPUT))
     assert fake.calls[1][1] == args and again.derived["jitter_seed"] == out.derived["jitter_seed"]
 
 

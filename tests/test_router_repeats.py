@@ -1,9 +1,9 @@
 """KV-router repeats are skipped where routing has no choice (issue 15 item 6)."""
 
 from spica_pipeline.evaluate.evaluator import EvalOutcome
-from spica_pipeline.space.sample import router_repeats_for, unroll_sample
+from spica_pipeline.space.candidate import build_candidate, router_repeats_for
 from spica_pipeline.space.shapes import DisaggShape, RoleShape
-from tests.test_unroll import agg_sel, disagg_sel, space
+from tests.test_candidate import agg_sel, disagg_sel, space
 
 ONE = RoleShape(tp=8, moe_ep=8)
 TWO = RoleShape(tp=4, moe_ep=4, replicas=2)
@@ -16,7 +16,7 @@ def kv(sel_fn, **kw):
 
 
 def repeats(sel, shape) -> int:
-    return router_repeats_for(unroll_sample(space(), sel, shape), 3)
+    return router_repeats_for(build_candidate(space(), sel, shape), 3)
 
 
 def test_single_worker_per_role_replays_once():
@@ -32,9 +32,9 @@ def test_a_role_with_a_choice_keeps_the_repeats():
 
 
 def test_planner_scaling_can_add_workers_so_repeats_stay():
-    sample = unroll_sample(space(), kv(agg_sel), ONE)
-    sample["planner_scaling_policy"] = "load_180_10"
-    assert router_repeats_for(sample, 3) == 3
+    sel = kv(agg_sel, planner_scaling_policy="load_180_10", planner_fpm_sampling="default",
+             planner_load_sensitivity="default")
+    assert router_repeats_for(build_candidate(space(), sel, ONE), 3) == 3
 
 
 def test_round_robin_is_always_one_replay():

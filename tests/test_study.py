@@ -4,13 +4,26 @@ import random
 
 import pytest
 
+from dataclasses import replace
+
+from spica_pipeline.config import SearchSpace
 from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest
 from spica_pipeline.optimize.ledger import TrialRecord, content_view
 from spica_pipeline.optimize.study import run_branch_study
 from spica_pipeline.optimize.trial import MemoryJournal, Proposal, Scored, StudySettings, TrialCounter
+from spica_pipeline.space.candidate import build_candidate
 from spica_pipeline.space.shapes import RoleShape
 
 SHAPE = RoleShape(tp=4, replicas=2)
+# an agg space whose only knobs are the ones the fake samplers select; the rest are pinned
+STUDY_SPACE = SearchSpace(model_name="m", hardware_sku="h200_sxm", deployment_mode=["agg"], backend=["vllm"],
+                          agg_max_num_batched_tokens=[8192], router_mode=["round_robin"],
+                          planner_scaling_policy=["disabled"])
+
+
+def seqs(candidate):
+    """The candidate's agg max_num_seqs: the knob the fake samplers choose and the fake evaluators score."""
+    return candidate.role("agg").engine.max_num_seqs
 
 
 class ScriptedSampler:
@@ -42,8 +55,8 @@ class ScriptedSampler:
 
 class CountingEvaluator:
     def __init__(self, fn=None, fail_after=None):
-        self.fn = fn or (lambda sample: EvalOutcome("feasible", report={"throughput": sample["agg_max_num_seqs"]},
-                                                    replay_seconds=0.01))
+        self.fn = fn or (lambda candidate: EvalOutcome("feasible", report={"throughput": seqs(candidate)},
+                                                       replay_seconds=0.01))
         self.calls = []
         self.fail_after = fail_after
 
@@ -52,14 +65,18 @@ class CountingEvaluator:
         for request in requests:
             if self.fail_after is not None and len(self.calls) >= self.fail_after:
                 raise KeyboardInterrupt("simulated kill")
-            self.calls.append(request.sample["agg_max_num_seqs"])
-            out.append(self.fn(request.sample))
+            self.calls.append(seqs(request.candidate))
+            out.append(self.fn(request.candidate))
         return out
 
 
+def study_candidate(selection, shape):
+    return build_candidate(STUDY_SPACE, selection, shape)
+
+
 def build(selection, shape):
-    sample = {**selection, **shape.to_dict(), "used_gpus": shape.used_gpus, "backend_version": "0.24.0"}
-    return EvalRequest(sample=sample, workload={"isl": 100}, goal={"target": "throughput"})
+    candidate = replace(study_candidate(selection, shape), backend_version="0.24.0")
+    return EvalRequest(candidate=candidate, workload={"isl": 100}, goal={"target": "throughput"})
 
 
 def score(outcome):
@@ -130,7 +147,7 @@ def test_budget_holds_under_timeouts_and_failures(status, reason):
 
 def test_circuit_breaker_stops_a_branch_whose_first_candidates_all_fail_alike():
     evaluator = CountingEvaluator(lambda s: EvalOutcome(
-        "failed", reason=f"worker process died (exit code -9) on seqs={s['agg_max_num_seqs']}"))
+        "failed", reason=f"worker process died (exit code -9) on seqs={seqs(s)}"))
     result = run(ScriptedSampler(menu=range(1000)), evaluator, per_round=2, max_rounds=10, failure_breaker=5)
     assert len(evaluator.calls) == 6  # the round that trips it finishes its batch
     assert result.stopped.startswith("circuit breaker: the first 5 candidates all failed for the same reason")
@@ -145,7 +162,7 @@ def test_circuit_breaker_ignores_mixed_reasons_and_early_successes():
 
     calls = {"n": 0}
 
-    def first_ok(sample):
+    def first_ok(candidate):
         calls["n"] += 1
         if calls["n"] == 1:
             return EvalOutcome("feasible", report={"throughput": 1.0})
@@ -180,7 +197,7 @@ def test_waves_respect_the_worker_count():
 
     def evaluator(requests):
         sizes.append(len(requests))
-        return [EvalOutcome("feasible", report={"throughput": r.sample["agg_max_num_seqs"]}) for r in requests]
+        return [EvalOutcome("feasible", report={"throughput": seqs(r.candidate)}) for r in requests]
     run(ScriptedSampler(batches=[[1, 2, 3]]), evaluator, workers=2)
     assert sizes == [2, 1]
 
@@ -235,7 +252,7 @@ def test_time_budget_ends_the_branch_between_batches_with_no_round_cap():
 
     def evaluator(requests):
         now["t"] += 10.0 * len(requests)  # each replay takes 10 fake seconds
-        return [EvalOutcome("feasible", report={"throughput": r.sample["agg_max_num_seqs"]}) for r in requests]
+        return [EvalOutcome("feasible", report={"throughput": seqs(r.candidate)}) for r in requests]
     snapshots = []
     result = run_branch_study("agg", ScriptedSampler(menu=range(10_000)), build, evaluator, score,
                               StudySettings(per_round=2, max_rounds=None, deadline=55.0, clock=lambda: now["t"]),

@@ -27,6 +27,7 @@ from typing import Any
 
 from spica_pipeline.config.goal import OptimizationGoal
 from spica_pipeline.evaluate.evaluator import EvalRequest
+from spica_pipeline.space.candidate import Candidate
 from spica_pipeline.fidelity import silicon
 from spica_pipeline.fidelity.measurement import CLIENT_REQUEST_RATIO, benchmark_client_request
 
@@ -215,7 +216,8 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, job: RowJo
                                "replayed_memory_fraction": fraction}
 
     def client_request(c: silicon.SiliconCase, memory_fraction: float = fraction) -> EvalRequest:
-        req = EvalRequest(c.sample(version, max_num_batched_tokens=mnbt, memory_fraction=memory_fraction),
+        req = EvalRequest(Candidate.from_dict(c.sample(version, max_num_batched_tokens=mnbt,
+                                                       memory_fraction=memory_fraction)),
                           c.workload(CLIENT_REQUEST_RATIO, client_lengths=spread), GOAL,
                           {"closed_loop_client": "together"})
         return benchmark_client_request(req, CLIENT_REQUEST_RATIO, fixed_lengths=job.fixed_lengths)
@@ -241,8 +243,8 @@ def evaluate_case(evaluator, case: silicon.SiliconCase, version: str, job: RowJo
         rec["window_counted"] = out.report.get("window_counted_requests")
         rec["window_rule"] = out.derived.get("window_rule")
         sweep_started = time.perf_counter()
-        sweep = evaluator.evaluate(EvalRequest(case.sample(version, max_num_batched_tokens=mnbt,
-                                                           memory_fraction=fraction),
+        sweep = evaluator.evaluate(EvalRequest(Candidate.from_dict(case.sample(version, max_num_batched_tokens=mnbt,
+                                                                              memory_fraction=fraction)),
                                                case.workload(RAMP_REQUEST_RATIO, client_lengths=spread), GOAL,
                                                {"closed_loop_client": "ramp"}))
         rec["sweep_seconds"] = round(time.perf_counter() - sweep_started, 3)

@@ -13,25 +13,19 @@ prefill args, and kv_router replays are repeated because routing ties are broken
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from spica_pipeline.config.goal import OptimizationGoal, planner_target
-from spica_pipeline.config.precision import precision_of
 from spica_pipeline.config.workload import Workload
 from spica_pipeline.errors import CandidateBuildError, InfeasibleKVCapacity, describe
 from spica_pipeline.evaluate.evaluator import EvalRequest
 from spica_pipeline.jsonvalue import canonical_json, spec_hash
 from spica_pipeline.fidelity import measurement
+from spica_pipeline.space.candidate import Candidate
 from spica_pipeline.space.engine import EngineIdentity, KvCapacity
 from spica_pipeline.space.kv_load import resolve_kv_load
-from spica_pipeline.space.plan import (
-    DeploymentPlan,
-    active_roles,
-    build_deployment_plan,
-    role_replicas,
-    role_shape,
-)
+from spica_pipeline.space.plan import DeploymentPlan, build_deployment_plan
 
 
 class TimingRef(Protocol):
@@ -97,7 +91,7 @@ class ReplayCall:
     kwargs: dict[str, Any]
     repeats: int
     derived: dict[str, Any] = field(default_factory=dict)
-    policy_factory: Callable[..., Any] | None = None  # build_scaling_policy(sample, goal, workload)
+    policy_factory: Callable[..., Any] | None = None  # build_scaling_policy(candidate, goal, workload)
 
 
 def build_replay_call(request: EvalRequest, settings: ReplaySettings, facts: EngineFacts,
@@ -109,20 +103,21 @@ def build_replay_call(request: EvalRequest, settings: ReplaySettings, facts: Eng
     computed.
     """
     derived = {} if derived is None else derived
-    sample = dict(request.sample)
+    candidate = request.candidate
     goal = OptimizationGoal.model_validate(request.goal or {})
     workload = Workload.model_validate(request.workload)
-    if not sample.get("backend_version"):
-        sample["backend_version"] = facts.backend_version(sample["hardware_sku"], sample["backend"])
-        derived["backend_version"] = sample["backend_version"]
+    if not candidate.backend_version:
+        version = facts.backend_version(candidate.system, candidate.backend)
+        candidate = replace(candidate, backend_version=version)
+        derived["backend_version"] = candidate.backend_version
 
     # 1. load: a KV-load ratio becomes a per-candidate concurrency (space/kv_load.py)
     override: int | None = None
     if workload.is_kv_load:
-        ratio = sample.get("kv_load_ratio", workload.kv_load_scalar())
+        ratio = candidate.kv_load_ratio if candidate.kv_load_ratio is not None else workload.kv_load_scalar()
         if ratio is None:
-            raise CandidateBuildError("a ranged kv_load_ratio needs the sample's own kv_load_ratio")
-        load = resolve_kv_load(sample, int(workload.isl or 0), int(workload.osl or 0), float(ratio),
+            raise CandidateBuildError("a ranged kv_load_ratio needs the candidate's own kv_load_ratio")
+        load = resolve_kv_load(candidate, int(workload.isl or 0), int(workload.osl or 0), float(ratio),
                                estimate=facts.kv_tokens)
         derived.update(load)
         override = load["concurrency"]
@@ -132,19 +127,19 @@ def build_replay_call(request: EvalRequest, settings: ReplaySettings, facts: Eng
     # 2. plan: workers, router and planner payloads (space/plan.py)
     sla = goal.sla.model_dump(mode="json") if goal.sla is not None else None
     try:
-        plan = build_deployment_plan(sample, planner_target=planner_target(goal.target), sla=sla)
+        plan = build_deployment_plan(candidate, planner_target=planner_target(goal.target), sla=sla)
     except ValueError as exc:  # an 'sla' planner target without both ttft_ms and itl_ms
         raise CandidateBuildError(str(exc), detail=describe(exc)) from exc
 
     # 3. model context and trace checks, before any replay
-    context = sample.get("context_length") or facts.context_length(sample["model_name"])
+    context = candidate.context_length or facts.context_length(candidate.model)
     if workload.is_trace:
         facts.check_trace(str(workload.trace_path), context, settings.trace_block_size)
     elif context is not None and workload.isl is not None:
         check_context(int(workload.isl), int(workload.osl or 0), int(context))
 
     # 4. per-role engine configs with AIC timing and explicit capacity
-    engines = {role: engine_config(sample, role, args, context, derived, facts, settings)
+    engines = {role: engine_config(candidate, role, args, context, derived, facts, settings)
                for role, args in plan.engine_args().items()}
 
     # 5. replay kwargs
@@ -262,24 +257,25 @@ def jittered_trace_path(workload: Workload, derived: dict[str, Any], interval: f
     return facts.write_trace("".join(canonical_json(r) + "\n" for r in records))
 
 
-def engine_identity(sample: dict[str, Any], role: str, args: dict[str, Any]) -> EngineIdentity:
-    """The timing/KV identity of one role's engine."""
-    tp, pp, dp, moe_tp, moe_ep = role_shape(sample, role)
-    precision = precision_of(sample)
+def engine_identity(candidate: Candidate, role: str, args: dict[str, Any]) -> EngineIdentity:
+    """The timing/KV identity of one role's engine (`args`: the plan's engine args of the role)."""
+    s, precision = candidate.role(role).shape, candidate.precision
     return EngineIdentity(
         model=args["aic_model_path"], system=args["aic_system"], backend=args["aic_backend"],
-        version=args["aic_backend_version"], tp=tp, pp=pp, attention_dp=dp, moe_tp=moe_tp, moe_ep=moe_ep,
+        version=args["aic_backend_version"], tp=s.tp, pp=s.pp, attention_dp=s.attention_dp, moe_tp=s.moe_tp,
+        moe_ep=s.moe_ep,
         nextn=int(args.get("aic_nextn") or 0), weight_dtype=precision.get("weights"),
         moe_dtype=precision.get("moe"), attention_dtype=precision.get("attention"),
         kv_cache_dtype=precision.get("kv_cache"),
     )
 
 
-def engine_config(sample: dict[str, Any], role: str, args: dict[str, Any], context: int | None,
+def engine_config(candidate: Candidate, role: str, args: dict[str, Any], context: int | None,
                   derived: dict[str, Any], facts: EngineFacts, settings: ReplaySettings) -> dict[str, Any]:
     """One role's replay engine config: AIC timing, explicit KV blocks, backend-specific knobs."""
-    tp, pp, dp, _, _ = role_shape(sample, role)
-    identity = engine_identity(sample, role, args)
+    shape = candidate.role(role).shape
+    tp, pp, dp = shape.tp, shape.pp, shape.attention_dp
+    identity = engine_identity(candidate, role, args)
     block_size = int(args["block_size"])
     if block_size <= 0:
         raise CandidateBuildError(f"{role}_block_size must be greater than zero, got {block_size}",
@@ -379,11 +375,3 @@ def check_context(isl: int, osl: int, context: int) -> None:
         raise CandidateBuildError(f"workload.isl={isl} + workload.osl={osl} = {isl + osl} tokens exceeds the "
                                   f"model context length {context}")
 
-
-def role_gpus(sample: dict[str, Any]) -> int:
-    """Provisioned GPUs of a static candidate (engine GPUs x replicas over active roles)."""
-    total = 0
-    for role in active_roles(sample):
-        tp, pp, dp, _, _ = role_shape(sample, role)
-        total += tp * pp * dp * role_replicas(sample, role)
-    return total

@@ -10,6 +10,7 @@ from typing import Any, Literal, Mapping
 
 from spica_pipeline.config.goal import OptimizationGoal
 from spica_pipeline.jsonvalue import spec_hash
+from spica_pipeline.space.candidate import Candidate
 
 Status = Literal["feasible", "infeasible", "failed", "timed_out"]
 
@@ -18,7 +19,8 @@ Status = Literal["feasible", "infeasible", "failed", "timed_out"]
 class EvalRequest:
     """One candidate to evaluate.
 
-    sample: the flat unrolled sample (space/sample.py `unroll_sample`) plus `backend_version`; JSON-able.
+    candidate: the deployment (space/candidate.py), its perf-database version resolved; hashed as
+        its flat form `candidate.to_dict()` under the key "sample".
     workload: `model_dump(mode="json")` of the validated workload section.
     goal: the validated `OptimizationGoal`, the one source of the goal rules downstream (a plain
         dict, as tests and plain-dict callers pass it, is validated once here); hashed as its JSON dump.
@@ -26,19 +28,22 @@ class EvalRequest:
         version, router repeats); part of the hash.
     """
 
-    sample: dict[str, Any]
+    candidate: Candidate
     workload: dict[str, Any]
     goal: OptimizationGoal
     context: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.candidate, Candidate):
+            raise TypeError(f"EvalRequest.candidate must be a Candidate, got {type(self.candidate).__name__} "
+                            "(Candidate.from_dict reads a flat candidate dict)")
         if not isinstance(self.goal, OptimizationGoal):
             goal: Mapping[str, Any] | None = self.goal
             object.__setattr__(self, "goal", OptimizationGoal.model_validate(goal or {}))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sample": self.sample, "workload": self.workload, "goal": self.goal.model_dump(mode="json"),
-                "context": self.context}
+        return {"sample": self.candidate.to_dict(), "workload": self.workload,
+                "goal": self.goal.model_dump(mode="json"), "context": self.context}
 
     @property
     def spec_hash(self) -> str:

@@ -1,4 +1,4 @@
-"""The replay `scaling_policy` built from an unrolled sample: our planner (the planner composites).
+"""The replay `scaling_policy` built from a candidate's planner: our planner (the planner composites).
 
 The Dynamo Planner cannot be imported here, so this is our own planner with the same knobs,
 driven by the replay's offline callback protocol (the replay calls it between steps): `initial_tick_ms()` and
@@ -15,7 +15,7 @@ Load-based scaling (every `load_adjustment_interval_seconds`)
     `load_min_observations` calm observations in a row one worker is removed.
 
 Throughput-based scaling (every `throughput_adjustment_interval_seconds`)
-    The sample's `load_predictor` (family default: arima, as the Dynamo PlannerConfig) forecasts the
+    The candidate's `load_predictor` (family default: arima, as the Dynamo PlannerConfig) forecasts the
     next interval's request count, ISL and OSL from the replayed traffic. Workers needed =
     ceil(forecast rate / (per-engine capacity * TARGET_UTILISATION)).
 
@@ -44,6 +44,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from spica_pipeline.config.goal import OptimizationGoal
+from spica_pipeline.space.candidate import Candidate, Role
 from spica_pipeline.space.load_predictor.predictors import make_predictor, predictor_fields
 
 TARGET_UTILISATION = 0.85
@@ -166,21 +167,28 @@ def _int_or_none(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
+def _default(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
 class ScalingPolicy:
     """A planner for one candidate; see the module docstring for the model."""
 
-    def __init__(self, sample: dict[str, Any], goal: "OptimizationGoal | Mapping[str, Any]",
+    def __init__(self, candidate: Candidate, goal: "OptimizationGoal | Mapping[str, Any]",
                  workload: dict[str, Any]) -> None:
-        self.mode = sample.get("deployment_mode", "agg")
-        self.throughput_on = bool(sample.get("enable_throughput_scaling"))
-        self.load_on = bool(sample.get("enable_load_scaling"))
-        self.load_s = float(sample.get("load_adjustment_interval_seconds") or 5.0)
-        self.tput_s = float(sample.get("throughput_adjustment_interval_seconds") or 180.0)
-        self.sensitivity = float(sample.get("load_scaling_down_sensitivity", 80))
-        self.min_observations = max(1, int(sample.get("load_min_observations", 5)))
-        self.gpu_budget = _int_or_none(sample.get("gpu_budget"))
-        self.min_gpu_budget = _int_or_none(sample.get("min_gpu_budget"))
-        self.min_endpoint = max(1, int(sample.get("min_endpoint") or 1))
+        planner = candidate.planner
+        if planner is None:
+            raise ValueError("a static candidate (both scaling flags off) has no planner")
+        self.mode = candidate.deployment_mode
+        self.throughput_on = bool(planner.enable_throughput_scaling)
+        self.load_on = bool(planner.enable_load_scaling)
+        self.load_s = float(planner.load_adjustment_interval_seconds or 5.0)
+        self.tput_s = float(planner.throughput_adjustment_interval_seconds or 180.0)
+        self.sensitivity = float(_default(planner.load_scaling_down_sensitivity, 80))
+        self.min_observations = max(1, int(_default(planner.load_min_observations, 5)))
+        self.gpu_budget = _int_or_none(candidate.gpu_budget)
+        self.min_gpu_budget = _int_or_none(candidate.min_gpu_budget)
+        self.min_endpoint = max(1, int(candidate.min_endpoint or 1))
         goal = OptimizationGoal.model_validate(goal)  # the request's goal, typed once
         self.target = goal.planner_target
         sla = goal.sla if self.target == "sla" else None
@@ -188,25 +196,18 @@ class ScalingPolicy:
         self.sla_itl_ms = sla.itl_ms if sla is not None else None
         self.default_isl = float(workload.get("isl") or 0.0)
         self.default_osl = float(workload.get("osl") or 0.0)
-        fpm = (int(sample.get("max_num_fpm_samples", 64)), int(sample.get("fpm_sample_bucket_size", 16)))
+        fpm = (int(_default(planner.max_num_fpm_samples, 64)),
+               int(_default(planner.fpm_sample_bucket_size, 16)))
 
-        def role(name: str, prefix: str, batching: str) -> _Role:
-            gpus = (int(sample.get(f"{prefix}tp", 1)) * int(sample.get(f"{prefix}pp", 1))
-                    * int(sample.get(f"{prefix}attention_dp", 1)))
-            model = EngineModel(sample.get(f"{batching}_max_num_seqs", 256),
-                                sample.get(f"{batching}_max_num_batched_tokens", 8192), *fpm)
-            return _Role(name, max(1, gpus), model, max(1, int(sample.get(f"{prefix}attention_dp", 1))))
+        def role(r: Role) -> _Role:
+            model = EngineModel(r.engine.max_num_seqs, r.engine.max_num_batched_tokens, *fpm)
+            return _Role(r.name, max(1, r.gpus_per_engine), model, max(1, r.shape.attention_dp))
 
-        if self.mode == "disagg":
-            self.roles = {"prefill": role("prefill", "prefill_", "prefill"),
-                          "decode": role("decode", "decode_", "decode")}
-        else:
-            self.roles = {"agg": role("agg", "", "agg")}
+        self.roles = {r.name: role(r) for r in candidate.roles}
         self.forecaster: _SeriesForecaster | None = None
         if self.throughput_on:
-            fields = predictor_fields({"load_predictor": sample.get("load_predictor", "arima"),
-                                       **{k: v for k, v in sample.items() if k.startswith(("load_predictor_",
-                                                                                           "prophet_", "kalman_"))}})
+            family = planner.predictor.to_dict() if planner.predictor is not None else {"load_predictor": "arima"}
+            fields = predictor_fields(family)
             self.forecaster = _SeriesForecaster(fields, self.tput_s)
         intervals = ([self.load_s] if self.load_on else []) + ([self.tput_s] if self.throughput_on else [])
         self._first_tick_ms = min(intervals) * 1000.0 if intervals else None
@@ -377,9 +378,9 @@ class ScalingPolicy:
         return out
 
 
-def build_scaling_policy(sample: dict[str, Any], goal: "OptimizationGoal | Mapping[str, Any]",
+def build_scaling_policy(candidate: Candidate, goal: "OptimizationGoal | Mapping[str, Any]",
                          workload: dict[str, Any]) -> ScalingPolicy | None:
-    """The planner for an unrolled sample, or None for a static candidate (both scaling flags off)."""
-    if not (sample.get("enable_throughput_scaling") or sample.get("enable_load_scaling")):
+    """The planner of a candidate, or None for a static candidate (both scaling flags off)."""
+    if candidate.planner is None:
         return None
-    return ScalingPolicy(sample, goal, workload)
+    return ScalingPolicy(candidate, goal, workload)

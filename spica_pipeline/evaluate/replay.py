@@ -38,7 +38,6 @@ from spica_pipeline.evaluate.engine_args import (
     TimingRef,
     build_replay_call,
     check_context,
-    role_gpus,
 )
 from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest, Evaluator
 from spica_pipeline.evaluate.timing import default_cache_dir
@@ -49,7 +48,6 @@ from spica_pipeline.jsonvalue import spec_hash
 from spica_pipeline.space import kv
 from spica_pipeline.space.engine import EngineIdentity, KvCapacity
 from spica_pipeline.space.model_hw import latest_backend_version
-from spica_pipeline.space.plan import role_replicas
 from spica_pipeline.storage import atomic_write_text
 from spica_pipeline.traces import read_mooncake_trace
 
@@ -61,8 +59,7 @@ DEFAULT_ROUTER_REPEATS = 3
 # What the replay raises for a run it rejects or cannot finish; any other type is a bug of ours.
 REPLAY_ERRORS = (RuntimeError, ValueError, OSError, SpicaError)
 
-__all__ = ["CandidateBuildError", "ReplayEvaluator", "ReplayFacts", "check_context", "role_gpus",
-           "summarise_repeats"]
+__all__ = ["CandidateBuildError", "ReplayEvaluator", "ReplayFacts", "check_context", "summarise_repeats"]
 
 
 class _TickCounter:
@@ -194,9 +191,7 @@ class ReplayEvaluator(BaseModel, Evaluator):
         except RuntimeError as exc:
             outcome.status, outcome.reason = "failed", str(exc)
             return outcome
-        sample = request.sample
-        used = int(sample.get("used_gpus") or role_gpus(sample))
-        budget = sample.get("gpu_budget")
+        used, budget = request.candidate.used_gpus, request.candidate.gpu_budget
         if budget is not None and not scoring.is_feasible(used, int(budget)):
             outcome.status = "infeasible"
             outcome.reason = f"over gpu_budget: used_gpus={used} > gpu_budget={int(budget)}"
@@ -234,7 +229,7 @@ class ReplayEvaluator(BaseModel, Evaluator):
             return None
 
         profile, _ = load_profile(setting["setting"])
-        backend = request.sample.get("backend")
+        backend = request.candidate.backend
         if profile is None or not needs_client(profile):
             return None
         # a fixed-length client is replayed with fixed lengths where the profile has factors for that replay
@@ -263,7 +258,7 @@ class ReplayEvaluator(BaseModel, Evaluator):
         kwargs = dict(call.kwargs)
         counter = None
         if call.policy_factory is not None:  # a fresh policy per repeat: policies keep state
-            policy = call.policy_factory(request.sample, request.goal, request.workload)
+            policy = call.policy_factory(request.candidate, request.goal, request.workload)
             if policy is not None:
                 counter = _TickCounter(policy)
                 kwargs["scaling_policy"] = counter
@@ -296,19 +291,19 @@ def _calibrate(report: dict[str, Any], request: EvalRequest, derived: dict[str, 
     loaded, _ = load_profile(setting["setting"])
     if loaded is None:  # the sweep records only a setting that names a profile
         return
-    sample = request.sample
-    profile = for_client(loaded, (request.context or {}).get("client_lengths"), sample.get("backend"))
-    concurrency = derived.get("concurrency") or sample.get("concurrency")
+    candidate = request.candidate
+    profile = for_client(loaded, (request.context or {}).get("client_lengths"), candidate.backend)
+    concurrency = derived.get("concurrency") or candidate.concurrency
     closed_loop = concurrency is not None
     if concurrency is None and report.get("request_throughput_rps") and report.get("mean_e2e_latency_ms"):
         # open loop / trace: Little's law gives the mean number of requests in flight
         concurrency = report["request_throughput_rps"] * report["mean_e2e_latency_ms"] / 1000.0
     engines = {}
     for phase, role in (("ttft", "prefill"), ("tpot", "decode")):
-        role = "agg" if sample.get("deployment_mode") == "agg" else role
-        engines[phase] = float(concurrency or 1) / max(1, role_replicas(sample, role) or 1)
+        role = "agg" if candidate.deployment_mode == "agg" else role
+        engines[phase] = float(concurrency or 1) / max(1, candidate.role(role).replicas)
     widen = 1.5 if derived.get("fidelity_note") else 1.0  # a perf-data fallback was used: less certain
-    report.update(calibrate(report, profile, system=sample["hardware_sku"], backend=sample["backend"],
+    report.update(calibrate(report, profile, system=candidate.system, backend=candidate.backend,
                             concurrency=engines, extra_widen=widen, closed_loop=closed_loop, per_request=per_request,
                             sla=request.goal.sla_thresholds(), client=client))
 

@@ -7,7 +7,7 @@ journal). Nothing here opens a file, a study or a pool.
 
 import hashlib
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 
 from spica_pipeline.config import OptimizationGoal, SmartSearchConfig, target_direction
@@ -28,8 +28,8 @@ from spica_pipeline.optimize.trial import (
     selection_key,
 )
 from spica_pipeline.space.branches import BranchSpace
+from spica_pipeline.space.candidate import build_candidate, router_repeats_for
 from spica_pipeline.space.model_hw import latest_backend_version
-from spica_pipeline.space.sample import router_repeats_for, unroll_sample
 from spica_pipeline.space.shapes import ParallelConfig
 
 if TYPE_CHECKING:
@@ -285,21 +285,22 @@ def exhaustive_points(encoding: SearchEncoding) -> Iterable[Proposal]:
 
 def candidate_builder(config: SmartSearchConfig, load_predictor: "LoadPredictorResult | None",
                       context: dict[str, Any]) -> Callable[[dict[str, Any], ParallelConfig], EvalRequest]:
-    """Main-process candidate build: unroll, resolve the perf-DB version, attach `context` (what,
-    besides the sample, changes a replay's result: `sweep.evaluation_context`)."""
+    """Main-process candidate build: build the candidate, resolve its perf-DB version and load,
+    attach `context` (what, besides the candidate, changes a replay's result:
+    `sweep.evaluation_context`)."""
     workload = config.workload.model_dump(mode="json")
     goal = config.goal
     repeats = config.sweep.router_repeats
 
     def build(selection: dict[str, Any], parallel_config: ParallelConfig) -> EvalRequest:
-        sample = unroll_sample(config.search_space, selection, parallel_config, load_predictor)
-        sample["backend_version"] = latest_backend_version(sample["hardware_sku"], sample["backend"])
-        if config.workload.concurrency is not None:
-            sample["concurrency"] = config.workload.concurrency
-        if "kv_load_ratio" in selection:  # searched (a range) or injected as a constant (a scalar)
-            sample["kv_load_ratio"] = float(selection["kv_load_ratio"])
-        ctx = dict(context, router_repeats=router_repeats_for(sample, repeats))
-        return EvalRequest(sample=sample, workload=workload, goal=goal, context=ctx)
+        candidate = build_candidate(config.search_space, selection, parallel_config, load_predictor)
+        candidate = replace(
+            candidate, backend_version=latest_backend_version(candidate.system, candidate.backend),
+            concurrency=config.workload.concurrency,
+            # searched (a range) or injected as a constant (a scalar)
+            kv_load_ratio=float(selection["kv_load_ratio"]) if "kv_load_ratio" in selection else None)
+        ctx = dict(context, router_repeats=router_repeats_for(candidate, repeats))
+        return EvalRequest(candidate=candidate, workload=workload, goal=goal, context=ctx)
 
     return build
 

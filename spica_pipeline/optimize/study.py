@@ -236,7 +236,7 @@ class _BranchLoop:
             self._finish(rec, "failed", f"candidate build failed: {type(exc).__name__}: {one_line(exc)[:500]}")
             return rec, None
         rec.spec_hash = request.spec_hash
-        rec.config = dict(request.sample)
+        rec.config = request.candidate.to_dict()
         return rec, request
 
     def _run_batch(self, round_no: int, source: str, proposals: list[Proposal], opt_share: float) -> int:

@@ -1,8 +1,9 @@
 """deploy/<rank>/: per pick, a DynamoGraphDeployment (`dgd.yaml`) and the simulation record.
 
-The simulation record (`simulation_record.yaml`) is built from the flat unrolled sample alone
-(space/sample.py), so it shows exactly what replay simulated: engine arguments per role, worker
-counts, router and planner settings, model, backend and version, and what replay measured.
+The simulation record (`simulation_record.yaml`) is built from the candidate's ledger config alone
+(its flat form, space/candidate.py, plus what the evaluator derived), so it shows exactly what
+replay simulated: engine arguments per role, worker counts, router and planner settings, model,
+backend and version, and what replay measured.
 `dgd.yaml` is the same pick as a manifest `kubectl apply` takes (report/dgd.py).
 """
 
@@ -16,6 +17,7 @@ from spica_pipeline.evaluate.scoring import Candidate
 from spica_pipeline.report.accuracy import backend_check, header_line
 from spica_pipeline.report.dgd import dgd_manifest, manifest_name, validate_manifest
 from spica_pipeline.report.tables import candidate_bands
+from spica_pipeline.space.candidate import Candidate as Deployment
 from spica_pipeline.space.plan import planner_config_for
 from spica_pipeline.space.shapes import SHAPE_KEYS
 from spica_pipeline.storage import atomic_write_text
@@ -191,7 +193,8 @@ def write_deploy_folder(out_dir: Any, c: Candidate, rank: int, *, target: str | 
     cfg = c.config
     planner_config = None
     if cfg.get("enable_throughput_scaling") or cfg.get("enable_load_scaling"):
-        planner_config = planner_config_for(dict(cfg), planner_target=planner_target or goal_planner_target(target or ""),
+        planner_config = planner_config_for(Deployment.from_dict(cfg, extra="ignore"),
+                                            planner_target=planner_target or goal_planner_target(target or ""),
                                             sla=dict(sla) if sla else None)
     doc = dgd_manifest(fleet_config(cfg, c.metrics.get("fleet_replicas")),
                        name=manifest_name(str(cfg.get("model_name")), rank, str(cfg.get("deployment_mode"))),

@@ -7,51 +7,51 @@ a TP1 and a TP8 candidate; the capacity comes from the same AIC estimator the ev
 from collections.abc import Callable
 from typing import Any
 
-from spica_pipeline.config.precision import precision_of, quant_modes
 from spica_pipeline.errors import InfeasibleKVCapacity
+from spica_pipeline.space.candidate import Candidate
 from spica_pipeline.space.kv import estimate_kv_tokens
-from spica_pipeline.space.plan import active_roles, role_replicas, role_shape
 
 
 def role_kv_capacity_tokens(
-    sample: dict[str, Any], role: str, estimate: Callable[..., int] = estimate_kv_tokens
+    candidate: Candidate, role: str, estimate: Callable[..., int] = estimate_kv_tokens
 ) -> int:
     """Usable KV tokens of a whole role: block-rounded per-rank tokens x attention_dp x replicas.
 
-    TP and EP ranks shard the same sequences, so they are not multipliers.
+    TP and EP ranks shard the same sequences, so they are not multipliers. The candidate's
+    `backend_version` must be resolved.
     """
-    shape = role_shape(sample, role)
+    r = candidate.role(role)
     per_rank = estimate(
-        sample["model_name"], sample["hardware_sku"], sample["backend"], sample["backend_version"], shape,
-        max_num_tokens=int(sample[f"{role}_max_num_batched_tokens"]),
-        max_batch_size=int(sample[f"{role}_max_num_seqs"]),
-        memory_fraction=float(sample[f"{role}_gpu_memory_utilization"]),
-        nextn=int(sample.get("aic_nextn") or 0),
-        **({"precision": quant_modes(sample)} if precision_of(sample) else {}),
+        candidate.model, candidate.system, candidate.backend, candidate.backend_version, r.shape.engine_key(),
+        max_num_tokens=int(r.engine.max_num_batched_tokens),
+        max_batch_size=int(r.engine.max_num_seqs),
+        memory_fraction=float(r.engine.gpu_memory_utilization),
+        nextn=int(candidate.aic_nextn or 0),
+        **({"precision": candidate.quant_modes()} if candidate.precision else {}),
     )
-    block_size = int(sample.get(f"{role}_block_size") or 0)
+    block_size = int(r.engine.block_size or 0)
     if block_size <= 0:
         raise ValueError(f"{role}_block_size must be greater than zero, got {block_size}")
     usable_per_rank = (int(per_rank) // block_size) * block_size
-    return usable_per_rank * shape[2] * role_replicas(sample, role)
+    return usable_per_rank * r.shape.attention_dp * r.replicas
 
 
 def resolve_kv_load(
-    sample: dict[str, Any],
+    candidate: Candidate,
     isl: int,
     osl: int,
     ratio: float,
     estimate: Callable[..., int] = estimate_kv_tokens,
 ) -> dict[str, Any]:
-    """The load fields to record on the sample (`concurrency`, capacities) for a KV-load ratio.
+    """The load fields a KV-load ratio gives the candidate (`concurrency`, capacities), for its config.
 
     Every active role is estimated (prefill before decode) so an infeasible prefill shape still
     fails the candidate; the load role is decode for disagg and agg for agg.
     Raises InfeasibleKVCapacity when the load role cannot hold one average request.
     """
-    roles = active_roles(sample)
-    capacities = {role: role_kv_capacity_tokens(sample, role, estimate) for role in roles}
-    load_role = "agg" if roles == ("agg",) else "decode"
+    roles = candidate.role_names
+    capacities = {role: role_kv_capacity_tokens(candidate, role, estimate) for role in roles}
+    load_role = candidate.load_role.name
     load_capacity = capacities[load_role]
     avg_tokens = int(isl) + int(osl) // 2
     if avg_tokens <= 0:
