@@ -6,6 +6,7 @@ import pytest
 from spica_pipeline.config import SmartSearchConfig
 from spica_pipeline.errors import ModelHardwareError, NoViableParallelConfig
 from spica_pipeline.space.branches import BranchSpace, enumerate_branches, knob_choices_for
+from spica_pipeline.space.pins import PinRefused
 from spica_pipeline.space.shapes import RoleShape
 
 pytestmark = pytest.mark.integration  # real aiconfigurator-core data
@@ -33,7 +34,7 @@ def test_trtllm_disagg_skipped_with_warning_only_agg_remains():
     assert any("deployment_mode='disagg' skipped" in w and "gpu_budget=8" in w and "replay-incompatible" in w
                for w in result.warnings)
     agg = result.branches[0]
-    assert len(agg.parallel_configs) == 28 and agg.knob_choices["backend"] == ["trtllm"]
+    assert len(agg.parallel_configs) == 36 and agg.knob_choices["backend"] == ["trtllm"]
     assert result.diagnostics["disagg"]["trtllm"] == {"error": "replay-incompatible"}
 
 
@@ -43,19 +44,22 @@ def test_default_modes_order_backends_and_knob_layout():
     assert (disagg.deployment_mode, agg.deployment_mode) == ("disagg", "agg")  # user (default) order
     assert disagg.knob_choices["backend"] == ["sglang", "vllm"]
     assert agg.knob_choices["backend"] == ["sglang", "trtllm", "vllm"]
-    assert all(s == ("sglang", "trtllm", "vllm") for s in agg.supported_backends)
-    assert len(disagg.parallel_configs) == 176 and len(disagg.supported_backends) == 176
+    # trtllm runs every agg shape but TP x attention DP (tp2/dp2 x1 and x2, tp2/dp4, tp4/dp2)
+    assert [c for c, s in zip(agg.parallel_configs, agg.supported_backends) if s != ("sglang", "trtllm", "vllm")] \
+        == [RoleShape(tp=2, attention_dp=2, moe_ep=4), RoleShape(tp=2, attention_dp=2, moe_ep=4, replicas=2),
+            RoleShape(tp=2, attention_dp=4, moe_ep=8), RoleShape(tp=4, attention_dp=2, moe_ep=8)]
+    assert len(disagg.parallel_configs) == 365 and len(disagg.supported_backends) == 365
     engine = ["agg_max_num_batched_tokens", "agg_max_num_seqs"]
     assert list(agg.knob_choices) == [*ROUTER, *PLANNER, *engine, "backend"]
     assert "prefill_max_num_seqs" in disagg.knob_choices and "agg_max_num_seqs" not in disagg.knob_choices
     assert "host_cache_hit_weight" not in agg.knob_choices  # offload off
-    assert agg.diagnostics["vllm"]["configs_kept"] == 28
+    assert agg.diagnostics["vllm"]["configs_kept"] == 40
 
 
 def test_finite_size_is_choice_product_times_pool():
     agg = enumerate_branches(config(deployment_mode=["agg"], backend=["vllm", "sglang"])).branches[0]
     expected = (2 * 3 * 9 * 4) * (7 * 4 * 3) * (3 * 3) * 2 * len(agg.parallel_configs)
-    assert agg.finite_size == expected == prod(len(v) for v in agg.knob_choices.values()) * 28
+    assert agg.finite_size == expected == prod(len(v) for v in agg.knob_choices.values()) * 40
 
 
 def test_dependent_knobs_pruned():
@@ -122,11 +126,27 @@ def test_pins():
     agg = pinned.branches[0]
     assert agg.parallel_configs == (RoleShape(tp=4, moe_ep=4, replicas=2),)
     assert agg.supported_backends == (("vllm", "sglang"),)
-    with pytest.raises(NoViableParallelConfig, match="no configured backend can run the pinned"):
+    assert agg.diagnostics["vllm"]["pins"][0]["accepted"]
+    with pytest.raises(PinRefused, match=r"rule 'ladder': 3 GPUs per engine: an engine inside one 8-GPU node") as info:
         enumerate_branches(config(deployment_mode=["agg"], parallel_configs=[{"tp": 3}]))
-    with pytest.raises(NoViableParallelConfig, match="legal/KV-feasible for no configured backend"):
+    assert info.value.rule == "ladder" and info.value.nearest == RoleShape(tp=4, moe_tp=4)
+    assert "nearest accepted: tp4/pp1/dp1/moe_tp4/moe_ep1x1 on vllm" in str(info.value)
+    with pytest.raises(PinRefused, match=r"parallel_configs\[1\] .* rule 'shape': moe_tp 1 x moe_ep 3 = 3 but tp 4"):
         enumerate_branches(config(deployment_mode=["agg"],
-                                  parallel_configs=[{"tp": 4, "moe_ep": 4}, {"tp": 3, "moe_ep": 3}]))
+                                  parallel_configs=[{"tp": 4, "moe_ep": 4}, {"tp": 4, "moe_tp": 1, "moe_ep": 3}]))
+
+
+def test_pins_in_the_engines_words():
+    """vLLM's and SGLang's spellings resolve to the canonical shape and run on their own engine only."""
+    result = enumerate_branches(config(deployment_mode=["agg"], backend=["vllm", "sglang"], parallel_configs=[
+        {"tp": 2, "data_parallel": 2, "enable_expert_parallel": True},   # vLLM: TP2 x DP2, EP4
+        {"tp": 4, "dp": 4, "enable_dp_attention": True, "ep": 4},       # SGLang: DEP4
+        {"tp": 2}]))                                                    # either: MoE-TP2 (the default)
+    agg = result.branches[0]
+    assert agg.parallel_configs == (RoleShape(tp=2, attention_dp=2, moe_ep=4), RoleShape(attention_dp=4, moe_ep=4),
+                                    RoleShape(tp=2, moe_tp=2))
+    assert agg.supported_backends == (("vllm",), ("sglang",), ("vllm", "sglang"))
+    assert any("moe_tp 2: experts tensor-parallel across the engine's 2 GPUs" in w for w in result.warnings)
 
 
 def test_unknown_sku_and_model_fail_up_front():

@@ -6,11 +6,13 @@ import pytest
 
 from spica_pipeline.errors import NoPerfDatabase, NoViableParallelConfig
 from spica_pipeline.space.parallel import (
-    GPU_LADDER,
+    GENERIC_TOPOLOGY,
     RULES,
-    check_pins,
+    Topology,
     engine_shapes_at,
+    gpu_ladder,
     parallel_configs_for,
+    topology,
 )
 from spica_pipeline.space.shapes import DisaggShape, RoleShape
 
@@ -35,15 +37,35 @@ def test_dense_vllm_budget_8_replicas_per_width():
     assert diag.backend_version == "0.27.0" and diag.max_seq_len == 40960  # the model's max context
 
 
-def test_moe_patterns_at_4_and_none_at_1():
+def test_moe_patterns_at_1_and_4():
     result = parallel_configs_for(MOE, SKU, "vllm", "agg", 8)
     at4 = {c.engine_key() for c in result.configs if c.gpus_per_engine == 4}
-    # (tp, pp, dp, moe_tp, moe_ep): TEP, DEP, MoE-TP, DTP
-    assert at4 == {(4, 1, 1, 1, 4), (1, 1, 4, 1, 4), (4, 1, 1, 4, 1), (1, 1, 4, 4, 1)}
-    assert {c.strategy for c in result.configs} == {"tep", "dep", "tp", "dtp"}
-    assert not any(c.gpus_per_engine == 1 for c in result.configs)
-    assert engine_shapes_at(True, "vllm", 1) == []
-    assert replicas_by_width(result.configs) == {2: {1, 2, 3, 4}, 4: {1, 2}, 8: {1}}
+    # (tp, pp, dp, moe_tp, moe_ep): TEP, DEP, MoE-TP, DTP, and TP2 x DP2 with the experts over all 4 GPUs
+    assert at4 == {(4, 1, 1, 1, 4), (1, 1, 4, 1, 4), (4, 1, 1, 4, 1), (1, 1, 4, 4, 1), (2, 1, 2, 1, 4)}
+    assert {c.strategy for c in result.configs} == {"tep", "dep", "tp", "dtp", "mixed"}
+    # one GPU runs the whole MoE model (Qwen3-30B-A3B fits an H200), up to 8 replicas of it
+    assert engine_shapes_at(True, "vllm", 1) == [RoleShape()]
+    assert replicas_by_width(result.configs) == {1: set(range(1, 9)), 2: {1, 2, 3, 4}, 4: {1, 2}, 8: {1}}
+
+
+def test_ladder_follows_the_system():
+    h200, gb200 = topology("h200_sxm"), topology("gb200")
+    assert (h200.gpus_per_node, h200.nvlink_domain, h200.tp_cap) == (8, 8, 16)
+    assert (gb200.gpus_per_node, gb200.nvlink_domain, gb200.tp_cap) == (4, 72, 72)
+    assert gpu_ladder(h200, 8) == (1, 2, 4, 8) and gpu_ladder(h200, 72) == (1, 2, 4, 8, 16, 32, 64)
+    assert gpu_ladder(Topology("x", 6, 6), 30) == (1, 2, 4, 6, 12, 24)  # whole nodes past one node
+    assert h200.ladder_problem(3) and h200.ladder_problem(12) and not h200.ladder_problem(24)
+    assert not gb200.ladder_problem(72) and not gb200.ladder_problem(20) and gb200.ladder_problem(6)
+
+
+def test_wide_ep_past_a_node():
+    t = topology("h200_sxm")
+    at64 = {s.engine_key() for s in engine_shapes_at(True, "sglang", 64, topo=t)}
+    # DEP64 and TP inside a node x DP across with EP64; no TEP64 (attention TP stays within two nodes) and no
+    # DTP64 (expert TP stays within 16 GPUs)
+    assert at64 == {(1, 1, 64, 1, 64), (2, 1, 32, 1, 64), (4, 1, 16, 1, 64), (8, 1, 8, 1, 64)}
+    assert (32, 1, 1, 1, 32) in {s.engine_key() for s in engine_shapes_at(True, "sglang", 32, topo=topology("gb200"))}
+    assert engine_shapes_at(False, "vllm", 32, topo=t) == [] and engine_shapes_at(False, "vllm", 16, topo=t)
 
 
 def test_backend_filters_are_recorded():
@@ -56,24 +78,25 @@ def test_backend_filters_are_recorded():
     pruned = {r: _Pruned() for r in RULES}
     engine_shapes_at(True, "vllm", 4, pruned)
     assert any("tp4/pp1/dp1/moe_tp2/moe_ep2 (vllm forbids" in e for e in pruned["backend_filter"].examples)
-    # sglang's EP-only kernel filter is dormant: moe_tp2 x moe_ep2 is only rejected as a mixed pattern
+    # sglang's EP-only kernel filter is dormant: moe_tp2 x moe_ep2 is only left to pins as a pattern
     pruned = {r: _Pruned() for r in RULES}
-    engine_shapes_at(True, "sglang", 4, pruned)
+    engine_shapes_at(True, "sglang", 4, pruned, GENERIC_TOPOLOGY)
     assert pruned["backend_filter"].count == 0 and pruned["pattern"].count > 0
 
 
-def test_trtllm_moe_disagg_pair_counts_match_spec():
+def test_trtllm_moe_disagg_pair_counts():
     plain = parallel_configs_for(MOE, SKU, "trtllm", "disagg", 8)
-    assert len(plain.configs) == 176
+    assert len(plain.configs) == 332
     assert all(isinstance(c, DisaggShape) and c.used_gpus <= 8 for c in plain.configs)
     floor = parallel_configs_for(MOE, SKU, "trtllm", "disagg", 8, min_budget=8)
-    assert len(floor.configs) == 96 and all(c.used_gpus == 8 for c in floor.configs)
+    assert len(floor.configs) == 135 and all(c.used_gpus == 8 for c in floor.configs)
     d = floor.diagnostics
-    # every raw prefill x decode pair (28 role configs each) is kept or pruned by exactly one rule
-    assert d.configs_considered == 28 * 28
+    # 13 engine shapes (1 GPU; TEP, DEP, MoE-TP, DTP at 2, 4, 8; trtllm has no TP x DP) give 36 role
+    # configs; every raw prefill x decode pair is kept or pruned by exactly one rule
+    assert d.engine_shapes_kept == 13 and d.configs_considered == 36 * 36
     pruned = sum(d.pruned_count(rule) for rule in ("budget", "min_budget", "kv"))
-    assert d.configs_kept + pruned == 784
-    assert d.pruned_count("min_budget") == 80
+    assert d.configs_kept + pruned == 36 * 36
+    assert d.pruned_count("min_budget") == 197
 
 
 def test_agg_min_gpu_budget():
@@ -92,9 +115,10 @@ def test_kv_filter_uses_max_seq_len():
     assert kv["tp2/pp1/dp1/moe_tp1/moe_ep2"] is None  # weights leave no KV budget on 2 GPUs
     assert not any(c.engine_key() == (1, 1, 4, 1, 4) for c in strict.configs)
     assert any(c.engine_key() == (1, 1, 4, 1, 4) for c in loose.configs)
+    assert kv["tp1/pp1/dp1/moe_tp1/moe_ep1"] is None  # nor on one
     assert strict.diagnostics.pruned_count("kv") > 0
-    assert any("KV tokens per rank <= max_seq_len 40960" in e
-               for e in strict.diagnostics.to_dict()["pruned"]["kv"]["examples"])
+    kv_examples = strict.diagnostics.to_dict()["pruned"]["kv"]["examples"]
+    assert all("no KV budget" in e or "KV tokens per rank <= max_seq_len 40960" in e for e in kv_examples)
 
 
 def test_model_too_big_for_budget():
@@ -121,33 +145,8 @@ def test_diagnostics_json_round_trip():
     diag = parallel_configs_for(MOE, SKU, "vllm", "disagg", 8, min_budget=4).diagnostics.to_dict()
     assert json.loads(json.dumps(diag)) == diag
     assert set(diag["pruned"]) == set(RULES)
-    assert diag["engine_shapes_kept"] == 12
+    assert diag["engine_shapes_kept"] == 16  # 1 + 4 + 5 + 6 engine layouts at 1, 2, 4, 8 GPUs
     assert diag["pruned"]["ladder"]["examples"] == ["g=16 > gpu_budget=8"]
-
-
-def test_pins_checked_against_the_legal_set():
-    legal = {b: parallel_configs_for(MOE, SKU, b, "agg", 8).configs for b in ("vllm", "sglang")}
-    support = check_pins([{"tp": 4, "moe_ep": 4, "replicas": 2}, {"tp": 1, "attention_dp": 2, "moe_tp": 2}],
-                         "agg", legal)
-    assert support == {RoleShape(tp=4, moe_ep=4, replicas=2): ("vllm", "sglang"),
-                       RoleShape(attention_dp=2, moe_tp=2): ("vllm", "sglang")}
-    with pytest.raises(NoViableParallelConfig, match="no configured backend can run the pinned"):
-        check_pins([{"tp": 3}], "agg", legal)
-    with pytest.raises(NoViableParallelConfig,
-                       match=r"legal/KV-feasible for no configured backend: "
-                             r"\['tp2/pp1/dp1/moe_tp2/moe_ep2x1'\]"):
-        check_pins([{"tp": 4, "moe_ep": 4}, {"tp": 2, "moe_tp": 2, "moe_ep": 2}], "agg", legal)
-    with pytest.raises(NoViableParallelConfig, match="deployment_mode is 'agg'"):
-        check_pins([{"prefill": {"tp": 2, "moe_ep": 2}, "decode": {"tp": 2, "moe_ep": 2}}], "agg", legal)
-
-
-def test_dense_pin_off_ladder_and_disagg_pins():
-    legal = {"vllm": parallel_configs_for(DENSE, SKU, "vllm", "disagg", 8).configs}
-    pair = {"prefill": {"tp": 2}, "decode": {"tp": 4}}
-    assert check_pins([pair], "disagg", legal) == {DisaggShape(RoleShape(tp=2), RoleShape(tp=4)): ("vllm",)}
-    with pytest.raises(NoViableParallelConfig):
-        check_pins([{"prefill": {"tp": 3}, "decode": {"tp": 4}}], "disagg", legal)
-    assert 3 not in GPU_LADDER
 
 
 def test_width_the_model_cannot_split_is_pruned_not_fatal():

@@ -34,24 +34,83 @@ def _check_choices(field: str, value: list[Any], allowed: tuple[Any, ...]) -> li
 
 
 class ShapePin(StrictModel):
-    """One pinned engine shape (`search/shapes.RoleShape`'s fields); omitted dimensions are 1."""
+    """One pinned engine shape in the canonical keys (`space/shapes.RoleShape`'s fields).
+
+    pp, attention_dp and replicas default to 1. moe_tp and moe_ep left out take the engines' default for a MoE
+    model (the experts tensor-parallel across the engine's GPUs; one of them given, the other completes
+    tp x attention_dp); a dense model has no experts, so its MoE widths are ignored."""
 
     tp: PosInt
     pp: PosInt = 1
     attention_dp: PosInt = 1
-    moe_tp: PosInt = 1
-    moe_ep: PosInt = 1
+    moe_tp: PosInt | None = None
+    moe_ep: PosInt | None = None
     replicas: PosInt = 1
 
 
-class DisaggPin(StrictModel):
-    """One pinned disagg config: a prefill and a decode shape."""
+class VllmShapePin(StrictModel):
+    """One pinned engine shape in vLLM's words: `--tensor-parallel-size`, `--data-parallel-size`,
+    `--enable-expert-parallel`."""
 
-    prefill: ShapePin
-    decode: ShapePin
+    tp: PosInt
+    pp: PosInt = 1
+    data_parallel: PosInt = 1
+    enable_expert_parallel: Bool = False
+    replicas: PosInt = 1
 
 
-PIN_MODELS: dict[str, type[StrictModel]] = {"agg": ShapePin, "disagg": DisaggPin}
+class SglangShapePin(StrictModel):
+    """One pinned engine shape in SGLang's words: `--tp` (every GPU of the engine), `--dp`,
+    `--enable-dp-attention`, `--ep`."""
+
+    tp: PosInt
+    pp: PosInt = 1
+    dp: PosInt = 1
+    ep: PosInt = 1
+    enable_dp_attention: Bool = False
+    replicas: PosInt = 1
+
+
+# The keys that only one spelling has; `tp`, `pp` and `replicas` are shared.
+SPELLING_KEYS: dict[str, frozenset[str]] = {
+    "canonical": frozenset({"attention_dp", "moe_tp", "moe_ep"}),
+    "vllm": frozenset({"data_parallel", "enable_expert_parallel"}),
+    "sglang": frozenset({"dp", "ep", "enable_dp_attention"}),
+}
+SPELLING_NAMES = {"canonical": "canonical", "vllm": "vLLM", "sglang": "SGLang"}
+SPELLING_MODELS: dict[str, type[StrictModel]] = {
+    "canonical": ShapePin, "vllm": VllmShapePin, "sglang": SglangShapePin}
+
+
+def pin_spelling(entry: dict[str, Any]) -> str:
+    """'canonical', 'vllm' or 'sglang': whose words one role pin is written in (ValueError on a mix).
+
+    A pin of only tp / pp / replicas reads the same in every spelling, so it is canonical."""
+    used = {name: sorted(keys & set(entry)) for name, keys in SPELLING_KEYS.items() if keys & set(entry)}
+    if len(used) > 1:
+        mixed = " and ".join(f"{name} keys {keys}" for name, keys in used.items())
+        raise ValueError(f"mixes {mixed}; write one spelling: canonical (tp, pp, attention_dp, moe_tp, moe_ep), "
+                         "vLLM (tp, data_parallel, enable_expert_parallel) or SGLang (tp, dp, ep, enable_dp_attention)")
+    return next(iter(used), "canonical")
+
+
+def _check_role_pin(entry: Any, where: str, backends: list[str]) -> None:
+    """Validate one role pin against the model of its spelling; an engine spelling needs that backend."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where} must be a dict, got {entry!r}")
+    try:
+        spelling = pin_spelling(entry)
+    except ValueError as err:
+        raise ValueError(f"{where} {err}") from None
+    try:
+        SPELLING_MODELS[spelling].model_validate(entry)
+    except ValidationError as err:
+        raise ValueError(f"{where}.{render_validation_error(err)}") from None
+    if spelling != "canonical" and spelling not in backends:
+        words = sorted(SPELLING_KEYS[spelling] & set(entry))
+        raise ValueError(f"{where} is written in {SPELLING_NAMES[spelling]}'s words ({', '.join(words)}) but backend lists "
+                         f"{backends}; add {spelling} to backend or write the canonical keys "
+                         "(tp, pp, attention_dp, moe_tp, moe_ep)")
 
 
 def _names(names: Iterable[str]) -> list[str | dict[str, Any]]:
@@ -208,13 +267,23 @@ class SearchSpace(StrictModel):
                 "pinning parallel_configs requires deployment_mode to list exactly one mode "
                 f"(got {self.deployment_mode}); pin the mode too"
             )
-        # validated by the pin model of the mode; stored as written, so the config hash keeps its form
-        model = PIN_MODELS[self.deployment_mode[0]]
+        # validated by the pin model of its spelling; stored as written, so the config hash keeps its form
+        mode = self.deployment_mode[0]
         for i, entry in enumerate(self.parallel_configs):
-            try:
-                model.model_validate(entry)
-            except ValidationError as err:
-                raise ValueError(f"parallel_configs[{i}].{render_validation_error(err)}") from None
+            where = f"parallel_configs[{i}]"
+            if mode == "agg":
+                if "prefill" in entry or "decode" in entry:
+                    raise ValueError(f"{where} is a prefill/decode pair but deployment_mode is 'agg'")
+                _check_role_pin(entry, where, self.backend)
+                continue
+            for role in ("prefill", "decode"):
+                if role not in entry:
+                    raise ValueError(f"{where}.{role}: field required")
+            extra = sorted(set(entry) - {"prefill", "decode"})
+            if extra:
+                raise ValueError(f"{where}.{extra[0]}: unknown key (not allowed here)")
+            for role in ("prefill", "decode"):
+                _check_role_pin(entry[role], f"{where}.{role}", self.backend)
 
     # ---- helpers used by the search ----------------------------------------------------------
 

@@ -5,6 +5,9 @@ knobs that still matter in that mode (dependent knobs pruned: router sub-knobs u
 only, planner sub-knobs when every policy is static, cache-hit weights without G2 offload), and
 the workload's kv_load_ratio as a float range or a constant. Backends replay cannot run, or with
 no perf DB / no viable shape, are dropped with a warning; no viable branch at all is an error.
+Pinned parallel_configs are not enumerated: each pin is read (in the canonical keys or the engine's
+own) and checked rule by rule on every backend it names (space/pins.py); a pin no backend runs is
+refused with the rule and the nearest accepted shape.
 """
 
 from dataclasses import dataclass, field
@@ -22,8 +25,9 @@ from spica_pipeline.space.model_hw import (
     latest_backend_version,
     model_facts,
 )
-from spica_pipeline.space.parallel import check_pins, parallel_configs_for, resolve_max_seq_len
+from spica_pipeline.space.parallel import DEFAULT_MEMORY_FRACTION, parallel_configs_for, resolve_max_seq_len
 from spica_pipeline.space.perf_data import check_timing, is_missing_data
+from spica_pipeline.space.pins import PinContext, check_pins
 from spica_pipeline.space.policies import is_static
 from spica_pipeline.space.shapes import ParallelConfig, parallel_config_from_dict
 
@@ -197,6 +201,76 @@ def _timing_verdict(space: Any, backend: str, config: ParallelConfig, warnings: 
     return None
 
 
+def memory_fraction_of(space: Any, mode: str) -> float:
+    """The gpu_memory_utilization the enumeration's KV filter probes at: the agg role's, or for disagg the
+    smaller of prefill's and decode's (a role shape is offered for either)."""
+    if mode == "agg":
+        return float(space.agg_gpu_memory_utilization)
+    return float(min(space.prefill_gpu_memory_utilization, space.decode_gpu_memory_utilization))
+
+
+def _enumerated_pool(space: Any, mode: str, excluded: list[str], max_seq_len: int, quant: Any,
+                     mode_diag: dict[str, Any], warnings: list[str], why_not: list[str],
+                     timing_verdicts: dict[str, PerfModelError | None],
+                     ) -> tuple[tuple[ParallelConfig, ...], tuple[tuple[str, ...], ...]]:
+    """The merged pool of every backend's enumeration (backends without perf data or a viable shape dropped)."""
+    legal: dict[str, tuple[ParallelConfig, ...]] = {}
+    fraction = memory_fraction_of(space, mode)
+    for backend in space.backend:
+        if backend in excluded:
+            continue
+        try:
+            result = parallel_configs_for(space.model_name, space.hardware_sku, backend, mode, int(space.gpu_budget),
+                                          space.min_gpu_budget, max_seq_len, precision=quant,
+                                          memory_fraction=fraction)
+        except (NoPerfDatabase, NoViableParallelConfig) as exc:
+            warnings.append(f"smart-sweep: backend '{backend}' dropped for deployment_mode='{mode}': "
+                            f"{exc}")
+            mode_diag[backend] = {"error": str(exc)}
+            why_not.append(f"{mode}/{backend}: {getattr(exc, 'pruning', None) or exc}")
+            continue
+        if backend not in timing_verdicts and result.configs and _timing_may_lack_data(space):
+            timing_verdicts[backend] = _timing_verdict(space, backend, result.configs[0], warnings)
+        verdict = timing_verdicts.get(backend)
+        if verdict is not None:
+            mode_diag[backend] = {"error": f"no perf data: {verdict.detail}"}
+            why_not.append(f"{mode}/{backend}: no perf data to time it")
+            continue
+        legal[backend] = result.configs
+        mode_diag[backend] = result.diagnostics.to_dict()
+    return _merge_pools(tuple((b, _Identity(configs)) for b, configs in legal.items()))
+
+
+def _pinned_pool(space: Any, mode: str, pins: list[dict[str, Any]], excluded: list[str], max_seq_len: int,
+                 quant: Any, mode_diag: dict[str, Any], warnings: list[str],
+                 ) -> tuple[tuple[ParallelConfig, ...], tuple[tuple[str, ...], ...]]:
+    """The pins every rule accepts (space/pins.py), each with the backends that run it; PinRefused when a pin
+    runs on no backend."""
+    backends = []
+    for backend in space.backend:
+        if backend in excluded:
+            continue
+        try:
+            latest_backend_version(space.hardware_sku, backend)
+        except NoPerfDatabase as exc:
+            warnings.append(f"smart-sweep: backend '{backend}' dropped for deployment_mode='{mode}': {exc}")
+            mode_diag[backend] = {"error": str(exc)}
+            continue
+        backends.append(backend)
+    ctx = PinContext(
+        model=space.model_name, hardware=space.hardware_sku, mode=mode, budget=int(space.gpu_budget),
+        min_budget=space.min_gpu_budget, max_seq_len=max_seq_len, precision=quant,
+        memory_fraction={"agg": float(space.agg_gpu_memory_utilization),
+                         "prefill": float(space.prefill_gpu_memory_utilization),
+                         "decode": float(space.decode_gpu_memory_utilization)},
+        nextn=int(space.aic_nextn or 0))
+    checked = check_pins(pins, ctx, backends)
+    warnings.extend(checked.warnings)
+    mode_diag.update(checked.diagnostics())
+    pool = tuple(checked.support)
+    return pool, tuple(checked.support[c] for c in pool)
+
+
 def enumerate_branches(config: Any) -> BranchEnumeration:
     """Stage 3 on a (policy-filtered) SmartSearchConfig; see the module docstring."""
     space = config.search_space
@@ -220,36 +294,13 @@ def enumerate_branches(config: Any) -> BranchEnumeration:
             warnings.append(f"smart-sweep: backend(s) {excluded} skipped for deployment_mode='{mode}': "
                             "Dynamo replay cannot run TRT-LLM disaggregation")
         mode_diag: dict[str, Any] = {b: {"error": "replay-incompatible"} for b in excluded}
-        legal: dict[str, tuple[ParallelConfig, ...]] = {}
-        for backend in space.backend:
-            if backend in excluded:
-                continue
-            try:
-                result = parallel_configs_for(space.model_name, space.hardware_sku, backend, mode, budget,
-                                              space.min_gpu_budget, max_seq_len, precision=quant)
-            except (NoPerfDatabase, NoViableParallelConfig) as exc:
-                warnings.append(f"smart-sweep: backend '{backend}' dropped for deployment_mode='{mode}': "
-                                f"{exc}")
-                mode_diag[backend] = {"error": str(exc)}
-                why_not.append(f"{mode}/{backend}: {getattr(exc, 'pruning', None) or exc}")
-                continue
-            if backend not in timing_verdicts and result.configs and _timing_may_lack_data(space):
-                timing_verdicts[backend] = _timing_verdict(space, backend, result.configs[0], warnings)
-            verdict = timing_verdicts.get(backend)
-            if verdict is not None:
-                mode_diag[backend] = {"error": f"no perf data: {verdict.detail}"}
-                why_not.append(f"{mode}/{backend}: no perf data to time it")
-                continue
-            legal[backend] = result.configs
-            mode_diag[backend] = result.diagnostics.to_dict()
+        if pins:
+            pool, supported = _pinned_pool(space, mode, pins, excluded, max_seq_len, quant, mode_diag, warnings)
+        else:
+            pool, supported = _enumerated_pool(space, mode, excluded, max_seq_len, quant, mode_diag, warnings,
+                                               why_not, timing_verdicts)
         diagnostics[mode] = mode_diag
 
-        if pins:
-            support = check_pins(pins, mode, legal)  # raises when a pin is unsupported
-            pool = tuple(support)
-            supported = tuple(support[c] for c in pool)
-        else:
-            pool, supported = _merge_pools(tuple((b, _Identity(configs)) for b, configs in legal.items()))
         viable = [b for b in space.backend if any(b in s for s in supported)]
         if not pool:
             skipped.append(mode)

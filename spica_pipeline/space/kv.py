@@ -4,6 +4,8 @@
 of every token), so a role's capacity is per-rank tokens x attention_dp x replicas.
 """
 
+import re
+from dataclasses import dataclass
 from functools import lru_cache, wraps
 from typing import Callable, ParamSpec
 
@@ -86,3 +88,71 @@ def _estimate(model_name, hardware_sku, backend, backend_version, shape, max_num
             ) from None
         raise
     return int(result["total_kv_size_tokens"]), int(result["kv_size_per_token_bytes"])
+
+
+@dataclass(frozen=True)
+class MemoryPicture:
+    """Where one GPU's memory goes in AIC's model of one engine shape, for a refusal that shows its numbers.
+
+    non_kv_bytes is everything outside the KV cache (weights, activations, runtime and communication
+    buffers); kv_bytes_per_token is per rank (what one more token of context costs), None when the weights
+    leave no room to measure it."""
+
+    capacity_bytes: int
+    non_kv_bytes: int
+    weights_bytes: int | None
+    kv_bytes_per_token: float | None
+    fraction_kind: str
+
+    def needed_fraction(self, tokens: int) -> float | None:
+        """The gpu_memory_utilization at which `tokens` of KV fit per rank (None: not even all of it)."""
+        if self.kv_bytes_per_token is None:
+            return None
+        kv = tokens * self.kv_bytes_per_token
+        if self.fraction_kind == "of_free":
+            free = self.capacity_bytes - self.non_kv_bytes
+            return kv / free if free > 0 and kv <= free else None
+        need = (self.non_kv_bytes + kv) / self.capacity_bytes
+        return need if need <= 1.0 else None
+
+
+_NON_KV = re.compile(r"non-KV memory \((\d+) bytes\).*capacity=(\d+) bytes")
+
+
+def memory_picture(model_name: str, hardware_sku: str, backend: str, backend_version: str,
+                   shape: tuple[int, int, int, int, int], *, max_num_tokens: int = 8192, max_batch_size: int = 256,
+                   nextn: int | None = 0,
+                   precision: tuple[str | None, str | None, str | None, str | None] | None = None,
+                   ) -> MemoryPicture | None:
+    """AIC's memory breakdown of one engine shape with all of the GPU given to it (None: AIC gave no numbers)."""
+    from aiconfigurator_core.sdk.memory import estimate_kv_cache
+
+    tp, pp, dp, moe_tp, moe_ep = (int(x) for x in shape)
+    gemm, moe, kvcache, fmha = precision or (None, None, None, None)
+    is_moe = moe_tp * moe_ep > 1
+    kind = memory_fraction_kind(backend)
+    try:
+        with QuietAIC():
+            result = estimate_kv_cache(
+                model_name, hardware_sku, backend, backend_version, max_num_tokens=max_num_tokens,
+                max_batch_size=max_batch_size, memory_fraction_kind=kind, memory_fraction_value=1.0,
+                tp_size=tp, pp_size=pp, attention_dp_size=dp,
+                moe_tp_size=moe_tp if is_moe else None, moe_ep_size=moe_ep if is_moe else None,
+                gemm_quant_mode=gemm, moe_quant_mode=moe, kvcache_quant_mode=kvcache, fmha_quant_mode=fmha,
+                nextn=int(nextn or 0), allow_naive_fallback=False, allow_hf_config_download=False,
+            )
+    except ValueError as exc:
+        found = _NON_KV.search(str(exc))
+        if not found:
+            return None
+        return MemoryPicture(int(found.group(2)), int(found.group(1)), None, None, kind)
+    parts = result.get("memory_breakdown") or {}
+    tokens = int(result["total_kv_size_tokens"])
+    kv_bytes = int(result["total_kv_size_bytes"])
+    return MemoryPicture(
+        capacity_bytes=int(result["total_gpu_capacity_bytes"]),
+        non_kv_bytes=int(sum(int(v) for v in parts.values())),
+        weights_bytes=int(parts["weights_bytes"]) if "weights_bytes" in parts else None,
+        kv_bytes_per_token=kv_bytes / tokens if tokens > 0 else None,
+        fraction_kind=kind,
+    )

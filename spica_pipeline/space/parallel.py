@@ -1,11 +1,14 @@
 """Legal, KV-feasible parallel configs per (model, hardware, backend, mode).
 
-The pool is the GPU ladder {1,2,4,8,16} capped at the budget, one TP shape per width for a dense
-model or the four pure MoE patterns (TEP, DEP, MoE-TP, DTP) after the backend filters, replicas
-1..budget/g, `min_gpu_budget`, disagg pairing within the budget, and a KV filter: a role shape is
-kept iff AIC's per-rank KV capacity (max_num_tokens 8192, max_batch_size 256, fraction 0.9,
-nextn 0) exceeds max_seq_len. Results are memoised per argument tuple, and every pruned shape is
-counted per rule in `EnumerationDiagnostics`, so a user can see why a shape is absent.
+The pool is built from the system's GPU ladder (`gpu_ladder`: powers of two inside a node, whole nodes
+doubling past it, up to the budget), one TP shape per width for a dense model (TP stays inside the NVLink
+domain or two nodes) or the MoE layouts engines run (`engine_shapes_at`: one GPU; TEP, DEP, MoE-TP, DTP; TP
+inside a node with attention DP across, experts expert-parallel) after the backend filters, replicas
+1..budget/g, `min_gpu_budget`, disagg pairing within the budget, and a KV filter: a role shape is kept iff
+AIC's per-rank KV capacity (max_num_tokens 8192, max_batch_size 256, the mode's gpu_memory_utilization,
+nextn 0) exceeds max_seq_len. Results are memoised per argument tuple, and every pruned shape is counted
+per rule in `EnumerationDiagnostics`, so a user can see why a shape is absent. Pinned shapes are checked
+rule by rule in space/pins.py.
 
 Deviation from upstream, on purpose: an AIC ValueError saying a width does not divide the model
 (e.g. "num_heads 40 should be divisible by tp_size 16") prunes that shape under rule "kv" instead
@@ -13,18 +16,17 @@ of aborting the whole run: the shape cannot be modelled, the others still can. A
 ValueError is about the model itself and aborts, as a one-line ModelHardwareError.
 """
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Any, Iterable, Mapping, TypedDict
+from typing import Any, TypedDict
 
 from spica_pipeline.errors import InfeasibleKVCapacity, ModelHardwareError, NoViableParallelConfig
 from spica_pipeline.space.kv import estimate_kv_tokens
-from spica_pipeline.space.model_hw import check_hardware, latest_backend_version, model_facts
-from spica_pipeline.space.shapes import DisaggShape, ParallelConfig, RoleShape, parallel_config_from_dict
+from spica_pipeline.space.model_hw import QuietAIC, check_hardware, hardware_facts, latest_backend_version, model_facts
+from spica_pipeline.space.shapes import DisaggShape, ParallelConfig, RoleShape
 
-GPU_LADDER = (1, 2, 4, 8, 16)
-_POWERS_OF_TWO = (1, 2, 4, 8, 16, 32, 64, 128)
 # The fixed engine settings of the pool's KV filter (not the candidate's own batching: space/kv_load.py
 # sizes that per candidate).
 class _KvProbe(TypedDict):
@@ -35,9 +37,11 @@ class _KvProbe(TypedDict):
 
 
 KV_PROBE: _KvProbe = {"max_num_tokens": 8192, "max_batch_size": 256, "memory_fraction": 0.9, "nextn": 0}
+DEFAULT_MEMORY_FRACTION = KV_PROBE["memory_fraction"]
 RULES = ("ladder", "backend_filter", "pattern", "budget", "min_budget", "kv")
 _MAX_EXAMPLES = 5
 _UNMODELLABLE_MARKERS = ("should be divisible by",)
+_BLOCK_SPLIT = re.compile(r"moe_intermediate_size=(\d+) / moe_tp_size=(\d+)\) % weight_block_size=(\d+)")
 
 
 def shape_label(shape: RoleShape, with_replicas: bool = True) -> str:
@@ -111,11 +115,96 @@ class EnumerationResult:
     diagnostics: EnumerationDiagnostics
 
 
-def _is_pure_moe_pattern(tp: int, dp: int, moe_tp: int, moe_ep: int) -> bool:
-    """TEP, DEP, MoE-TP or DTP."""
-    attention_ok = (tp > 1 and dp == 1) or (tp == 1 and dp > 1)
-    ffn_ok = (moe_tp == 1 and moe_ep > 1) or (moe_tp > 1 and moe_ep == 1)
-    return attention_ok and ffn_ok
+@dataclass(frozen=True)
+class Topology:
+    """How a system joins its GPUs: GPUs per node, and GPUs per NVLink domain (the whole rack on GB200 /
+    GB300 NVL72, else the node). AIC's system spec holds both (`node.num_gpus_per_node`, `num_gpus_per_rack`)."""
+
+    hardware_sku: str
+    gpus_per_node: int
+    nvlink_domain: int
+
+    @property
+    def tp_cap(self) -> int:
+        """The widest attention TP offered: TP all-reduces every layer, so it stays inside the NVLink domain
+        or spans two nodes (TP16 on two 8-GPU nodes is the widest TP deployments run over the network)."""
+        return max(self.nvlink_domain, 2 * self.gpus_per_node)
+
+    @property
+    def moe_tp_cap(self) -> int:
+        """The widest expert TP offered: past it the experts go expert-parallel (wide EP). The widest MoE-TP
+        deployments run are 16 GPUs (SGLang's DeepSeek-R1 TP16 on two 8-GPU H100 nodes in AIC's
+        silicon_sample.csv), and AIC's MoE perf data has no wider expert TP for DeepSeek on GB200."""
+        return min(self.tp_cap, WIDEST_MOE_TP)
+
+    def ladder_problem(self, gpus: int) -> str | None:
+        """Why an engine of `gpus` GPUs does not fit the system's nodes, or None: inside a node an engine
+        takes a divisor of the node, past one node it takes whole nodes."""
+        node = self.gpus_per_node
+        if gpus <= node and node % gpus:
+            return f"an engine inside one {node}-GPU node of {self.hardware_sku} takes a divisor of {node} GPUs"
+        if gpus > node and gpus % node:
+            return f"an engine past one node of {self.hardware_sku} takes whole {node}-GPU nodes"
+        return None
+
+
+WIDEST_MOE_TP = 16
+GENERIC_TOPOLOGY = Topology("a system of 8-GPU nodes", 8, 8)
+
+
+@lru_cache(maxsize=64)
+def topology(hardware_sku: str) -> Topology:
+    """The system's node and NVLink-domain sizes from AIC's system spec."""
+    from aiconfigurator_core.sdk.perf_database import load_system_spec
+
+    node = hardware_facts(hardware_sku).gpus_per_node
+    with QuietAIC():
+        spec = load_system_spec(hardware_sku) or {}
+    rack = int((spec.get("node") or {}).get("num_gpus_per_rack") or 0)
+    return Topology(hardware_sku, node, max(node, rack))
+
+
+def gpu_ladder(topo: Topology, budget: int) -> tuple[int, ...]:
+    """Engine widths the enumeration offers: powers of two inside a node, then whole nodes doubling (2, 4,
+    8, ... nodes) up to `budget`. AIC's MoE perf data holds power-of-two expert-parallel widths, so a width
+    such as a whole 72-GPU NVL72 rack is left to a pin, whose timing is checked."""
+    widths = []
+    width = 1
+    while width < topo.gpus_per_node and width <= budget:
+        widths.append(width)
+        width *= 2
+    width = topo.gpus_per_node
+    while width <= budget:
+        widths.append(width)
+        width *= 2
+    return tuple(widths)
+
+
+def _next_width(topo: Topology, budget: int) -> int:
+    """The first ladder width above `budget` (what the budget leaves out)."""
+    return gpu_ladder(topo, 2 * budget + 2 * topo.gpus_per_node)[len(gpu_ladder(topo, budget))]
+
+
+def _pattern_problem(tp: int, dp: int, moe_tp: int, moe_ep: int, topo: Topology) -> str | None:
+    """Why the enumeration does not offer a MoE layout of tp x dp GPUs, or None. Offered: one GPU; TEP and
+    MoE-TP (attention TP up to the system's TP cap); DEP and DTP (expert TP up to its cap); TP inside a node
+    with attention DP across and the experts expert-parallel over every GPU (vLLM's `--tensor-parallel-size t --data-parallel-size d
+    --enable-expert-parallel`, SGLang's `--tp t*d --dp d --enable-dp-attention --ep t*d`)."""
+    gpus = tp * dp
+    if gpus == 1:
+        return None
+    if moe_tp > 1 and moe_ep > 1:
+        return "experts split both ways (moe_tp and moe_ep > 1): a pin can ask for it"
+    if dp == 1 and tp > topo.tp_cap:
+        return f"attention TP {tp} is wider than the NVLink domain or two nodes ({topo.tp_cap} GPUs)"
+    if moe_tp > topo.moe_tp_cap:
+        return f"experts tensor-parallel over more than {topo.moe_tp_cap} GPUs go expert-parallel instead"
+    if tp > 1 and dp > 1:
+        if tp > topo.gpus_per_node:
+            return f"attention TP {tp} with attention DP spans nodes ({topo.gpus_per_node} GPUs per node)"
+        if moe_ep != gpus:
+            return "attention TP x DP offers experts expert-parallel over every GPU only"
+    return None
 
 
 def _backend_rejects(backend: str, tp: int, dp: int, moe_tp: int, moe_ep: int) -> str | None:
@@ -127,13 +216,24 @@ def _backend_rejects(backend: str, tp: int, dp: int, moe_tp: int, moe_ep: int) -
     return None
 
 
-def engine_shapes_at(is_moe: bool, backend: str, gpus: int,
-                     pruned: dict[str, _Pruned] | None = None) -> list[RoleShape]:
+def _powers_up_to(n: int) -> list[int]:
+    out, p = [], 1
+    while p <= n:
+        out.append(p)
+        p *= 2
+    return out
+
+
+def engine_shapes_at(is_moe: bool, backend: str, gpus: int, pruned: dict[str, _Pruned] | None = None,
+                     topo: Topology = GENERIC_TOPOLOGY) -> list[RoleShape]:
     """Engine layouts of exactly `gpus` GPUs (pp=1, replicas=1), sorted; records what was pruned."""
     pruned = pruned if pruned is not None else {r: _Pruned() for r in RULES}
     if not is_moe:
+        if gpus > topo.tp_cap:
+            pruned["pattern"].add(f"tp{gpus} (a dense model's TP stays within {topo.tp_cap} GPUs)")
+            return []
         return [RoleShape(tp=gpus)]
-    widths = [p for p in _POWERS_OF_TWO if p <= gpus]
+    widths = _powers_up_to(gpus)
     shapes = []
     for tp in widths:
         for dp in widths:
@@ -145,21 +245,30 @@ def engine_shapes_at(is_moe: bool, backend: str, gpus: int,
                         continue
                     shape = RoleShape(tp=tp, attention_dp=dp, moe_tp=moe_tp, moe_ep=moe_ep)
                     reason = _backend_rejects(backend, tp, dp, moe_tp, moe_ep)
+                    problem = None if reason else _pattern_problem(tp, dp, moe_tp, moe_ep, topo)
                     if reason:
                         pruned["backend_filter"].add(f"{shape_label(shape, False)} ({reason})")
-                    elif not _is_pure_moe_pattern(tp, dp, moe_tp, moe_ep):
-                        pruned["pattern"].add(f"{shape_label(shape, False)} (not TEP/DEP/MoE-TP/DTP)")
+                    elif problem:
+                        pruned["pattern"].add(f"{shape_label(shape, False)} ({problem})")
                     else:
                         shapes.append(shape)
     return sorted(shapes)
 
 
-def _probe_kv(model: str, hardware: str, backend: str, version: str,
-              shape: RoleShape, precision: tuple | None = None) -> tuple[int | None, str]:
+def probe_kv(model: str, hardware: str, backend: str, version: str, shape: RoleShape,
+             precision: tuple | None = None, memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> tuple[int | None, str]:
+    """(per-rank KV tokens or None, why) of one engine shape at the pool's fixed engine settings."""
     try:
-        tokens = estimate_kv_tokens(model, hardware, backend, version, shape.engine_key(), **KV_PROBE,
-                                    precision=precision or None)
-    except InfeasibleKVCapacity:
+        tokens = estimate_kv_tokens(model, hardware, backend, version, shape.engine_key(),
+                                    max_num_tokens=KV_PROBE["max_num_tokens"],
+                                    max_batch_size=KV_PROBE["max_batch_size"], memory_fraction=float(memory_fraction),
+                                    nextn=KV_PROBE["nextn"], precision=precision or None)
+    except InfeasibleKVCapacity as exc:
+        found = _BLOCK_SPLIT.search(str(exc))
+        if found:  # AIC and the engines refuse this expert split of a block-quantized checkpoint
+            inter, ways, block = found.groups()
+            return None, (f"not modellable: block-quantized experts cannot split moe_tp {ways} ways "
+                          f"(moe_intermediate_size {inter} / {ways} is not a multiple of the {block} block)")
         return None, "no KV budget (weights leave no room)"
     except ValueError as exc:
         text = str(exc).strip()
@@ -194,10 +303,12 @@ def parallel_configs_for(
     min_budget: int | None = None,
     max_seq_len: int | None = None,
     precision: tuple[str | None, str | None, str | None, str | None] | None = None,
+    memory_fraction: float = DEFAULT_MEMORY_FRACTION,
 ) -> EnumerationResult:
     """The legal, KV-feasible pool (sorted), memoised; NoPerfDatabase / NoViableParallelConfig.
 
     `precision` is (gemm, moe, kvcache, fmha) quant modes (config.precision); None = the checkpoint's.
+    `memory_fraction` is the gpu_memory_utilization the KV filter probes at.
     """
     if mode not in ("agg", "disagg"):
         raise ValueError(f"deployment_mode must be 'agg' or 'disagg', got {mode!r}")
@@ -205,26 +316,26 @@ def parallel_configs_for(
     seq = resolve_max_seq_len(model, max_seq_len)
     floor = int(min_budget) if min_budget else None
     return _enumerate(model, hardware, backend, mode, int(budget), floor, seq,
-                      tuple(precision) if precision and any(precision) else None)
+                      tuple(precision) if precision and any(precision) else None, float(memory_fraction))
 
 
 @lru_cache(maxsize=512)
 def _enumerate(model: str, hardware: str, backend: str, mode: str, budget: int, min_budget: int | None,
-               max_seq_len: int, precision: tuple | None = None) -> EnumerationResult:
+               max_seq_len: int, precision: tuple | None = None,
+               memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> EnumerationResult:
     facts = model_facts(model)
     version = latest_backend_version(hardware, backend)  # NoPerfDatabase
+    topo = topology(hardware)
     pruned = {r: _Pruned() for r in RULES}
 
     shapes: list[RoleShape] = []
     considered = 0
-    for g in GPU_LADDER:
-        if g > budget:
-            pruned["ladder"].add(f"g={g} > gpu_budget={budget}")
-            continue
+    for g in gpu_ladder(topo, budget):
         before = sum(p.count for p in pruned.values())
-        at_g = engine_shapes_at(facts.is_moe, backend, g, pruned)
+        at_g = engine_shapes_at(facts.is_moe, backend, g, pruned, topo)
         considered += len(at_g) + sum(p.count for p in pruned.values()) - before
         shapes.extend(at_g)
+    pruned["ladder"].add(f"g={_next_width(topo, budget)} > gpu_budget={budget}")
 
     # Role configs: every shape with replicas 1..budget/g (min_gpu_budget applies to agg only).
     roles = [replace(s, replicas=r) for s in shapes for r in range(1, budget // s.gpus_per_engine + 1)]
@@ -233,7 +344,7 @@ def _enumerate(model: str, hardware: str, backend: str, mode: str, budget: int, 
     def feasible(role: RoleShape) -> bool:
         key = replace(role, replicas=1)
         if key not in kv:
-            kv[key] = _probe_kv(model, hardware, backend, version, key, precision)
+            kv[key] = probe_kv(model, hardware, backend, version, key, precision, memory_fraction)
         tokens = kv[key][0]
         return tokens is not None and tokens > max_seq_len
 
@@ -322,41 +433,3 @@ def _pair(roles: list[RoleShape], budget: int, min_budget: int | None, feasible,
              for p in prefills for d in decodes]
     pruned["kv"].count += _pairs_between(Counter(r.used_gpus for r in pairable), lo, budget) - len(pairs)
     return pairs
-
-
-def check_pins(
-    pins: Iterable[dict[str, Any] | ParallelConfig],
-    mode: str,
-    legal_by_backend: Mapping[str, Iterable[ParallelConfig]],
-) -> dict[ParallelConfig, tuple[str, ...]]:
-    """Pinned parallel_configs -> the backends whose legal set holds them (user order, no duplicates).
-
-    Raises NoViableParallelConfig when no backend supports any pin, or when some pin is supported
-    by no backend.
-    """
-    legal = {b: set(configs) for b, configs in legal_by_backend.items()}
-    parsed: list[ParallelConfig] = []
-    for i, pin in enumerate(pins):
-        config = parallel_config_from_dict(pin) if isinstance(pin, dict) else pin
-        want = DisaggShape if mode == "disagg" else RoleShape
-        if not isinstance(config, want):
-            kind = "disagg pair" if isinstance(config, DisaggShape) else "single-role shape"
-            raise NoViableParallelConfig(
-                f"search_space.parallel_configs[{i}] is a {kind} but deployment_mode is {mode!r}"
-            )
-        if config not in parsed:
-            parsed.append(config)
-    support = {c: tuple(b for b in legal if c in legal[b]) for c in parsed}
-    if not any(support.values()):
-        raise NoViableParallelConfig(
-            f"no configured backend can run the pinned parallel_configs {[config_label(c) for c in parsed]} "
-            f"(backends with a viable pool: {sorted(legal) or 'none'}; a pin must be on the GPU ladder "
-            f"{list(GPU_LADDER)}, pp=1, a TP shape (dense) or TEP/DEP/MoE-TP/DTP (MoE), within gpu_budget "
-            "and KV-feasible)"
-        )
-    unsupported = [config_label(c) for c, backends in support.items() if not backends]
-    if unsupported:
-        raise NoViableParallelConfig(
-            f"pinned parallel_configs are legal/KV-feasible for no configured backend: {unsupported}"
-        )
-    return support
