@@ -198,7 +198,8 @@ def test_nightly_schedule_warm_starts(tmp_path):
     sched = defs.resolve_schedule_def("tiny_nightly")
     assert sched.job_name == "tiny_sweep"
     request = sched.evaluate_tick(dg.build_schedule_context()).run_requests[0]
-    assert request.run_config["ops"]["branch_study"]["config"]["warm_start"] is True
+    assert request.run_config["ops"]["tiny__branch_study"]["config"]["warm_start"] is True
+    dg.validate_run_config(defs.resolve_job_def("tiny_sweep"), request.run_config)  # the job takes it
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,8 +9,9 @@ import dagster as dg
 from spica_pipeline.dagster.spec import SWEEP_TAG, SweepSpec
 
 
-def sweep_run_config(*, warm_start: bool) -> dict[str, Any]:
-    return {"ops": {"branch_study": {"config": {"warm_start": warm_start}}}}
+def sweep_run_config(spec: SweepSpec, *, warm_start: bool) -> dict[str, Any]:
+    """Run config for the sweep's job: ops are named by the asset key (`<sweep>__branch_study`)."""
+    return {"ops": {"__".join(spec.key("branch_study").path): {"config": {"warm_start": warm_start}}}}
 
 
 def build_sweep_job(spec: SweepSpec) -> Any:
@@ -19,8 +20,10 @@ def build_sweep_job(spec: SweepSpec) -> Any:
         f"{spec.name}_sweep",
         selection=stages,
         description=f"Sweep {spec.name}: every stage and check in one run, all searched modes "
-        f"({', '.join(spec.modes)}). Overrides: validated_config's config (seed, policy, algorithm, "
-        "max_rounds, gpu_budget); warm start: branch_study's config.",
+        f"({', '.join(spec.modes)}). Open launchpad (next to Materialize all) for the overrides: "
+        "validated_config's config (seed, max_rounds, time_budget, parallel_evals, policy, algorithm, gpu_budget, "
+        "request_rate, sla_ttft_ms, sla_itl_ms, sla_e2e_ms; defaults: the sweep's file); warm start: "
+        "branch_study's config.",
         tags={**spec.all_modes_tags, SWEEP_TAG: spec.name},
     )
 
@@ -33,7 +36,7 @@ def build_nightly(spec: SweepSpec, job: Any) -> dg.ScheduleDefinition | None:
         job=job,
         cron_schedule=spec.nightly_cron,
         execution_timezone="UTC",
-        run_config=sweep_run_config(warm_start=True),
+        run_config=sweep_run_config(spec, warm_start=True),
         tags={"spica/trigger": "nightly"},
         default_status=dg.DefaultScheduleStatus.STOPPED,
         description=f"Re-runs sweep {spec.name}, warm-started from the previous run's trials where the "

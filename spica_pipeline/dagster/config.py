@@ -7,13 +7,14 @@ what was validated, independent of the working directory.
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import pandas as pd
 import yaml
-from pydantic import Field
+from pydantic import Field, create_model
 
 from spica_pipeline.config import ALGORITHMS, SmartSearchConfig, load_config, parse_yaml_text
 from spica_pipeline.config.loader import validate_config
@@ -25,30 +26,107 @@ from spica_pipeline.traces import trace_content_hash
 
 
 class SweepLaunchConfig(dg.Config):
-    """Ad-hoc overrides for one run of a sweep (launchpad, schedule). Empty keeps the file's value."""
+    """Overrides for one run of a sweep (launchpad, schedule). A field left at its default keeps the
+    file's value; `launch_config_for` makes each sweep's form, whose defaults are its file's values."""
 
-    seed: int | None = Field(default=None, description="Override sweep.seed")
-    policy: str | None = Field(default=None, description="Override sweep.policy: rapid | thorough")
-    algorithm: str | None = Field(
-        default=None,
-        description=f"Override sweep.algorithm: {' | '.join(ALGORITHMS)}",
-    )
-    max_rounds: int | None = Field(default=None, description="Override sweep.max_rounds (the trial budget)")
-    gpu_budget: int | None = Field(default=None, description="Override search_space.gpu_budget")
+    seed: int | None = Field(default=None, description="sweep.seed: every random choice derives from it")
+    max_rounds: int | None = Field(
+        default=None, description="sweep.max_rounds: the evaluation budget per branch, in rounds of "
+        "sweep.candidates_per_round evaluations")
+    time_budget: str | None = Field(
+        default=None, description="sweep.time_budget, e.g. 10m, 90s, 1h: evaluate until it is spent (shared by "
+        "the branches); empty for none")
+    parallel_evals: int | None = Field(default=None, description="sweep.parallel_evals: replays at once")
+    policy: str | None = Field(default=None, description="sweep.policy: rapid | thorough")
+    algorithm: str | None = Field(default=None, description=f"sweep.algorithm: {' | '.join(ALGORITHMS)}")
+    gpu_budget: int | None = Field(default=None, description="search_space.gpu_budget: GPUs a candidate may use")
+    request_rate: float | None = Field(
+        default=None, description="workload.request_rate (req/s) of a synthetic open-loop workload")
+    sla_ttft_ms: float | None = Field(default=None, description="goal.sla.ttft_ms: time to first token, ms")
+    sla_itl_ms: float | None = Field(default=None, description="goal.sla.itl_ms: inter-token latency, ms")
+    sla_e2e_ms: float | None = Field(default=None, description="goal.sla.e2e_ms: end-to-end latency, ms")
+
+
+# each launch field -> where it lives in the sweep file
+LAUNCH_PATHS: dict[str, tuple[str, ...]] = {
+    "seed": ("sweep", "seed"), "max_rounds": ("sweep", "max_rounds"), "time_budget": ("sweep", "time_budget"),
+    "parallel_evals": ("sweep", "parallel_evals"), "policy": ("sweep", "policy"),
+    "algorithm": ("sweep", "algorithm"), "gpu_budget": ("search_space", "gpu_budget"),
+    "request_rate": ("workload", "request_rate"), "sla_ttft_ms": ("goal", "sla", "ttft_ms"),
+    "sla_itl_ms": ("goal", "sla", "itl_ms"), "sla_e2e_ms": ("goal", "sla", "e2e_ms"),
+}
+
+
+def _file_values(config: SmartSearchConfig) -> dict[str, Any]:
+    """The launch fields' values in a validated config (what the form shows as defaults)."""
+    dump = config.model_dump(mode="json")
+    values: dict[str, Any] = {}
+    for name, path in LAUNCH_PATHS.items():
+        node: Any = dump
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        values[name] = node
+    if values["time_budget"] is not None:
+        values["time_budget"] = _duration_text(float(values["time_budget"]))
+    return values
+
+
+def _duration_text(seconds: float) -> str:
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def launch_config_for(config_path: str | Path) -> type[SweepLaunchConfig]:
+    """A launch form for one sweep: SweepLaunchConfig with the file's values as defaults (read when
+    the code location loads), so the launchpad's "Scaffold all default config" shows them. A field
+    left at that default keeps the file's value when the run starts, so an edit to the file after
+    the load is not undone by a stale default. A file that does not validate gets the plain form."""
+    try:
+        values = _file_values(read_sweep_config(config_path))
+    except SpicaError:
+        return SweepLaunchConfig
+    base = SweepLaunchConfig.model_fields
+    fields: dict[str, Any] = {}
+    for name, value in values.items():
+        info = base[name]
+        note = "" if value is not None else " (not set in the file)"
+        kind = info.annotation if value is None else type(value) | None
+        fields[name] = (kind, Field(default=value, description=(info.description or "") + note))
+    budget = values["max_rounds"]
+    doc = (f"Overrides for one run of {Path(config_path).name}; the defaults are the file's values"
+           + (f" (evaluation budget: max_rounds {budget} per branch)" if budget else "") + ".")
+    return create_model(f"{_class_name(config_path)}LaunchConfig", __base__=SweepLaunchConfig, __doc__=doc,
+                        **fields)
+
+
+def _class_name(config_path: str | Path) -> str:
+    return "".join(part.capitalize() for part in re.split(r"[^A-Za-z0-9]+", Path(config_path).stem) if part)
+
+
+def overrides_of(launch: SweepLaunchConfig) -> dict[str, Any]:
+    """The fields a person changed: those whose value differs from the form's default."""
+    fields = type(launch).model_fields
+    return {name: getattr(launch, name) for name in LAUNCH_PATHS if getattr(launch, name) != fields[name].default}
 
 
 def _with_overrides(data: Any, launch: SweepLaunchConfig, where: str, base: Path | None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"invalid config {where}: the top level must be a mapping, got {type(data).__name__}")
     data = dict(data)
-    sweep = dict(data.get("sweep") or {})
-    sweep.update({k: v for k, v in (("seed", launch.seed), ("policy", launch.policy),
-                                    ("algorithm", launch.algorithm), ("max_rounds", launch.max_rounds))
-                  if v is not None})
-    if sweep:
-        data["sweep"] = sweep
-    if launch.gpu_budget is not None and isinstance(data.get("search_space"), dict):
-        data["search_space"] = {**data["search_space"], "gpu_budget": launch.gpu_budget}
+    for name, value in overrides_of(launch).items():
+        *parents, leaf = LAUNCH_PATHS[name]
+        node = data
+        for part in parents:
+            child = node.get(part)
+            child = dict(child) if isinstance(child, dict) else {}
+            node[part] = child
+            node = child
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
     workload = data.get("workload")
     if isinstance(workload, dict) and isinstance(workload.get("trace_path"), str) and workload["trace_path"].strip():
         # pin the trace to an absolute path so later stages and run workers agree on the file
@@ -110,10 +188,12 @@ def fail(err: Exception) -> dg.Failure:
 
 
 def build_validated_config(spec: SweepSpec) -> dg.AssetsDefinition:
+    Launch = launch_config_for(spec.config_path)  # the launch form, with this sweep's file as defaults
+
     @dg.asset(**spec.common("validated_config"), kinds={"pandas", "parquet"}, deps=spec.source_keys,
               description=f"Stage 1: {Path(spec.config_path).name} read, overridden and validated "
               "(a bad config fails with one line)")
-    def validated_config(context: dg.AssetExecutionContext, config: SweepLaunchConfig) -> dg.Output[pd.DataFrame]:
+    def validated_config(context: dg.AssetExecutionContext, config: Launch) -> dg.Output[pd.DataFrame]:  # type: ignore[valid-type]
         try:
             # the sweep's preflight: the CLI's refusals before any study; the names as the stages use them
             checked = preflight(read_sweep_config(spec.config_path, config))
