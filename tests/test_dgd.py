@@ -8,6 +8,7 @@ import yaml
 
 from spica_pipeline.report import dgd
 from spica_pipeline.report.dgd import DeployOptions, dgd_manifest, manifest_gpus, validate_manifest
+from spica_pipeline.space.candidate import Candidate
 
 # shape name -> (tp, attention_dp, moe_tp, moe_ep): TP, data+expert parallel (DEP), TP + expert parallel (TEP)
 SHAPES = {"TP": (4, 1, 4, 1), "DEP": (1, 8, 1, 8), "TEP": (8, 1, 1, 8)}
@@ -26,7 +27,7 @@ def sample(mode: str, backend: str, shape: str, **over):
                   f"{role}_max_num_seqs": 256, f"{role}_max_num_batched_tokens": 8192, f"{role}_block_size": 64,
                   f"{role}_gpu_memory_utilization": 0.9, f"{role}_enable_prefix_caching": role != "decode"})
     s.update(over)
-    return s
+    return Candidate.from_dict(s)
 
 
 def args_of(doc, component_type):

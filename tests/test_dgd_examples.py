@@ -36,12 +36,11 @@ def test_every_example_manifest_validates(path, monkeypatch):
                 for selection in variants:
                     sel = {**selection, "backend": backend, "deployment_mode": branch.deployment_mode}
                     candidate = build_candidate(config.search_space, sel, pc)
-                    sample = candidate.to_dict()
                     planner = planner_config_for(candidate, planner_target=goal.planner_target, sla=sla)
-                    doc = dgd_manifest(sample, name=manifest_name(sample["model_name"], 1, branch.deployment_mode),
+                    doc = dgd_manifest(candidate, name=manifest_name(candidate.model, 1, branch.deployment_mode),
                                        options=options, planner_config=planner)
-                    assert validate_manifest(doc) == [], (path.name, sample)
-                    assert manifest_gpus(doc) == sample["used_gpus"]
+                    assert validate_manifest(doc) == [], (path.name, candidate)
+                    assert manifest_gpus(doc) == candidate.used_gpus
                     checked += 1
     assert checked > 0
     print(f"{path.name}: {checked} manifests validated")

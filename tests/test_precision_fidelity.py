@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pydantic
 import pytest
-from test_deploy import agg_sample
+from test_deploy import agg_candidate, agg_sample
 from test_engine_args import FakeFacts, build
 
 from spica_pipeline.config import SmartSearchConfig
@@ -93,11 +93,13 @@ def test_precision_travels_in_sample_identity_and_deploy_flags():
     facts = FakeFacts()
     build({**agg_sample(), **precision_of_fields(sample)}, facts=facts)
     assert {(i.weight_dtype, i.kv_cache_dtype, i.attention_dtype) for i in facts.identities} == {("fp8", "fp8", None)}
-    cfg = {**agg_sample(), **precision_of_fields(sample)}
-    assert vllm_args(cfg, "agg")[-4:] == ["--quantization", "fp8", "--kv-cache-dtype", "fp8"]
-    assert sglang_args({**cfg, "backend": "sglang"}, "agg")[-4:] == ["--quantization", "fp8", "--kv-cache-dtype",
-                                                                      "fp8_e4m3"]
-    assert "--quantization" not in vllm_args(agg_sample(), "agg")
+    fp8 = agg_candidate(**precision_of_fields(sample))
+    assert vllm_args(fp8, fp8.role("agg"))[-4:] == ["--quantization", "fp8", "--kv-cache-dtype", "fp8"]
+    fp8_sglang = agg_candidate(backend="sglang", **precision_of_fields(sample))
+    assert sglang_args(fp8_sglang, fp8_sglang.role("agg"))[-4:] == ["--quantization", "fp8", "--kv-cache-dtype",
+                                                                     "fp8_e4m3"]
+    plain = agg_candidate()
+    assert "--quantization" not in vllm_args(plain, plain.role("agg"))
 
 
 def precision_of_fields(sample):

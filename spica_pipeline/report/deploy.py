@@ -7,6 +7,7 @@ backend and version, and what replay measured.
 `dgd.yaml` is the same pick as a manifest `kubectl apply` takes (report/dgd.py).
 """
 
+from dataclasses import replace
 from typing import Any, Mapping
 
 import yaml
@@ -159,18 +160,13 @@ def readme_text(c: Candidate, rank: int, description: str) -> str:
     )
 
 
-def fleet_config(cfg: Mapping[str, Any], fleet_replicas: Any) -> dict[str, Any]:
+def fleet(deployment: Deployment, fleet_replicas: Any) -> Deployment:
     """A min_gpus pick deploys its whole fleet: every worker role's replicas times the fleet size."""
-    out = dict(cfg)
     k = int(fleet_replicas or 1)
     if k <= 1:
-        return out
-    for key in ("replicas", "prefill_replicas", "decode_replicas"):
-        if key in out:
-            out[key] = int(out[key] or 1) * k
-    if "used_gpus" in out:
-        out["used_gpus"] = int(out["used_gpus"]) * k
-    return out
+        return deployment
+    return replace(deployment, roles=tuple(replace(r, shape=replace(r.shape, replicas=r.replicas * k))
+                                           for r in deployment.roles))
 
 
 def write_deploy_folder(out_dir: Any, c: Candidate, rank: int, *, target: str | None, description: str,
@@ -190,14 +186,11 @@ def write_deploy_folder(out_dir: Any, c: Candidate, rank: int, *, target: str | 
     record = deployment_yaml(c, rank, target=target, heldout_check=heldout_check)
     paths["record"] = atomic_write_text(d / "simulation_record.yaml", record)
     atomic_write_text(d / "README.md", readme_text(c, rank, description))
-    cfg = c.config
-    planner_config = None
-    if cfg.get("enable_throughput_scaling") or cfg.get("enable_load_scaling"):
-        planner_config = planner_config_for(Deployment.from_dict(cfg, extra="ignore"),
-                                            planner_target=planner_target or goal_planner_target(target or ""),
-                                            sla=dict(sla) if sla else None)
-    doc = dgd_manifest(fleet_config(cfg, c.metrics.get("fleet_replicas")),
-                       name=manifest_name(str(cfg.get("model_name")), rank, str(cfg.get("deployment_mode"))),
+    deployment = Deployment.from_dict(c.config, extra="ignore")
+    planner_config = planner_config_for(deployment, planner_target=planner_target or goal_planner_target(target or ""),
+                                        sla=dict(sla) if sla else None)
+    doc = dgd_manifest(fleet(deployment, c.metrics.get("fleet_replicas")),
+                       name=manifest_name(deployment.model, rank, deployment.deployment_mode),
                        options=options, planner_config=planner_config)
     problems = validate_manifest(doc)
     if problems:

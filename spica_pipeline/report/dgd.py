@@ -1,6 +1,6 @@
 """DynamoGraphDeployment (DGD) manifests for the picks: what `kubectl apply` takes.
 
-Built from a candidate's flat sample alone, the way the replay saw it: one Frontend carrying the
+Built from the candidate alone (space/candidate.py), the way the replay saw it: one Frontend carrying the
 router mode and settings as `dynamo.frontend` flags, one component per worker role with its replica
 count and `nvidia.com/gpu` per pod, `python3 -m dynamo.vllm` / `dynamo.sglang` with the backend's
 own flag names, a Planner when a scaling policy is on, and `multinode` when an engine spans more GPUs
@@ -16,7 +16,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Mapping
 
-from spica_pipeline.config.precision import precision_of
+from spica_pipeline.space.candidate import ADMISSION_FIELDS, Candidate, Role
 
 API_VERSIONS = ("v1beta1", "v1alpha1")
 DEFAULT_API_VERSION = "v1beta1"
@@ -28,7 +28,7 @@ FRONTEND_PORT = 8000
 _SEMVER_TAG = re.compile(r":v?\d+\.\d+\.\d+[^/:]*$")
 
 _ROUTER_MODE = {"kv_router": "kv", "kv": "kv", "round_robin": "round-robin", "random": "random"}
-# sample key -> dynamo.frontend flag (Frontend Configuration Reference, router section)
+# KV router knob or admission scalar -> dynamo.frontend flag (Frontend Configuration Reference, router section)
 _ROUTER_FLAGS = (
     ("overlap_score_credit", "--router-kv-overlap-score-credit"),
     ("prefill_load_scale", "--router-prefill-load-scale"),
@@ -83,105 +83,75 @@ def default_planner_image() -> str:
 
 # --------------------------------------------------------------------------- engine arguments
 
-def _prefix(role: str) -> str:
-    return "" if role == "agg" else f"{role}_"
-
-
-def role_shape(cfg: Mapping[str, Any], role: str) -> dict[str, int]:
-    p = _prefix(role)
-    return {k: int(cfg.get(f"{p}{k}") or 1) for k in ("tp", "pp", "attention_dp", "moe_tp", "moe_ep")}
-
-
-def engine_gpus(cfg: Mapping[str, Any], role: str) -> int:
-    """GPUs one engine (worker replica) of a role occupies: tp x pp x attention-DP."""
-    s = role_shape(cfg, role)
-    return s["tp"] * s["pp"] * s["attention_dp"]
-
-
 def _fmt(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _knob(cfg: Mapping[str, Any], role: str, name: str) -> Any:
-    return cfg.get(f"{role}_{name}")
-
-
-def vllm_args(cfg: Mapping[str, Any], role: str) -> list[str]:
+def vllm_args(c: Candidate, role: Role) -> list[str]:
     """vLLM flag names: TP/PP/DP sizes, expert parallel for MoE EP, batching and memory knobs."""
-    s = role_shape(cfg, role)
-    args = ["--model", str(cfg["model_name"])]
-    if role != "agg":
-        args += ["--disaggregation-mode", role]
-    args += ["--tensor-parallel-size", str(s["tp"])]
-    if s["pp"] > 1:
-        args += ["--pipeline-parallel-size", str(s["pp"])]
-    if s["attention_dp"] > 1:
-        args += ["--data-parallel-size", str(s["attention_dp"])]
-    if s["moe_ep"] > 1:
+    s, e = role.shape, role.engine
+    args = ["--model", str(c.model)]
+    if role.name != "agg":
+        args += ["--disaggregation-mode", role.name]
+    args += ["--tensor-parallel-size", str(s.tp)]
+    if s.pp > 1:
+        args += ["--pipeline-parallel-size", str(s.pp)]
+    if s.attention_dp > 1:
+        args += ["--data-parallel-size", str(s.attention_dp)]
+    if s.moe_ep > 1:
         args.append("--enable-expert-parallel")
-    for key, flag in (("max_num_seqs", "--max-num-seqs"), ("max_num_batched_tokens", "--max-num-batched-tokens"),
-                      ("gpu_memory_utilization", "--gpu-memory-utilization"), ("block_size", "--block-size")):
-        v = _knob(cfg, role, key)
-        if v is not None:
-            args += [flag, _fmt(v)]
-    caching = _knob(cfg, role, "enable_prefix_caching")
-    if caching is not None:
-        args.append("--enable-prefix-caching" if caching else "--no-enable-prefix-caching")
-    if role != "agg":
+    args += ["--max-num-seqs", _fmt(e.max_num_seqs), "--max-num-batched-tokens", _fmt(e.max_num_batched_tokens),
+             "--gpu-memory-utilization", _fmt(e.gpu_memory_utilization), "--block-size", _fmt(e.block_size)]
+    args.append("--enable-prefix-caching" if e.enable_prefix_caching else "--no-enable-prefix-caching")
+    if role.name != "agg":
         args += ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})]
-    args += _precision_args(cfg)
+    args += _precision_args(c)
     return args
 
 
-def sglang_args(cfg: Mapping[str, Any], role: str) -> list[str]:
+def sglang_args(c: Candidate, role: Role) -> list[str]:
     """SGLang flag names. SGLang's TP is the engine's whole GPU count; attention DP splits it."""
-    s = role_shape(cfg, role)
-    gpus = s["tp"] * s["attention_dp"]
-    args = ["--model-path", str(cfg["model_name"]), "--tp-size", str(gpus)]
-    if s["pp"] > 1:
-        args += ["--pp-size", str(s["pp"])]
-    if s["attention_dp"] > 1:
-        args += ["--dp-size", str(s["attention_dp"]), "--enable-dp-attention"]
-    if s["moe_ep"] > 1:
-        args += ["--ep-size", str(s["moe_ep"])]
-    for key, flag in (("max_num_seqs", "--max-running-requests"), ("max_num_batched_tokens", "--chunked-prefill-size"),
-                      ("gpu_memory_utilization", "--mem-fraction-static"), ("block_size", "--page-size")):
-        v = _knob(cfg, role, key)
-        if v is not None:
-            args += [flag, _fmt(v)]
-    if _knob(cfg, role, "enable_prefix_caching") is False:
+    s, e = role.shape, role.engine
+    args = ["--model-path", str(c.model), "--tp-size", str(s.tp * s.attention_dp)]
+    if s.pp > 1:
+        args += ["--pp-size", str(s.pp)]
+    if s.attention_dp > 1:
+        args += ["--dp-size", str(s.attention_dp), "--enable-dp-attention"]
+    if s.moe_ep > 1:
+        args += ["--ep-size", str(s.moe_ep)]
+    args += ["--max-running-requests", _fmt(e.max_num_seqs), "--chunked-prefill-size", _fmt(e.max_num_batched_tokens),
+             "--mem-fraction-static", _fmt(e.gpu_memory_utilization), "--page-size", _fmt(e.block_size)]
+    if e.enable_prefix_caching is False:
         args.append("--disable-radix-cache")
-    if role != "agg":
-        args += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", "nixl"]
-    args += _precision_args(cfg)
+    if role.name != "agg":
+        args += ["--disaggregation-mode", role.name, "--disaggregation-transfer-backend", "nixl"]
+    args += _precision_args(c)
     return args
 
 
-def _precision_args(cfg: Mapping[str, Any]) -> list[str]:
+def _precision_args(c: Candidate) -> list[str]:
     """`--quantization` / `--kv-cache-dtype` for the candidate's precision where the flag value is known."""
-    precision = precision_of(dict(cfg))
     out: list[str] = []
-    weights = QUANTIZATION_FLAGS.get(precision.get("weights", ""))
+    weights = QUANTIZATION_FLAGS.get(c.precision.get("weights", ""))
     if weights:
         out += ["--quantization", weights]
-    kv = KV_CACHE_DTYPE_FLAGS.get(str(cfg.get("backend")), {}).get(precision.get("kv_cache", ""))
+    kv = KV_CACHE_DTYPE_FLAGS.get(c.backend, {}).get(c.precision.get("kv_cache", ""))
     if kv:
         out += ["--kv-cache-dtype", kv]
     return out
 
 
-def engine_args(cfg: Mapping[str, Any], role: str) -> list[str]:
-    backend = str(cfg.get("backend"))
-    if backend == "vllm":
-        return vllm_args(cfg, role)
-    if backend == "sglang":
-        return sglang_args(cfg, role)
-    raise ValueError(f"no DGD writer for backend {backend!r} (vllm and sglang are supported)")
+def engine_args(c: Candidate, role: Role) -> list[str]:
+    if c.backend == "vllm":
+        return vllm_args(c, role)
+    if c.backend == "sglang":
+        return sglang_args(c, role)
+    raise ValueError(f"no DGD writer for backend {c.backend!r} (vllm and sglang are supported)")
 
 
-def frontend_args(cfg: Mapping[str, Any]) -> list[str]:
+def frontend_args(c: Candidate) -> list[str]:
     """`dynamo.frontend` flags: the router mode, and the KV router's settings when it is on."""
-    mode = str(cfg.get("router_mode") or "round_robin")
+    mode = c.router.mode or "round_robin"
     try:
         flag_mode = _ROUTER_MODE[mode]
     except KeyError:
@@ -189,18 +159,16 @@ def frontend_args(cfg: Mapping[str, Any]) -> list[str]:
     args = ["--http-port", str(FRONTEND_PORT), "--router-mode", flag_mode]
     if flag_mode == "kv":
         for key, flag in _ROUTER_FLAGS:
-            if cfg.get(key) is not None:
-                args += [flag, _fmt(cfg[key])]
-        roles = ("agg",) if cfg.get("deployment_mode") != "disagg" else ("decode",)
-        block = _knob(cfg, roles[0], "block_size")
-        if block is not None:
-            args += ["--kv-cache-block-size", _fmt(block)]
+            value = getattr(c.router.admission if key in ADMISSION_FIELDS else c.router, key, None)
+            if value is not None:
+                args += [flag, _fmt(value)]
+        args += ["--kv-cache-block-size", _fmt(c.load_role.engine.block_size)]
     return args
 
 
-def planner_args(cfg: Mapping[str, Any], planner_config: Mapping[str, Any]) -> list[str]:
+def planner_args(c: Candidate, planner_config: Mapping[str, Any]) -> list[str]:
     """One JSON `--config`: the candidate's planner settings for a Kubernetes planner."""
-    body = {"environment": "kubernetes", "backend": cfg.get("backend")}
+    body = {"environment": "kubernetes", "backend": c.backend}
     body.update({k: v for k, v in planner_config.items() if k not in _REPLAY_ONLY_PLANNER_KEYS and v is not None})
     return ["--config", json.dumps(body, sort_keys=True)]
 
@@ -218,20 +186,15 @@ class WorkerLayout:
     gpus_per_pod: int
 
 
-def worker_layout(cfg: Mapping[str, Any], role: str, gpus_per_node: int | None) -> WorkerLayout:
+def worker_layout(role: Role, gpus_per_node: int | None) -> WorkerLayout:
     """Multinode when an engine needs more GPUs than a node has; each pod then takes an equal share."""
-    gpus = engine_gpus(cfg, role)
-    replicas = int(cfg.get("replicas" if role == "agg" else f"{role}_replicas") or 1)
+    gpus, replicas = role.gpus_per_engine, role.replicas
     nodes = 1
     if gpus_per_node and gpus > gpus_per_node:
         nodes = math.ceil(gpus / gpus_per_node)
         while gpus % nodes:  # equal pods: the smallest node count that divides the engine
             nodes += 1
-    return WorkerLayout(role, replicas, gpus, nodes, gpus // nodes)
-
-
-def worker_roles(cfg: Mapping[str, Any]) -> tuple[str, ...]:
-    return ("prefill", "decode") if cfg.get("deployment_mode") == "disagg" else ("agg",)
+    return WorkerLayout(role.name, replicas, gpus, nodes, gpus // nodes)
 
 
 def manifest_name(model: str, rank: int, mode: str) -> str:
@@ -260,34 +223,34 @@ class _Component:
     gpus_per_pod: int = 0
 
 
-def _components(cfg: Mapping[str, Any], opts: DeployOptions,
+def _components(c: Candidate, opts: DeployOptions,
                 planner_config: Mapping[str, Any] | None) -> list[_Component]:
-    backend = str(cfg.get("backend"))
+    backend = c.backend
     if backend not in _MODULES:
         raise ValueError(f"no DGD writer for backend {backend!r} (vllm and sglang are supported)")
     image = opts.image or default_image(backend)
     comps = [_Component("Frontend", "frontend", 1,
-                        _container(image, "dynamo.frontend", frontend_args(cfg), None, None))]
-    for role in worker_roles(cfg):
-        lay = worker_layout(cfg, role, opts.gpus_per_node)
-        kind = "worker" if role == "agg" else role
-        comps.append(_Component(_COMPONENT_NAMES[backend][role], kind, lay.replicas,
-                                _container(image, _MODULES[backend], engine_args(cfg, role), lay.gpus_per_pod,
+                        _container(image, "dynamo.frontend", frontend_args(c), None, None))]
+    for role in c.roles:
+        lay = worker_layout(role, opts.gpus_per_node)
+        kind = "worker" if role.name == "agg" else role.name
+        comps.append(_Component(_COMPONENT_NAMES[backend][role.name], kind, lay.replicas,
+                                _container(image, _MODULES[backend], engine_args(c, role), lay.gpus_per_pod,
                                            opts.hf_token_secret),
                                 nodes=lay.nodes, gpus_per_pod=lay.gpus_per_pod))
     if planner_config:
         comps.append(_Component("Planner", "planner", 1,
                                 _container(opts.planner_image or default_planner_image(), "dynamo.planner",
-                                           planner_args(cfg, planner_config), None, None)))
+                                           planner_args(c, planner_config), None, None)))
     return comps
 
 
-def dgd_manifest(cfg: Mapping[str, Any], *, name: str, options: DeployOptions | None = None,
+def dgd_manifest(candidate: Candidate, *, name: str, options: DeployOptions | None = None,
                  planner_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The DGD document of one candidate's sample (`planner_config`: the plan's, None when static)."""
+    """The DGD document of one candidate (`planner_config`: the plan's, None when static)."""
     opts = options or DeployOptions()
-    comps = _components(cfg, opts, planner_config)
-    backend = str(cfg.get("backend"))
+    comps = _components(candidate, opts, planner_config)
+    backend = candidate.backend
     if opts.api_version == "v1beta1":
         items = []
         for c in comps:
