@@ -60,7 +60,7 @@ def write_outputs(
     table = candidates_frame(m.candidates, m.objectives if m.is_pareto else None, target=m.target)
     paths["candidates"] = atomic_write_parquet(out / "candidates.parquet", table)
     paths["candidates_csv"] = atomic_write_text(out / "candidates.csv", table.to_csv(index=False))
-    paths["pareto_png"] = atomic_write_bytes(out / "pareto.png", pareto_png(m))
+    paths["pareto_png"] = atomic_write_bytes(out / "pareto.png", pareto_png(m, sla=goal_summary.get("sla")))
     paths["convergence_png"] = atomic_write_bytes(out / "convergence.png", convergence_png(m))
     for rank, cand in enumerate(m.top(top_n), start=1):
         written = write_deploy_folder(
