@@ -255,7 +255,7 @@ class Study:
         call_seed = derive_seed(self.seed, self.name, n_seen)
 
         algo = override.upper() if override and override.upper() in ALGORITHMS else self.algorithm
-        # Seed batch: no history at all (every algorithm), or too few feasible trials for a model.
+        # Seed batch: no history at all (every algorithm), or no feasible trial for a model yet.
         if n_seen == 0 or (algo != "RANDOM_SEARCH" and n_feasible == 0):
             algo = SEED_BATCH
         self.last_designer = algo
