@@ -7,7 +7,8 @@ fails on something knowable at start. In order:
     algorithm (SPICA_VIZIER_ALGO included) -> the ray extra for `executor: ray` -> the trace file
     exists -> model and GPU names resolve (space/model_hw.py) -> every backend has a deploy writer
     (report/dgd.py) -> precision the model and GPU can run -> the workload (trace read whole, input
-    + output within the context, resource limits, calibration profile) -> planner policies left
+    + output or a session's longest history within the context, resource limits, calibration profile,
+    the speculative acceptance a searched speculative method needs) -> planner policies left
     by the goal -> the branch enumeration (perf data per system/backend/precision, KV fit, pins)
 
 A refusal is a `PreflightError` (exit 2) whose `line(where)` is the one line both commands print.
@@ -17,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spica_pipeline.config import SmartSearchConfig
-from spica_pipeline.config.limits import check_resource_limits
+from spica_pipeline.config.limits import MAX_REQUESTS_PER_REPLAY, check_resource_limits
 from spica_pipeline.config.sweep import resolve_algorithm
-from spica_pipeline.errors import ConfigError, PolicyFilterError, SpicaError, TraceError
+from spica_pipeline.errors import ConfigError, PolicyFilterError, ResourceLimitError, SpicaError, TraceError
 from spica_pipeline.evaluate.ray_pool import require_ray
 from spica_pipeline.fidelity.profile import FIXED_LENGTHS, fixed_length_backends, load_profile
 from spica_pipeline.report.dgd import DEPLOY_BACKENDS
@@ -147,7 +148,10 @@ def check_workload(config: SmartSearchConfig) -> list[str]:
 
     space = config.search_space
     workload = config.workload
-    calibration_warnings = check_calibration(config)
+    calibration_warnings = check_calibration(config) + check_speculative(config)
+    if workload.sessions is not None:
+        check_sessions(config)
+        return calibration_warnings
     if not workload.trace_path:
         check_resource_limits(config)
         if workload.isl is not None and workload.osl is not None:
@@ -165,6 +169,52 @@ def check_workload(config: SmartSearchConfig) -> list[str]:
                                 max_input_length=resolve_max_seq_len(space.model_name, space.context_length))
     check_resource_limits(config, trace)
     return list(trace.warnings) + calibration_warnings
+
+
+def check_speculative(config: SmartSearchConfig) -> list[str]:
+    """Speculative decoding the sweep searches needs the traffic's acceptance, one number or one per draft
+    position up to the most draft tokens searched; acceptance without any speculation is a warning."""
+    space, workload = config.search_space, config.workload
+    acceptance = workload.speculative_acceptance
+    most = max([k for k in space.speculative_num_tokens if space.speculative_on] + [int(space.aic_nextn or 0)])
+    if most == 0:
+        if acceptance is None:
+            return []
+        return ["workload.speculative_acceptance changes nothing: no candidate speculates (search_space."
+                "speculative_method is none)"]
+    if acceptance is None:
+        if not space.speculative_on:
+            return []  # a pinned aic_nextn alone keeps the replay's own acceptance rates
+        raise ConfigError("workload.speculative_acceptance is required with search_space.speculative_method "
+                          f"{space.speculative_method}: the probability that a draft token is accepted (one number, "
+                          "or one per draft position), a property of the traffic")
+    if isinstance(acceptance, list) and len(acceptance) < most:
+        raise ConfigError(f"workload.speculative_acceptance gives {len(acceptance)} draft position(s) but up to "
+                          f"{most} draft tokens are searched; give one number or at least {most} values")
+    return []
+
+
+def check_sessions(config: SmartSearchConfig) -> None:
+    """A sessions workload's longest history fits the model context, and its turns stay under the
+    requests-per-replay limit (config/limits.py)."""
+    sessions = config.workload.sessions
+    assert sessions is not None
+    space = config.search_space
+    check_resource_limits(config)  # the GPU budget (a sessions workload has no synthetic request count)
+    longest = sessions.max_history()
+    try:
+        context = resolve_max_seq_len(space.model_name, space.context_length)
+    except SpicaError:
+        context = None  # an unknown model or context: the enumeration reports it
+    if context is not None and longest > context:
+        raise ConfigError(f"workload.sessions: the longest session reaches {longest} tokens (first_isl + (turns - 1) "
+                          f"x (osl + turn_isl) + osl at their maxima), over the context length {context} of the "
+                          "model (search_space.context_length or the model's own)")
+    requests = sessions.count * int(sessions.bounds("turns")[1])
+    if requests > MAX_REQUESTS_PER_REPLAY:
+        raise ResourceLimitError(f"workload.sessions: count {sessions.count} x up to {int(sessions.bounds('turns')[1])} "
+                                 f"turns = {requests:,} requests, over the limit of {MAX_REQUESTS_PER_REPLAY:,} "
+                                 "requests per replay")
 
 
 def check_calibration(config: SmartSearchConfig) -> list[str]:

@@ -1,13 +1,20 @@
-"""Reading and validating Mooncake traces before any replay touches them.
+"""Reading and validating Mooncake traces before any replay touches them, and making session traces.
 
 The replay's own trace errors are terse and arrive only after a candidate was built, so every line
 is checked here first; each problem raises `TraceError` with `<path>:<line>: <reason>` (or
 `<path>: <reason>` for file-level problems) so one bad line never costs a sweep.
+
+Sessions: a line with a `session_id` is one turn of that session; the replay sends a session's turns in
+file order, each when the previous one has been answered plus its `delay` (ms, the think time), and a
+turn's blocks that repeat earlier ones are a shared prefix (`hash_ids`). `session_records` writes
+`workload.sessions` in the Mooncake-delta form, where each turn gives only its new tokens and the replay
+prepends the session's history (every earlier input and answer).
 """
 
 import json
 import math
 import os
+import random
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,6 +165,14 @@ def read_mooncake_trace(
             raise TraceError(f"{where}: 'timestamp' must be finite, got {ts!r}")
         isl = _length(obj, "input_length", where)
         osl = _length(obj, "output_length", where)
+        delay = obj.get("delay")
+        if delay is not None and (isinstance(delay, bool) or not isinstance(delay, (int, float))
+                                  or not math.isfinite(delay) or delay < 0):
+            raise TraceError(f"{where}: 'delay' (ms after the session's previous answer) must be a non-negative "
+                             f"number, got {delay!r}")
+        session = obj.get("session_id")
+        if session is not None and (isinstance(session, bool) or not isinstance(session, (str, int))):
+            raise TraceError(f"{where}: 'session_id' must be a string or an integer, got {session!r}")
         hash_ids = obj.get("hash_ids")
         if hash_ids is not None:
             if not isinstance(hash_ids, list) or not all(_is_int(h) for h in hash_ids):
@@ -221,3 +236,41 @@ def trace_content_hash(path: str | os.PathLike) -> str:
         raise TraceError(f"{path}: trace file does not exist") from None
     except IsADirectoryError:
         raise TraceError(f"{path}: is a directory, expected a JSONL trace file") from None
+
+
+def _draw(rng: random.Random, value: int | float | list, integer: bool) -> float:
+    """One number, or a uniform draw from a [min, max] range (inclusive integers when `integer`)."""
+    if not isinstance(value, (list, tuple)):
+        return value
+    lo, hi = value
+    if integer:
+        return rng.randint(int(lo), int(hi))
+    return rng.uniform(float(lo), float(hi)) if hi > lo else float(lo)
+
+
+def session_records(*, count: int, session_rate: float, turns: int | list, first_isl: int | list,
+                    turn_isl: int | list, osl: int | list, think_time_s: float | list = 0.0, seed: int,
+                    block_size: int = MOONCAKE_BLOCK_SIZE) -> list[dict]:
+    """Mooncake-delta records of `count` multi-turn sessions (replay with trace_format 'mooncake-delta').
+
+    Sessions start as a Poisson process of `session_rate` per second (the first at 0); a session's turn
+    count and first input are drawn once, each later turn's new input, every answer length and every
+    think time per turn (numbers, or [min, max] ranges drawn uniformly). Each turn's new tokens get
+    block ids of their own; the history the replay prepends is what repeats."""
+    rng = random.Random(seed)
+    out: list[dict] = []
+    start_ms, next_id = 0.0, 0
+    for s in range(int(count)):
+        if s:
+            start_ms += rng.expovariate(float(session_rate)) * 1000.0
+        for turn in range(int(_draw(rng, turns, True))):
+            new = int(_draw(rng, first_isl if turn == 0 else turn_isl, True))
+            blocks = -(-new // block_size)
+            record: dict = {"session_id": f"session{s}", "timestamp": round(start_ms, 6), "input_length": new,
+                            "output_length": int(_draw(rng, osl, True)),
+                            "hash_ids": list(range(next_id, next_id + blocks))}
+            next_id += blocks
+            if turn:
+                record["delay"] = round(_draw(rng, think_time_s, False) * 1000.0, 6)
+            out.append(record)
+    return out

@@ -9,6 +9,7 @@ from spica_pipeline.cli.common import EXIT_OK, fail, load_or_report
 from spica_pipeline.config import presets
 from spica_pipeline.config.sweep import ALGO_ENV, resolve_algorithm
 from spica_pipeline.preflight import PreflightError, preflight
+from spica_pipeline.space.speculative import speculative_choices
 
 
 def _choices_text(values: list[Any]) -> str:
@@ -54,6 +55,13 @@ def summarize(config: Any) -> list[str]:
             searched.append(f"  {name}: {len(values)} choices [{_choices_text(values)}]")
         else:
             pinned.append(f"  {name} = {_choices_text(values)}")
+    spec = speculative_choices(space)
+    if space.speculative_on and not spec.searched:
+        inert.append(f"  speculative_method ({'; '.join(spec.dropped.values()) or 'no method left'})")
+    for name, values in spec.knobs().items():
+        (searched if len(values) > 1 else pinned).append(
+            f"  {name}: {len(values)} choices [{_choices_text(values)}]" if len(values) > 1
+            else f"  {name} = {_choices_text(values)}")
     lines.append(f"searched knobs ({len(searched)}):")
     lines += searched or ["  (none)"]
     lines.append(f"pinned knobs ({len(pinned)}):")
@@ -66,7 +74,11 @@ def summarize(config: Any) -> list[str]:
     else:
         lines.append("parallel_configs: derived by enumeration")
     shape = workload.shape
-    if workload.is_trace:
+    if workload.sessions is not None:
+        ss = workload.sessions
+        wl = (f"sessions: {ss.count} at {ss.session_rate:g}/s, turns {ss.turns}, first_isl {ss.first_isl}, "
+              f"turn_isl {ss.turn_isl}, osl {ss.osl}, think_time_s {ss.think_time_s}")
+    elif workload.is_trace:
         wl = f"trace {workload.trace_path} (speedup {workload.arrival_speedup_ratio})"
         if workload.replay_concurrency is not None:
             wl += f", capped at {workload.replay_concurrency} in flight"
@@ -77,6 +89,8 @@ def summarize(config: Any) -> list[str]:
             "kv_load": f"kv_load_ratio {workload.kv_load_ratio}",
         }[shape]
         wl = f"synthetic isl {workload.isl} osl {workload.osl}, {load}, num_request_ratio {workload.num_request_ratio}"
+    if workload.speculative_acceptance is not None:
+        wl += f", speculative_acceptance {workload.speculative_acceptance}"
     lines.append(f"workload: {wl}")
     objectives = ", ".join(t.value for t in goal.objectives())
     g = f"goal: {goal.target.value}" + (f" [{objectives}]" if goal.is_pareto else "")

@@ -43,6 +43,7 @@ class SmartSearchConfig(StrictModel):
             _goal_is_pareto(data.get("goal"))
             and isinstance(workload, dict)
             and workload.get("trace_path") is None
+            and workload.get("sessions") is None
             and all(workload.get(f) is None for f in LOAD_FIELDS)
         ):
             data = {**data, "workload": {**workload, "kv_load_ratio": list(DEFAULT_PARETO_LOAD)}}

@@ -31,6 +31,11 @@ ROUTER_CHOICES: dict[str, tuple[float, ...]] = {
     "disk_cache_hit_weight": (0.0, 0.25, 0.5),
 }
 
+# Speculative decoding: the draft method, and the draft tokens per step (0 = off). The replay's
+# speculative model (ai-dynamo-runtime's `aic_nextn`) takes 1 to 5 draft tokens.
+SPECULATIVE_METHODS = ("none", "mtp", "eagle3")
+SPECULATIVE_TOKENS = (0, 1, 2, 3, 4, 5)
+
 # Router knobs that only matter when host offload (G2) is on.
 OFFLOAD_ROUTER_KNOBS = ("host_cache_hit_weight", "disk_cache_hit_weight")
 

@@ -2,7 +2,14 @@
 
 from typing import Any, Iterable
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from spica_pipeline.config import presets
 from spica_pipeline.config.messages import render_validation_error
@@ -113,6 +120,11 @@ def _check_role_pin(entry: Any, where: str, backends: list[str]) -> None:
                          "(tp, pp, attention_dp, moe_tp, moe_ep)")
 
 
+# the speculative-decoding fields and their defaults (off), left out of a dump (SearchSpace._dump)
+SPECULATIVE_DEFAULTS: dict[str, Any] = {"speculative_method": ["none"], "speculative_num_tokens": [0, 1, 2, 3],
+                                        "speculative_draft_model": None}
+
+
 def _names(names: Iterable[str]) -> list[str | dict[str, Any]]:
     """A composite field's default: the preset names (a fresh list per config)."""
     return list(names)
@@ -132,7 +144,14 @@ class SearchSpace(StrictModel):
     min_endpoint: PosInt | None = None
     context_length: PosInt | None = None
     startup_time: NonNegFloat | None = None
-    aic_nextn: NonNegInt | None = None
+    aic_nextn: NonNegInt | None = None  # MTP draft tokens pinned; speculative_method/_num_tokens search them
+    # speculative decoding, searched: the method (mtp: the checkpoint's own MTP layers; eagle3: a draft
+    # head, `speculative_draft_model`) and the draft tokens per step (0 = off); a method the model cannot
+    # run drops out of the search with the reason (space/branches.speculative_choices)
+    speculative_method: list[str] = Field(default_factory=lambda: list(SPECULATIVE_DEFAULTS["speculative_method"]))
+    speculative_num_tokens: list[Int] = Field(
+        default_factory=lambda: list(SPECULATIVE_DEFAULTS["speculative_num_tokens"]))
+    speculative_draft_model: str | None = Field(default=None, min_length=1)
     # weight / MoE / attention / KV-cache quantization (AIC modes); unset = the checkpoint's own
     precision: Precision | None = None
 
@@ -197,6 +216,32 @@ class SearchSpace(StrictModel):
             raise ValueError(f"{info.field_name} does not accept a dict entry")
         return v
 
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The speculative-decoding fields leave a dump while they hold their defaults, so a config without
+        them dumps (and hashes: the Dagster journal key) as before they existed."""
+        out = handler(self)
+        for key, default in SPECULATIVE_DEFAULTS.items():
+            if key in out and out[key] == default:
+                out.pop(key)
+        return out
+
+    @field_validator("speculative_method", mode="before")
+    @classmethod
+    def _one_method(cls, v: Any) -> Any:
+        """One method may be written as a plain string."""
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("speculative_method")
+    @classmethod
+    def _methods(cls, v: list[str]) -> list[str]:
+        return _check_choices("speculative_method", v, presets.SPECULATIVE_METHODS)
+
+    @field_validator("speculative_num_tokens")
+    @classmethod
+    def _draft_tokens(cls, v: list[int]) -> list[int]:
+        return _check_choices("speculative_num_tokens", v, presets.SPECULATIVE_TOKENS)
+
     @field_validator("deployment_mode")
     @classmethod
     def _modes(cls, v: list[str]) -> list[str]:
@@ -248,6 +293,7 @@ class SearchSpace(StrictModel):
             raise ValueError(
                 "kv_bytes_per_token is required when num_g2_blocks > 0 so replay can model KVBM offload"
             )
+        self._check_speculative()
         if "kv_router" in self.router_mode:
             set_fields = [f for f in presets.ADMISSION_FIELDS[:3] if getattr(self, f) is not None]
             if self.no_admission_control:
@@ -258,6 +304,14 @@ class SearchSpace(StrictModel):
                     "with kv_router; remove them or use router_mode: [round_robin]"
                 )
         return self
+
+    def _check_speculative(self) -> None:
+        if self.speculative_on and self.aic_nextn:
+            raise ValueError("aic_nextn pins MTP draft tokens and speculative_method searches them; set one "
+                             "(speculative_method: mtp with speculative_num_tokens: [n] is aic_nextn: n)")
+        if "eagle3" in self.speculative_method and self.speculative_draft_model is None:
+            raise ValueError("speculative_method eagle3 needs speculative_draft_model: the EAGLE-3 draft "
+                             "head's checkpoint (a Hugging Face id or path) the engines load")
 
     def _check_parallel_configs(self) -> None:
         if not self.parallel_configs:
@@ -294,6 +348,12 @@ class SearchSpace(StrictModel):
     @property
     def offload_enabled(self) -> bool:
         return self.num_g2_blocks > 0
+
+    @property
+    def speculative_on(self) -> bool:
+        """Some method other than none with some draft token count above 0 is listed."""
+        methods = any(m != "none" for m in self.speculative_method)
+        return methods and any(k > 0 for k in self.speculative_num_tokens)
 
     def choice_lists(self) -> dict[str, list[Any]]:
         """Every list knob (atomic and composite) by name, in schema order."""

@@ -26,6 +26,8 @@ from spica_pipeline.space.candidate import Candidate
 from spica_pipeline.space.engine import EngineIdentity, KvCapacity
 from spica_pipeline.space.kv_load import resolve_kv_load
 from spica_pipeline.space.plan import DeploymentPlan, build_deployment_plan
+from spica_pipeline.space.speculative import expected_tokens_per_step
+from spica_pipeline.traces import session_records
 
 
 class TimingRef(Protocol):
@@ -135,11 +137,16 @@ def build_replay_call(request: EvalRequest, settings: ReplaySettings, facts: Eng
     context = candidate.context_length or facts.context_length(candidate.model)
     if workload.is_trace:
         facts.check_trace(str(workload.trace_path), context, settings.trace_block_size)
+    elif workload.sessions is not None:
+        if context is not None and workload.sessions.max_history() > context:
+            raise CandidateBuildError(f"workload.sessions reach {workload.sessions.max_history()} tokens of history "
+                                      f"and answer, over the model context length {context}")
     elif context is not None and workload.isl is not None:
         check_context(int(workload.isl), int(workload.osl or 0), int(context))
 
     # 4. per-role engine configs with AIC timing and explicit capacity
-    engines = {role: engine_config(candidate, role, args, context, derived, facts, settings)
+    rates = speculative_rates(candidate, workload, derived)
+    engines = {role: engine_config(candidate, role, args, context, derived, facts, settings, rates)
                for role, args in plan.engine_args().items()}
 
     # 5. replay kwargs
@@ -155,9 +162,14 @@ def build_replay_call(request: EvalRequest, settings: ReplaySettings, facts: Eng
                       num_prefill_workers=plan.num_prefill_workers, num_decode_workers=plan.num_decode_workers)
     kwargs.update(sla_kwargs(sla))
     cap = workload.in_flight_cap(override)
-    if workload.is_trace:
+    if workload.sessions is not None:  # the replay runs each session's turns in order, think time apart
         function = "trace"
-        args: tuple = ([str(workload.trace_path)],)
+        args: tuple = ([session_trace_path(workload, derived, settings, facts)],)
+        kwargs.update(arrival_speedup_ratio=1.0, trace_block_size=int(settings.trace_block_size),
+                      trace_format="mooncake-delta")
+    elif workload.is_trace:
+        function = "trace"
+        args = ([str(workload.trace_path)],)
         kwargs.update(arrival_speedup_ratio=float(workload.arrival_speedup_ratio),
                       trace_block_size=int(settings.trace_block_size), replay_concurrency=cap)
     else:
@@ -226,7 +238,13 @@ def ramped_closed_loop(plan: DeploymentPlan, engines: dict[str, dict[str, Any]],
     first = engines["agg"] if "agg" in engines else engines["prefill"]
     last = engines["agg"] if "agg" in engines else engines["decode"]
     prefill_ms, _ = facts.step_estimators(first["engine"]["timing_model"])
-    _, decode_ms = facts.step_estimators(last["engine"]["timing_model"])
+    _, step_ms = facts.step_estimators(last["engine"]["timing_model"])
+    rates = last["engine"].get("aic_nextn_accept_rates")
+    per_step = expected_tokens_per_step([float(a) for a in rates.split(",")]) if rates else 1.0
+
+    def decode_ms(batch: int, context: int) -> float:  # per output token: a speculative step yields several
+        return step_ms(batch, context) / per_step
+
     ranks = max(1, (plan.num_workers if "agg" in engines else plan.num_decode_workers) * int(last.get("dp_size", 1)))
     batch = min(-(-clients // ranks), int(last["engine"]["max_num_seqs"]))
     cycle = measurement.cycle_estimate_ms(int(workload.isl or 0), int(workload.osl or 0), batch,
@@ -257,6 +275,41 @@ def jittered_trace_path(workload: Workload, derived: dict[str, Any], interval: f
     return facts.write_trace("".join(canonical_json(r) + "\n" for r in records))
 
 
+def speculative_rates(candidate: Candidate, workload: Workload, derived: dict[str, Any]) -> list[float] | None:
+    """The per-position acceptance of a speculating candidate's drafts (workload.speculative_acceptance),
+    recorded in `derived` with the tokens a step yields; None when it does not speculate or (a pinned
+    aic_nextn only) the workload gives none. A searched method without acceptance cannot be replayed."""
+    drafts = candidate.draft_tokens
+    if not drafts:
+        return None
+    try:
+        rates = workload.acceptance_rates(drafts)
+    except ValueError as exc:
+        raise CandidateBuildError(str(exc)) from None
+    if rates is None:
+        if candidate.speculative_method:
+            raise CandidateBuildError("speculative decoding needs workload.speculative_acceptance (the "
+                                      "probability that a draft token is accepted)")
+        return None
+    derived["speculative"] = {"method": candidate.draft_method, "draft_tokens": drafts, "acceptance": rates,
+                              "tokens_per_step": round(expected_tokens_per_step(rates), 6)}
+    return rates
+
+
+def session_trace_path(workload: Workload, derived: dict[str, Any], settings: ReplaySettings,
+                       facts: EngineFacts) -> str:
+    """The Mooncake-delta trace of a sessions workload, seeded by the workload alone (every candidate of a
+    sweep replays the same sessions), stored by the facts."""
+    sessions = workload.sessions
+    assert sessions is not None
+    seed = int(spec_hash(workload.model_dump(mode="json")), 16) % (2 ** 31)
+    records = session_records(**sessions.model_dump(mode="json"), seed=seed,
+                              block_size=int(settings.trace_block_size))
+    derived["sessions"] = {"count": sessions.count, "requests": len(records), "seed": seed}
+    derived["request_count"] = len(records)
+    return facts.write_trace("".join(canonical_json(r) + "\n" for r in records))
+
+
 def engine_identity(candidate: Candidate, role: str, args: dict[str, Any]) -> EngineIdentity:
     """The timing/KV identity of one role's engine (`args`: the plan's engine args of the role)."""
     s, precision = candidate.role(role).shape, candidate.precision
@@ -264,15 +317,17 @@ def engine_identity(candidate: Candidate, role: str, args: dict[str, Any]) -> En
         model=args["aic_model_path"], system=args["aic_system"], backend=args["aic_backend"],
         version=args["aic_backend_version"], tp=s.tp, pp=s.pp, attention_dp=s.attention_dp, moe_tp=s.moe_tp,
         moe_ep=s.moe_ep,
-        nextn=int(args.get("aic_nextn") or 0), weight_dtype=precision.get("weights"),
+        nextn=candidate.draft_tokens, weight_dtype=precision.get("weights"),
         moe_dtype=precision.get("moe"), attention_dtype=precision.get("attention"),
         kv_cache_dtype=precision.get("kv_cache"),
     )
 
 
 def engine_config(candidate: Candidate, role: str, args: dict[str, Any], context: int | None,
-                  derived: dict[str, Any], facts: EngineFacts, settings: ReplaySettings) -> dict[str, Any]:
-    """One role's replay engine config: AIC timing, explicit KV blocks, backend-specific knobs."""
+                  derived: dict[str, Any], facts: EngineFacts, settings: ReplaySettings,
+                  rates: list[float] | None = None) -> dict[str, Any]:
+    """One role's replay engine config: AIC timing, explicit KV blocks, backend-specific knobs, and a
+    decoding role's draft tokens with their acceptance `rates` (None: the replay's own rates)."""
     shape = candidate.role(role).shape
     tp, pp, dp = shape.tp, shape.pp, shape.attention_dp
     identity = engine_identity(candidate, role, args)
@@ -310,9 +365,13 @@ def engine_config(candidate: Candidate, role: str, args: dict[str, Any], context
     }
     if context:
         engine["max_model_len"] = int(context)
-    if args.get("aic_nextn"):  # MTP: the table is timed with nextn draft layers; the replay accepts drafts
-        engine["aic_nextn"] = int(args["aic_nextn"])  # at ai-dynamo-runtime's default acceptance rates
-        derived[f"{role}_mtp_nextn"] = int(args["aic_nextn"])
+    drafts = candidate.draft_tokens
+    if drafts and role != "prefill":  # a decoding engine drafts; its table verifies drafts + 1 tokens a step
+        engine["aic_nextn"] = drafts  # the replay yields 1 + the accepted drafts per step, sampled by `rates`
+        if rates:  # (a pinned aic_nextn without workload.speculative_acceptance: the replay's own rates)
+            engine["aic_nextn_accept_rates"] = ",".join(f"{a:g}" for a in rates)
+        if candidate.aic_nextn:
+            derived[f"{role}_mtp_nextn"] = drafts
     if dp > 1:  # attention-DP ranks: independent schedulers with per-rank KV (replay dp_size)
         derived[f"{role}_attention_dp_ranks"] = dp
     if backend == "sglang":

@@ -38,6 +38,7 @@ METRIC_KEYS: tuple[str, ...] = (
     "completed_requests",
     "goodput_completed_requests",
     "window_counted_requests",  # the steady-state window's requests: what the goodput counts are out of
+    "prefix_cache_reused_ratio",  # prefix-cache hit rate: input tokens served from cache / all input tokens
     *CALIBRATION_KEYS,  # calibrated values and P10-P90 band multipliers (fidelity/apply.py)
 )
 

@@ -26,7 +26,11 @@ Known limits of the NPZ route (what a per-step AIC callback would add):
     high);
 (iii) mixed agg passes are charged prefill + decode, 4-6 % above AIC's fused mixed step;
 (iv) pipeline parallelism is not pipelined: PP changes capacity and GPU count, not pass latency;
-(v) attention-DP ranks are modeled as independent schedulers (`dp_size`) each with this table.
+(v) attention-DP ranks are modeled as independent schedulers (`dp_size`) each with this table;
+(vi) a speculative engine (nextn k > 0) is timed as AIC times it: the draft layers scale the pass
+     ((L + k) / L) and a decode pass verifies k + 1 tokens per request (`verify_width`); the prompt's
+     pass through the draft layers is not charged (AIC scales only its generation ops). The replay then
+     yields the accepted tokens of each step (evaluate/engine_args.py).
 """
 
 import hashlib
@@ -135,6 +139,7 @@ class _AicStep:
         self._model, note = built
         self.fidelity_note: str | None = note
         self._decode_memo: dict[tuple[int, int], float] = {}
+        self._verify = verify_width(identity)
 
     def _est(self, **scheduled: int) -> float:
         return perf_data.estimate_ms(self._model, **scheduled)
@@ -146,7 +151,8 @@ class _AicStep:
         key = (int(batch), int(context))
         value = self._decode_memo.get(key)
         if value is None:  # the clamped grid corners repeat the same (batch, context) many times
-            value = self._est(num_decode_requests=key[0], sum_decode_kv_tokens=key[0] * key[1])
+            rows = key[0] * self._verify  # a speculative step verifies k + 1 tokens of every request
+            value = self._est(num_decode_requests=rows, sum_decode_kv_tokens=rows * key[1])
             self._decode_memo[key] = value
         return value
 
@@ -157,6 +163,15 @@ class _AicStep:
         if w < 1e-9:
             return self.decode(lo, context)
         return (1 - w) * self.decode(lo, context) + w * self.decode(lo + 1, context)
+
+
+def verify_width(identity: EngineIdentity) -> int:
+    """Tokens per request one decode pass runs: 1, or k + 1 for k draft tokens (the target verifies the
+    k drafts and samples one more). aiconfigurator-core's forward-pass estimate scales the draft layers in
+    ((L + k) / L) but takes its decode rows as given, so the table asks for (k + 1) rows per request, each
+    over the request's context: AIC's own static generation step (EngineHandle.decode_step_latency with
+    nextn k) is exactly that pass."""
+    return int(identity.nextn or 0) + 1
 
 
 def timing_grid() -> list[float]:
@@ -200,8 +215,9 @@ def timing_table(identity: EngineIdentity, *, max_num_batched_tokens: int = 8192
     Tables span at least `PREFILL_MIN_TOP` tokens so the searched chunk budgets share one table.
     """
     top = max(int(max_num_batched_tokens), PREFILL_MIN_TOP)
+    verify = {"verify_width": verify_width(identity)} if identity.nextn else {}  # keys without drafts unchanged
     key = _digest("timing", {**asdict(identity), "prefill_top": top, "grid": timing_grid(),
-                             "gemm_data": gemm_data_key(identity)})
+                             "gemm_data": gemm_data_key(identity), **verify})
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     path = root / "timing" / f"{key}.npz"
     meta = path.with_suffix(".json")

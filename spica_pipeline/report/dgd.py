@@ -54,6 +54,8 @@ _COMPONENT_NAMES = {
 # vLLM and `fp8_e4m3` in SGLang. Other modes come from the checkpoint's own quantization config, so no
 # flag is written for them (the simulation record still names them).
 QUANTIZATION_FLAGS = {"fp8": "fp8"}
+# speculative method -> SGLang's --speculative-algorithm (NEXTN runs the checkpoint's MTP layers)
+_SGLANG_SPECULATIVE = {"mtp": "NEXTN", "eagle3": "EAGLE3"}
 KV_CACHE_DTYPE_FLAGS = {"vllm": {"fp8": "fp8"}, "sglang": {"fp8": "fp8_e4m3"}}
 
 
@@ -106,6 +108,11 @@ def vllm_args(c: Candidate, role: Role) -> list[str]:
     if role.name != "agg":
         args += ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})]
     args += _precision_args(c)
+    if c.draft_method:  # every role: a disaggregated pair must agree on the draft layers' KV
+        spec: dict[str, Any] = {"method": c.draft_method, "num_speculative_tokens": c.draft_tokens}
+        if c.draft_method == "eagle3":
+            spec["model"] = c.speculative_draft_model
+        args += ["--speculative-config", json.dumps(spec)]
     return args
 
 
@@ -126,6 +133,12 @@ def sglang_args(c: Candidate, role: Role) -> list[str]:
     if role.name != "agg":
         args += ["--disaggregation-mode", role.name, "--disaggregation-transfer-backend", "nixl"]
     args += _precision_args(c)
+    if c.draft_method:  # a chain of k drafts (top-k 1) verified as k + 1 tokens, as the replay models it
+        args += ["--speculative-algorithm", _SGLANG_SPECULATIVE[c.draft_method]]
+        if c.draft_method == "eagle3":
+            args += ["--speculative-draft-model-path", str(c.speculative_draft_model)]
+        args += ["--speculative-num-steps", str(c.draft_tokens), "--speculative-eagle-topk", "1",
+                 "--speculative-num-draft-tokens", str(c.draft_tokens + 1)]
     return args
 
 

@@ -56,6 +56,19 @@ def _quality(c: Any) -> list[str]:
             _pct(router_spread_pct(c), signed=True)]
 
 
+def _has_prefix_hits(candidates: Any) -> bool:
+    """Whether any candidate served input from its prefix cache (the column is shown only then)."""
+    return any((c.metrics.get("prefix_cache_reused_ratio") or 0) > 0 for c in candidates)
+
+
+def _prefix_hit(c: Any, shown: bool) -> list[str]:
+    """The prefix-cache hit rate cell (its header for c None): input tokens served from the prefix cache
+    over all input tokens of the replay, where the KV router's worth shows."""
+    if not shown:
+        return []
+    return ["prefix hit"] if c is None else [_pct(c.metrics.get("prefix_cache_reused_ratio"))]
+
+
 def _range(v: float | None, band: tuple[float, float] | None) -> str:
     if v is None or band is None:
         return "–"
@@ -196,14 +209,15 @@ def render_report(
         lines += [f"## Pareto front (all {len(merge.candidates)} non-dominated points, ascending by "
                   f"{merge.objectives[-1]})", ""]
         rows = []
+        hits = _has_prefix_hits(merge.candidates)
         for c in merge.candidates:
             rank = merge.rank_of(c)
             mark = " ★" if rec is not None and c is rec[0] else ""
             rows.append([f"{rank}{mark}", c.branch, *[_num((c.objectives or {}).get(o)) for o in merge.objectives],
-                         c.used_gpus, *_quality(c), *_bands(c, merge.target)[:2],
+                         c.used_gpus, *_quality(c), *_prefix_hit(c, hits), *_bands(c, merge.target)[:2],
                          describe_candidate(c, merge.target, with_value=False)])
-        lines += _table(["rank", "branch", *merge.objectives, "GPUs", *QUALITY_HEADER, *BAND_HEADER[:2],
-                         "configuration"], rows)
+        lines += _table(["rank", "branch", *merge.objectives, "GPUs", *QUALITY_HEADER, *_prefix_hit(None, hits),
+                         *BAND_HEADER[:2], "configuration"], rows)
         lines += ["", "rank = `deploy/<rank>/`; ★ = the recommended point. " + QUALITY_NOTE + " " + BAND_NOTE]
         lines += ["", f"Hypervolume: {merge.hypervolume:.6g} (reference point {tuple(round(r, 6) for r in merge.reference or ())};"
                   " origin for maximised objectives, 1.1 x worst observed for minimised ones)", ""]
@@ -211,14 +225,15 @@ def render_report(
         lines += [f"## Ranked candidates (top {min(TOP_RANKED, len(merge.candidates))} of {len(merge.candidates)})", ""]
         rows = []
         fleet = merge.target == "min_gpus" and any("fleet_gpus" in c.metrics for c in merge.candidates)
+        hits = _has_prefix_hits(merge.candidates[:TOP_RANKED])
         for i, c in enumerate(merge.candidates[:TOP_RANKED], 1):
             per_user, per_gpu = plot_axes(c)
             extra = [_num(c.metrics.get("fleet_gpus"))] if fleet else []
             rows.append([i, c.branch, fmt_value(goal_value(c, merge.target), merge.target), c.used_gpus, *extra,
-                         _num(per_gpu), _num(per_user), *_quality(c), *_bands(c, merge.target),
+                         _num(per_gpu), _num(per_user), *_quality(c), *_prefix_hit(c, hits), *_bands(c, merge.target),
                          describe_candidate(c, merge.target, with_value=False)])
         lines += _table(["#", "branch", merge.target, "GPUs", *(["fleet GPUs"] if fleet else []), "tok/s/GPU",
-                         "tok/s/user", *QUALITY_HEADER, *BAND_HEADER, "configuration"], rows)
+                         "tok/s/user", *QUALITY_HEADER, *_prefix_hit(None, hits), *BAND_HEADER, "configuration"], rows)
         lines += ["", "# = `deploy/<rank>/`. " + QUALITY_NOTE + " " + BAND_NOTE, ""]
 
     shown = merge.candidates if merge.is_pareto else merge.candidates[:TOP_RANKED]

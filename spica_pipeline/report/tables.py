@@ -149,6 +149,8 @@ def describe_candidate(
         parts.append("precision " + " ".join(f"{k}={v}" for k, v in precision.items()))
     if cfg.get("aic_nextn"):
         parts.append(f"MTP nextn {cfg['aic_nextn']}")
+    if cfg.get("speculative_method"):
+        parts.append(f"{cfg['speculative_method']} {cfg.get('speculative_num_tokens')} draft tokens")
     parts += [describe_router(cfg), describe_planner(cfg)]
     for k in ("concurrency", "kv_load_ratio"):
         if cfg.get(k) is not None:

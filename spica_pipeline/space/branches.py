@@ -2,7 +2,8 @@
 
 A branch holds the legal parallel pool (with the backends that can run each config), the searched
 knobs that still matter in that mode (dependent knobs pruned: router sub-knobs under round-robin
-only, planner sub-knobs when every policy is static, cache-hit weights without G2 offload), and
+only, planner sub-knobs when every policy is static, cache-hit weights without G2 offload, speculative
+methods the model cannot run, with the reason as a warning), and
 the workload's kv_load_ratio as a float range or a constant. Backends replay cannot run, or with
 no perf DB / no viable shape, are dropped with a warning; no viable branch at all is an error.
 Pinned parallel_configs are not enumerated: each pin is read (in the canonical keys or the engine's
@@ -30,6 +31,7 @@ from spica_pipeline.space.perf_data import check_timing, is_missing_data
 from spica_pipeline.space.pins import PinContext, check_pins
 from spica_pipeline.space.policies import is_static
 from spica_pipeline.space.shapes import ParallelConfig, parallel_config_from_dict
+from spica_pipeline.space.speculative import speculative_choices
 
 # Dynamo replay rejects TRT-LLM disaggregation.
 REPLAY_INCOMPATIBLE = {"disagg": ("trtllm",)}
@@ -48,7 +50,7 @@ class BranchSpace:
     """Everything one per-branch study searches over.
 
     supported_backends[i] are the backends that can run parallel_configs[i]; knob_choices keeps
-    the order router, planner, engine, backend, kv_load_ratio; diagnostics is JSON-able
+    the order router, planner, engine, backend, speculative decoding, kv_load_ratio; diagnostics is JSON-able
     ({backend: EnumerationDiagnostics.to_dict() or {"error": message}}).
     """
 
@@ -150,6 +152,7 @@ def knob_choices_for(
     for name in ENGINE_KNOBS[mode]:
         knobs[name] = list(getattr(space, name))
     knobs["backend"] = list(viable_backends)
+    knobs.update(speculative_choices(space).knobs())  # method and draft tokens, when the model can speculate
     float_ranges: dict[str, tuple[float, float]] = {}
     if isinstance(kv_load_ratio, (list, tuple)):
         float_ranges["kv_load_ratio"] = (float(kv_load_ratio[0]), float(kv_load_ratio[1]))
@@ -287,6 +290,7 @@ def enumerate_branches(config: Any) -> BranchEnumeration:
     why_not: list[str] = []  # per mode/backend: the pruning reasons, for the refusal below
     quant = quant_modes(space.precision.sample_fields()) if space.precision is not None else None
     timing_verdicts: dict[str, PerfModelError | None] = {}  # backend -> why AIC cannot time it (once)
+    warnings.extend(speculative_choices(space).warnings())
 
     for mode in dict.fromkeys(space.deployment_mode):
         excluded = [b for b in space.backend if b in REPLAY_INCOMPATIBLE.get(mode, ())]

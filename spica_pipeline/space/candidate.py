@@ -2,7 +2,8 @@
 
 Per role (agg, or prefill and decode) its parallel shape with its replica count and its engine
 arguments; the router and its knobs; the planner (None when static); the search space's pinned
-scalars (budgets, context length, startup time, MTP draft layers, host offload); the precision;
+scalars (budgets, context length, startup time, MTP draft layers, host offload); speculative decoding
+when searched (method and draft tokens); the precision;
 and, once the sweep resolves them, the perf-database version and the load it is replayed at.
 
 `Candidate.to_dict()` is its one flat serialisation: agg shape fields unprefixed (`tp`), disagg ones
@@ -182,6 +183,8 @@ OFFLOAD_FIELDS = tuple(f.name for f in fields(HostOffload))
 # the scalars every flat candidate carries, None or not, in their flat order
 PINNED_SCALARS = ("gpu_budget", "min_gpu_budget", "min_endpoint", "context_length", "startup_time",
                   "aic_nextn")
+# speculative decoding: in the flat form only when on
+SPECULATIVE_FIELDS = ("speculative_method", "speculative_num_tokens", "speculative_draft_model")
 
 
 @dataclass(frozen=True)
@@ -212,6 +215,11 @@ class Candidate:
     startup_time: float | None = None
     aic_nextn: int | None = None
     offload: HostOffload = field(default_factory=HostOffload)
+    # speculative decoding searched: the method (mtp, eagle3) and its draft tokens per step; both None
+    # when off (a method with 0 tokens is off), and then absent from the flat form
+    speculative_method: str | None = None
+    speculative_num_tokens: int | None = None
+    speculative_draft_model: str | None = None  # the EAGLE-3 draft head's checkpoint
     backend_version: str | None = None
     concurrency: int | None = None
     kv_load_ratio: float | None = None
@@ -251,6 +259,18 @@ class Candidate:
     def is_static(self) -> bool:
         return self.planner is None
 
+    @property
+    def draft_tokens(self) -> int:
+        """Draft tokens per decode step: the searched speculative count, else the pinned aic_nextn, else 0."""
+        return int(self.speculative_num_tokens or self.aic_nextn or 0)
+
+    @property
+    def draft_method(self) -> str | None:
+        """'mtp' or 'eagle3' while speculating (a pinned aic_nextn is MTP), None otherwise."""
+        if self.speculative_method:
+            return self.speculative_method
+        return "mtp" if self.aic_nextn else None
+
     def quant_modes(self) -> tuple[str | None, str | None, str | None, str | None]:
         """(gemm, moe, kvcache, fmha) quant modes, as AIC's KV estimator names them."""
         p = self.precision
@@ -264,6 +284,7 @@ class Candidate:
                                "model_name": self.model, "hardware_sku": self.system}
         for key in PINNED_SCALARS:
             out[key] = getattr(self, key)
+        out.update({k: v for k in SPECULATIVE_FIELDS if (v := getattr(self, k)) is not None})
         for key in OFFLOAD_FIELDS:
             out[key] = getattr(self.offload, key)
         out.update({f"{PRECISION_PREFIX}{k}": self.precision[k]
@@ -327,6 +348,7 @@ class Candidate:
             precision={k: str(d[f"{PRECISION_PREFIX}{k}"]) for k in PRECISION_FIELDS
                        if d.get(f"{PRECISION_PREFIX}{k}")},
             **{k: d.get(k) for k in PINNED_SCALARS},
+            **{k: d.get(k) for k in SPECULATIVE_FIELDS},
             offload=HostOffload(**{k: d.get(k) for k in OFFLOAD_FIELDS}),
             backend_version=d.get("backend_version"), concurrency=d.get("concurrency"),
             kv_load_ratio=d.get("kv_load_ratio"),
@@ -468,6 +490,7 @@ def build_candidate(
         pinned = {k: getattr(space, f"{name}_{k}") for k in ENGINE_FIELDS if k not in SEARCHED_ENGINE_FIELDS}
         roles.append(Role(name, shape, EngineArgs(**searched, **pinned)))
     entry = _pick(space, selection, "planner_scaling_policy")
+    method, tokens = _speculative(selection)
     return Candidate(
         model=space.model_name, system=space.hardware_sku, backend=backend, roles=tuple(roles),
         router=_router(space, selection), scaling_policy=dict(entry) if isinstance(entry, dict) else entry,
@@ -477,7 +500,18 @@ def build_candidate(
                    if v is not None},
         **{k: getattr(space, k) for k in PINNED_SCALARS},
         offload=HostOffload(**{k: getattr(space, k) for k in OFFLOAD_FIELDS}),
+        speculative_method=method, speculative_num_tokens=tokens,
+        speculative_draft_model=space.speculative_draft_model if method == "eagle3" else None,
     )
+
+
+def _speculative(selection: Mapping[str, Any]) -> tuple[str | None, int | None]:
+    """(method, draft tokens) of a selection, (None, None) when off. Only the selection says: the branch
+    leaves the knobs out where the model cannot speculate (space/branches.speculative_choices)."""
+    method, tokens = selection.get("speculative_method"), selection.get("speculative_num_tokens")
+    if method in (None, "none") or tokens is None or int(tokens) <= 0:
+        return None, None
+    return str(method), int(tokens)
 
 
 # ---- KV-router repeats ------------------------------------------------------------------------

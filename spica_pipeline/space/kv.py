@@ -1,16 +1,19 @@
 """Per-rank KV-cache capacity from AI Configurator's memory estimator, memoised in-process.
 
 `total_kv_size_tokens` is the capacity of one attention-DP rank (each GPU of a TP group holds 1/TP
-of every token), so a role's capacity is per-rank tokens x attention_dp x replicas.
+of every token), so a role's capacity is per-rank tokens x attention_dp x replicas. A speculative engine
+(nextn > 0) also holds its draft layers' weights and KV (`with_draft_layers`).
 """
 
+import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache, wraps
 from typing import Callable, ParamSpec
 
 from spica_pipeline.errors import InfeasibleKVCapacity, one_line
-from spica_pipeline.space.model_hw import QuietAIC
+from spica_pipeline.space.model_hw import QuietAIC, model_facts
+from spica_pipeline.space.speculative import draft_kv_layers
 
 P = ParamSpec("P")
 
@@ -87,7 +90,33 @@ def _estimate(model_name, hardware_sku, backend, backend_version, shape, max_num
                 f"no KV budget for backend={backend}, shape=tp{tp}/pp{pp}/dp{dp}/moe_tp{moe_tp}/moe_ep{moe_ep}{why}"
             ) from None
         raise
-    return int(result["total_kv_size_tokens"]), int(result["kv_size_per_token_bytes"])
+    tokens, per_token = int(result["total_kv_size_tokens"]), int(result["kv_size_per_token_bytes"])
+    if nextn:
+        weights = (result.get("memory_breakdown") or {}).get("weights_bytes")
+        tokens, per_token = with_draft_layers(model_name, nextn, int(result["total_kv_size_bytes"]), per_token,
+                                              int(weights or 0))
+        if tokens <= 0:
+            raise InfeasibleKVCapacity(f"no KV budget for backend={backend}, shape=tp{tp}/pp{pp}/dp{dp}/"
+                                       f"moe_tp{moe_tp}/moe_ep{moe_ep} once the draft layers of {nextn} draft "
+                                       "tokens take their weights and KV")
+    return tokens, per_token
+
+
+def with_draft_layers(model_name: str, draft_tokens: int, kv_bytes: int, bytes_per_token: int,
+                      weights_bytes: int) -> tuple[int, int]:
+    """(KV tokens, KV bytes per token) per rank once a speculative engine's draft layers are in.
+
+    aiconfigurator-core's estimate leaves them out ("the draft module's marginal weight/KV cost is not
+    separately modeled"); an engine keeps draft KV for every token (SGLang: one draft slot per target
+    token) and holds the draft weights. Each of the d draft layers is taken as one of the model's L layers:
+    KV per token x (L + d) / L, and d / L of the weights come out of the KV budget."""
+    layers = model_facts(model_name).num_layers
+    draft = draft_kv_layers(model_name, draft_tokens)
+    if layers <= 0 or draft <= 0 or bytes_per_token <= 0:
+        return kv_bytes // max(1, bytes_per_token), bytes_per_token
+    per_token = math.ceil(bytes_per_token * (layers + draft) / layers)
+    budget = kv_bytes - weights_bytes * draft / layers
+    return (int(budget // per_token) if budget > 0 else 0), per_token
 
 
 @dataclass(frozen=True)
