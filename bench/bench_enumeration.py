@@ -9,7 +9,7 @@ both columns come from the same machine in the same run.
 The machine is shared, so each cold time is the best of --cold-runs fresh processes, baseline and this
 checkout alternating.
 
-    .venv/bin/python bench/bench_enumeration.py [--baseline REV] [--cold-runs 3] [--repeats 5] [--spaces examples,moe64]
+    .venv/bin/python bench/bench_enumeration.py [--baseline REV] [--cold-runs 5] [--repeats 5] [--spaces examples,moe64]
 """
 
 import argparse
@@ -86,7 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", default=BASELINE, help="git revision to compare with")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--cold-runs", type=int, default=3, help="fresh processes per side; the best counts")
+    parser.add_argument("--cold-runs", type=int, default=5, help="fresh processes per side; the best counts")
     parser.add_argument("--spaces", default="examples,moe64")
     args = parser.parse_args()
     rev = subprocess.run(["git", "rev-parse", "--short", args.baseline], cwd=ROOT, capture_output=True,

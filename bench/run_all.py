@@ -68,6 +68,8 @@ BENCHES: dict[str, Bench] = {
                        HOUR),
     "enumeration": Bench("bench_enumeration.py", Mode((), "enumeration.json"),
                          Mode(("--repeats", "2"), "enumeration_quick.json"), HOUR),
+    "coverage": Bench("bench_coverage.py", Mode((), "coverage.json", "--out"), Mode((), "coverage.json", "--out"),
+                      HOUR),
     "load_predictor": Bench("bench_load_predictor.py", Mode((), "load_predictor.json"),
                             Mode((), "load_predictor.json"), HOUR),
     "replay_memory": Bench("bench_replay_memory.py", Mode((), "replay_memory.json", "--json"),

@@ -421,14 +421,20 @@ def check_pins(pins: Iterable[Mapping[str, Any]], ctx: PinContext, backends: Seq
         accepted = [v for v in here if v.accepted]
         for note in dict.fromkeys(n for v in here for n in v.notes):
             warnings.append(f"smart-sweep: parallel_configs[{index}]: {note}")
+        if not here:
+            raise PinRefused(f"search_space.parallel_configs[{index}] is written in one engine's words, and no "
+                             f"configured backend with a perf database is that engine (checked: {list(backends)})",
+                             "backend")
         if not accepted:
             # the verdict that got furthest through the rules is the one to act on
-            best = max(here, key=lambda v: PIN_RULES.index(v.rule) if v.rule in PIN_RULES else -1, default=None)
-            nearest = nearest_accepted(best.config, ctx, best.backend) if best and best.config else None
+            best = max(here, key=lambda v: PIN_RULES.index(v.rule) if v.rule in PIN_RULES else -1)
+            nearest = nearest_accepted(best.config, ctx, best.backend) if best.config is not None else None
             text = _refusal_text(index, entry, here)
             if nearest is not None:
-                text += f"; nearest accepted: {config_label(nearest)} on {best.backend}"  # type: ignore[union-attr]
-            raise PinRefused(text, best.rule if best and best.rule else "shape", nearest)
+                text += f"; nearest accepted: {config_label(nearest)} on {best.backend}"
+            elif best.config is not None:
+                text += f"; no nearby shape within gpu_budget {ctx.budget} passes every rule on {best.backend}"
+            raise PinRefused(text, best.rule or "shape", nearest)
         for v in accepted:
             assert v.config is not None
             support.setdefault(v.config, [])
