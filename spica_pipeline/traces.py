@@ -5,8 +5,9 @@ is checked here first; each problem raises `TraceError` with `<path>:<line>: <re
 `<path>: <reason>` for file-level problems) so one bad line never costs a sweep.
 
 Sessions: a line with a `session_id` is one turn of that session; the replay sends a session's turns in
-file order, each when the previous one has been answered plus its `delay` (ms, the think time), and a
-turn's blocks that repeat earlier ones are a shared prefix (`hash_ids`). `session_records` writes
+file order, each when the previous one has been answered plus its `delay` (ms, the think time; without
+one, the gap between the two turns' timestamps), and a turn's blocks that repeat earlier ones are a
+shared prefix (`hash_ids`). `session_records` writes
 `workload.sessions` in the Mooncake-delta form, where each turn gives only its new tokens and the replay
 prepends the session's history (every earlier input and answer).
 """
