@@ -67,3 +67,33 @@ def test_draws_judge_each_campaign_on_the_rows_not_drawn():
     assert own.own_draws(campaigns, 3, None, "ttft", draws=5) == held  # seeded
     bands = own.own_bands([r for rows in campaigns.values() for r in rows], None)
     assert set(bands) == {"1", "3"} and bands["3"]["ttft"][0] < 0 < bands["3"]["ttft"][1]
+
+
+def test_the_own_correction_follows_load_within_its_bounds():
+    # silicon / replay grows 5 % per doubling of the concurrency per engine: the slope shows, shrunk towards 0
+    mine = [{**row(i, ratio=2.0 * 1.05 ** i, c=2 ** i), "silicon": {"ttft": 200.0 * 1.05 ** i, "tpot": 20.0 * 1.05 ** i}}
+            for i in range(1, 7)]
+    p = own.fit_own(mine, base=None, fitted="d", source="t")
+    slope = p["slices"]["h200_sxm/vllm/tpot"]["own_slope"]
+    assert 0.0 < slope < math.log(1.05)  # shrunk, same sign
+    cal = calibrate({"mean_ttft_ms": 100.0, "mean_tpot_ms": 10.0}, p, system="h200_sxm", backend="vllm",
+                    concurrency=64.0, client={"ttft": 100.0, "tpot": 10.0})
+    # at the highest load: nearer what was measured there than the median factor alone (shrunk: a little under)
+    assert 20.0 * 1.05 ** 3.5 < cal["calibrated_mean_tpot_ms"] < 20.0 * 1.05 ** 6
+    # one point, or points at one load: no slope; a steep trend is held within OWN_MAX_SLOPE
+    assert own.own_fit([(3.0, 0.2)], "tpot") == (0.2, 0.0)
+    assert own.own_fit([(3.0, 0.2), (3.0, 0.4)], "tpot") == (pytest.approx(0.3), 0.0)
+    a, b = own.own_fit([(float(x), x * 1.0) for x in range(8)], "ttft")
+    assert b == own.OWN_MAX_SLOPE
+
+
+def test_an_own_profile_on_a_base_carries_the_base_for_everything_else():
+    b = base()
+    p = own.fit_own([row(i, "new", ratio=3.0) for i in range(3)], base=b, fitted="d", source="t",
+                    precision={"weights": "fp8"}, base_sha256="abc")
+    assert p["slices"]["h200_sxm/vllm/ttft"]["correction"] == "own"
+    assert {k: v for k, v in p["slices"].items() if k != "h200_sxm/vllm/ttft" and k != "h200_sxm/vllm/tpot"} == \
+        {k: v for k, v in b["slices"].items() if k != "h200_sxm/vllm/ttft" and k != "h200_sxm/vllm/tpot"}
+    assert p["own"]["precision"] == {"weights": "fp8"} and p["own"]["base"]["sha256"] == "abc"
+    assert [m["id"] for m in p["own"]["measurements"]] == [f"new-c1-{i}" for i in range(3)]
+    assert "own_bands" not in p and validate(p) is p

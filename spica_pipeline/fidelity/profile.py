@@ -22,10 +22,17 @@ one from bench records, `apply.py` applies one to a replay's report. The JSON ob
   measurements (fidelity/own.py), measured on the calibration split;
 * "fixed_lengths" (optional): a profile for benchmark clients that send exactly the workload's lengths,
   replayed so (`uses_fixed_lengths`), with no "fixed_lengths" of its own;
+* "own" (optional): the profile was fitted on a model's own measurements (fidelity/own.py, `spica calibrate`):
+  {"model", "system", "backend", "precision" ({field: mode}, empty for the checkpoint's own), "rows", "factors",
+  "leave_one_out", "measurements", "base"}; it corrects that (model, system, backend, precision) only, and a sweep
+  of another model, system or precision refuses it (`own_mismatch`);
 * "format" 6, 5 (profile-wide terms and overheads) or 2 (5 without "overhead_ms"); "method", "method_name", "fitted", "source", "rows_used",
   "band_method", "provenance": how it was fitted, for people (lookups never read them).
 
-A missing or corrupt file is a ConfigError naming the path (exit 2). Each packaged profile's one held-out
+`auto` is the packaged profile, unless the profile directory (`profile_dir`: $SPICA_PROFILE_DIR, else
+$XDG_CONFIG_HOME/spica/profiles, else ~/.config/spica/profiles) holds an own profile of the sweep's model, system,
+precision and one of its backends (`find_own_profile`): that one wins. A missing or corrupt file is a ConfigError
+naming the path (exit 2). Each packaged profile's one held-out
 check (its errors on models it was never fitted on) is recorded in data/heldout_checks.json by
 bench/record_heldout_check.py, keyed by the profile file's digest: a changed file has no check.
 """
@@ -33,7 +40,8 @@ bench/record_heldout_check.py, keyed by the profile file's digest: a changed fil
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -54,6 +62,8 @@ BAND_LEVELS = ("backend", "phase")
 PACKAGED = Path(__file__).resolve().parent / "data" / "replay-v16.json"
 HELDOUT_CHECKS = PACKAGED.parent / "heldout_checks.json"
 RAW = "none"  # the held-out check of uncalibrated sweep numbers (`evaluation.calibration: none`)
+OWN = "own"
+PROFILE_DIR_ENV = "SPICA_PROFILE_DIR"
 
 
 class ProfileError(ValueError):
@@ -89,6 +99,7 @@ def validate(profile: Any) -> dict[str, Any]:
     _check_overhead(profile.get("overhead_ms"), fmt)
     _check_band_method(profile.get("band_method"))
     _check_own_bands(profile.get("own_bands"))
+    _check_own(profile.get(OWN))
     fixed = profile.get(FIXED_LENGTHS)
     if fixed is not None:
         if not isinstance(fixed, dict) or FIXED_LENGTHS in fixed:
@@ -183,6 +194,22 @@ def _check_own_bands(own: Any) -> None:
                 raise ProfileError(f"own_bands.{k}.{phase} must be [lo, hi] with lo <= hi, got {b!r}")
 
 
+def _check_own(own: Any) -> None:
+    if own is None:
+        return
+    if not isinstance(own, dict):
+        raise ProfileError(f"{OWN} must be an object, got {own!r}")
+    for key in ("model", "system", "backend"):
+        if not isinstance(own.get(key), str) or not own[key]:
+            raise ProfileError(f"{OWN}.{key} must be a name, got {own.get(key)!r}")
+    rows = own.get("rows")
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+        raise ProfileError(f"{OWN}.rows must be a row count >= 1, got {rows!r}")
+    precision = own.get("precision", {})
+    if not isinstance(precision, dict) or not all(isinstance(v, str) for v in precision.values()):
+        raise ProfileError(f"{OWN}.precision must map precision fields to modes, got {precision!r}")
+
+
 def replay_basis(profile: Mapping[str, Any], phase: str) -> str:
     """Which replay a profile corrects for one phase (REPLAYS)."""
     return str((profile.get("replay") or {}).get(phase, "sweep"))
@@ -251,10 +278,12 @@ def load_profile(setting: str | None) -> tuple[dict[str, Any] | None, str | None
 def heldout_check(setting: str | None, checks: Path = HELDOUT_CHECKS,
                   client_lengths: str | None = None) -> dict[str, Any] | None:
     """The recorded held-out check of the profile `setting` resolves to (`none`: the raw sweep replay's), or
-    None when that exact file was never checked (a user profile, an edited copy). With `client_lengths`
-    'fixed', the backends the profile's fixed-length factors serve are left out: the check measured the main
-    factors on spread-client rows, and no held-out row has a fixed-length client, so those backends' numbers
-    are "not measured" rather than another factor's errors."""
+    None when that exact file was never checked (a user profile, an edited copy). An own profile has no held-out
+    rows: its check is what it knows of itself under "own" (`own_summary`: its rows and their leave-one-out
+    errors), beside its base's held-out check for the other backends (the corrections it carries for them).
+    With `client_lengths` 'fixed', the backends the profile's fixed-length factors serve are left out: the check
+    measured the main factors on spread-client rows, and no held-out row has a fixed-length client, so those
+    backends' numbers are "not measured" rather than another factor's errors."""
     try:
         recorded = json.loads(checks.read_text())["checks"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -262,6 +291,9 @@ def heldout_check(setting: str | None, checks: Path = HELDOUT_CHECKS,
     if resolve(setting) is None:
         return recorded.get(RAW)
     profile, digest = load_profile(setting)
+    own = own_of(profile)
+    if own is not None and profile is not None:
+        return _own_check(profile, str(resolve(setting)), recorded)
     check = recorded.get(digest or "")
     if check is None or profile is None or client_lengths != "fixed":
         return check
@@ -272,3 +304,96 @@ def heldout_check(setting: str | None, checks: Path = HELDOUT_CHECKS,
             "which no held-out row measures (no held-out model was measured by a fixed-length client; their "
             "leave-one-model-out errors are in docs/fidelity.md)") if left else None
     return {**check, "by_backend": kept, **({"note": note} if note else {})}
+
+
+def _own_check(profile: Mapping[str, Any], name: str, recorded: Mapping[str, Any]) -> dict[str, Any]:
+    own = own_of(profile) or {}
+    base = recorded.get(str((own.get("base") or {}).get("sha256"))) or {}
+    others = {b: v for b, v in (base.get("by_backend") or {}).items() if b != own.get("backend")}
+    kept = {k: v for k, v in base.items() if k not in ("by_backend", "profile", "all", "band_coverage")}
+    return {**kept, "profile": name, "base_profile": base.get("profile"), "by_backend": others,
+            OWN: own_summary(profile, name)}
+
+
+# ---- own profiles: the profile directory, `auto`'s lookup, and the sweep they belong to ----------------
+
+def profile_dir() -> Path:
+    """Where `auto` looks for own profiles: $SPICA_PROFILE_DIR, else $XDG_CONFIG_HOME/spica/profiles, else
+    ~/.config/spica/profiles."""
+    given = os.environ.get(PROFILE_DIR_ENV)
+    if given:
+        return Path(given).expanduser()
+    config_home = os.environ.get("XDG_CONFIG_HOME")
+    return (Path(config_home).expanduser() if config_home else Path.home() / ".config") / "spica" / "profiles"
+
+
+def own_of(profile: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The profile's "own" section (it was fitted on a model's own measurements), or None."""
+    own = (profile or {}).get(OWN)
+    return own if isinstance(own, Mapping) else None
+
+
+def deployment_text(model: object, system: object, precision: Mapping[str, Any] | None,
+                    backend: object = None) -> str:
+    """`model on system[ with backend][, precision weights fp8]` (the checkpoint's own precision unnamed)."""
+    text = f"{model} on {system}" + (f" with {backend}" if backend else "")
+    if precision:
+        text += ", precision " + ", ".join(f"{k} {v}" for k, v in sorted(precision.items()))
+    return text
+
+
+def own_mismatch(profile: Mapping[str, Any] | None, *, model: str, system: str,
+                 precision: Mapping[str, str]) -> str | None:
+    """Why an own profile does not belong to a sweep of (model, system, precision), naming both; None when it does
+    (or the profile is not an own one). The backend may differ: its candidates read the base corrections."""
+    own = own_of(profile)
+    if own is None:
+        return None
+    theirs = dict(own.get("precision") or {})
+    if own["model"] == model and own["system"] == system and theirs == dict(precision):
+        return None
+    return (f"is the own profile of {deployment_text(own['model'], own['system'], theirs, own['backend'])}, "
+            f"and this sweep is {deployment_text(model, system, precision)}: fit one on this model's measurements "
+            "with `spica calibrate`, or use `auto`")
+
+
+def find_own_profile(*, model: str, system: str, backends: Sequence[str], precision: Mapping[str, str],
+                     directory: Path | None = None) -> tuple[Path | None, list[str]]:
+    """(the own profile `auto` uses for a sweep, notes): in `directory` (profile_dir()), the *.json own profiles of
+    the sweep's model, system and precision whose backend it searches; the first searched backend that has one
+    wins, the newest fit of it (its "fitted", then the file name). A sweep reads one profile, so own profiles of
+    its other backends are named in the notes and not used; files that are not valid profiles are named too."""
+    where = profile_dir() if directory is None else directory
+    if not where.is_dir():
+        return None, []
+    found: dict[str, list[tuple[str, str, Path]]] = {}
+    notes: list[str] = []
+    for path in sorted(where.glob("*.json")):
+        try:
+            profile, _ = load_profile(str(path))
+        except ConfigError as err:
+            notes.append(f"{path} is skipped: {err}")
+            continue
+        own = own_of(profile)
+        if own is None or own_mismatch(profile, model=model, system=system, precision=precision) is not None:
+            continue
+        if own["backend"] in backends:
+            found.setdefault(str(own["backend"]), []).append((str((profile or {}).get("fitted", "")), path.name, path))
+    chosen = next((b for b in backends if b in found), None)
+    if chosen is None:
+        return None, notes
+    path = max(found[chosen])[2]
+    notes += [f"own profile {max(found[b])[2]} ({b}) is not used: a sweep reads one profile, and {path} ({chosen}) "
+              f"comes first in search_space.backend; sweep {b} apart to use it" for b in found if b != chosen]
+    return path, notes
+
+
+def own_summary(profile: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """What a report says of an own profile: its file, the deployment, rows, factors, leave-one-out errors and the
+    band its own entries carry (log P10 / P90 per phase)."""
+    own = own_of(profile) or {}
+    key = f"{own.get('system')}/{own.get('backend')}"
+    return {"profile": name, "kind": OWN, "fitted": profile.get("fitted"),
+            **{k: own.get(k) for k in ("model", "system", "backend", "precision", "rows", "factors", "leave_one_out",
+                                       "base")},
+            "band": {p: (profile["slices"].get(f"{key}/{p}") or {}).get("band") for p in PHASES}}
