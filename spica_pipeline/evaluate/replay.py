@@ -236,7 +236,6 @@ class ReplayEvaluator(BaseModel, Evaluator):
         fixed = uses_fixed_lengths(profile, (request.context or {}).get("client_lengths"), backend)
         client_request = measurement.benchmark_client_request(request, fixed_lengths=fixed)
         derived: dict[str, Any] = {}
-        started = time.perf_counter()
         try:
             client_call = self.prepare(client_request, derived)
             summary, _ = self._run(client_call, client_request)
@@ -247,8 +246,7 @@ class ReplayEvaluator(BaseModel, Evaluator):
         call.derived["benchmark_client"] = {
             "mean_ttft_ms": out["ttft"], "mean_tpot_ms": out["tpot"], "window_rule": derived.get("window_rule"),
             "request_count": derived.get("request_count"), "isl_jitter": client_request.workload.get("isl_jitter"),
-            "osl_jitter": client_request.workload.get("osl_jitter"),
-            "replay_seconds": round(time.perf_counter() - started, 4)}
+            "osl_jitter": client_request.workload.get("osl_jitter")}
         return {k: v for k, v in out.items() if v is not None}
 
     def _run(self, call: ReplayCall, request: EvalRequest,
