@@ -150,8 +150,8 @@ def describe_candidate(
     if cfg.get("aic_nextn"):
         parts.append(f"MTP nextn {cfg['aic_nextn']}")
     if cfg.get("speculative_method"):
-        k = int(cfg.get("speculative_num_tokens") or 0)
-        parts.append(f"{cfg['speculative_method']} with {k} draft token{'' if k == 1 else 's'}")
+        drafts = int(cfg.get("speculative_num_tokens") or 0)
+        parts.append(f"{cfg['speculative_method']} with {drafts} draft token{'' if drafts == 1 else 's'}")
     parts += [describe_router(cfg), describe_planner(cfg)]
     for k in ("concurrency", "kv_load_ratio"):
         if cfg.get(k) is not None:
