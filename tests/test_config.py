@@ -83,7 +83,12 @@ def test_unknown_key_anywhere_fails(section):
 
 
 def test_unknown_key_in_sla_fails():
-    rejects("Extra inputs", goal={"target": "throughput", "sla": {"ttft_ms": 1, "tpot_ms": 2}})
+    rejects("Extra inputs", goal={"target": "throughput", "sla": {"ttft_ms": 1, "ttfb_ms": 2}})
+
+
+def test_tpot_ms_in_the_sla_is_itl_ms():
+    c = build(goal={"target": "throughput", "sla": {"ttft_ms": 1, "tpot_ms": 2}})
+    assert c.goal.sla.itl_ms == 2 and "tpot_ms" not in c.goal.sla.model_dump()
 
 
 def test_model_dump_round_trips():
@@ -123,7 +128,7 @@ def test_directions():
             with pytest.raises(ValueError, match="no scalar direction"):
                 target_direction(t)
         else:
-            assert target_direction(t) == ("min" if t is Target.E2E_LATENCY else "max")
+            assert target_direction(t) == ("min" if t in (Target.E2E_LATENCY, Target.COST_PER_MTOK) else "max")
     assert target_direction("throughput") == "max"
     with pytest.raises(ValueError, match="unknown optimization target"):
         target_direction("speed")

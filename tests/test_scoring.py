@@ -75,7 +75,7 @@ def test_metrics_keep_planner_ticks_and_only_known_keys():
 
 def test_directions_and_target_errors():
     for t in scoring.TARGET_METRICS:
-        assert scoring.direction(t) == ("min" if t == "e2e_latency" else "max")
+        assert scoring.direction(t) == ("min" if t in ("e2e_latency", "cost_per_mtok") else "max")
     assert set(scoring.TARGET_METRICS) == set(Target) - {Target.PARETO}  # every scalar target reads a metric
     with pytest.raises(ValueError, match="multi-objective and has no scalar direction"):
         scoring.direction("pareto")

@@ -181,6 +181,9 @@ class ReplayEvaluator(BaseModel, Evaluator):
             return outcome
         replay_seconds = time.perf_counter() - started
         report, spread = summarise_repeats(summaries)
+        price = request.goal.gpu_usd_per_hour(request.candidate.system) if request.goal.scores_cost() else None
+        if price is not None:  # what cost_per_mtok prices the GPU-hours at (evaluate/scoring.py)
+            report[scoring.GPU_PRICE_KEY] = price
         if ticks:
             report["planner_total_ticks"] = statistics.fmean(ticks)
         outcome = EvalOutcome("feasible", report=report, spread=spread, derived=derived,

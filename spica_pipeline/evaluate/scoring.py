@@ -12,6 +12,7 @@ from typing import Any, Iterable, Literal, Mapping, NamedTuple, Sequence, TypeVa
 from spica_pipeline.config.goal import (
     GOODPUT_KEY,
     GOODPUT_TARGETS,
+    GPU_PRICE_KEY,
     Target,
     as_target,
     objectives_for,
@@ -39,6 +40,11 @@ METRIC_KEYS: tuple[str, ...] = (
     "goodput_completed_requests",
     "window_counted_requests",  # the steady-state window's requests: what the goodput counts are out of
     "prefix_cache_reused_ratio",  # prefix-cache hit rate: input tokens served from cache / all input tokens
+    # the offered load against what was served (fidelity/measurement.LOAD_MEASURES; carries_load judges them)
+    "offered_request_rate_rps",
+    "settled_served_share",
+    "settled_queue_growth_rps",
+    GPU_PRICE_KEY,  # USD per GPU-hour, when the goal prices GPU-hours (cost_per_mtok)
     *CALIBRATION_KEYS,  # calibrated values and P10-P90 band multipliers (fidelity/apply.py)
 )
 
@@ -62,6 +68,8 @@ TARGET_METRICS: dict[Target, TargetMetric] = {
     # min_gpus: the study's proxy is replayed requests/s per GPU (more per GPU, fewer GPUs for a
     # given load); the exact fleet is sized after the sweep by size_fleet.
     Target.MIN_GPUS: TargetMetric("request_throughput_rps", True),
+    # cost_per_mtok: GPU-hours per output token, priced (cost_per_mtok below); the token rate is its metric
+    Target.COST_PER_MTOK: TargetMetric("output_throughput_tok_s", True),
 }
 
 
@@ -128,11 +136,38 @@ def avg_gpu(report: Mapping[str, Any] | None) -> float:
     return gpu_hours / (duration_ms / 3_600_000.0)
 
 
+def cost_per_mtok(report: Mapping[str, Any] | None) -> float | None:
+    """USD per million output tokens: the deployment's GPUs (avg_gpu) for an hour at the report's GPU price
+    over the output tokens it serves in an hour (the window's token rate, calibrated when the report has
+    it); None without a price, GPUs or output."""
+    price, tokens, gpus = _num(report, GPU_PRICE_KEY), ranked_value(report, "output_throughput_tok_s"), avg_gpu(report)
+    if price is None or tokens is None or tokens <= 0 or gpus <= 0:
+        return None
+    return gpus * price / (tokens * 3600.0) * 1e6
+
+
+def cost_per_k_requests(report: Mapping[str, Any] | None) -> float | None:
+    """USD per thousand requests at the window's request rate: the cost per unit of request rate."""
+    price, rate, gpus = _num(report, GPU_PRICE_KEY), ranked_value(report, "request_throughput_rps"), avg_gpu(report)
+    if price is None or rate is None or rate <= 0 or gpus <= 0:
+        return None
+    return gpus * price / (rate * 3600.0) * 1000.0
+
+
+def usd_per_hour(report: Mapping[str, Any] | None) -> float | None:
+    """What the deployment's GPUs cost per hour at the report's GPU price."""
+    price, gpus = _num(report, GPU_PRICE_KEY), avg_gpu(report)
+    return gpus * price if price is not None and gpus > 0 else None
+
+
 def objective_value(target: Any, report: Mapping[str, Any] | None) -> float:
     """The (unsigned) value of one scalar target read from a flat replay report, on
     calibrated numbers when the report has them (`ranked_value`: the one place picks read a goal
     metric); a missing metric is the worst value (0, or inf for a minimised target)."""
     t = _scalar(target)
+    if t is Target.COST_PER_MTOK:
+        cost = cost_per_mtok(report)
+        return math.inf if cost is None else cost
     rule = TARGET_METRICS[t]
     v = ranked_value(report, rule.metric)
     if v is None:
@@ -208,6 +243,63 @@ def sla_gate(
     return True, None
 
 
+# Offered load: a candidate carries it when, in the settled half of its window, it serves at least this
+# share of the requests arriving and its requests in flight grow by at most (1 - this) x the offered rate.
+CARRY_SHARE = 0.95
+CARRY_RULE = (f"in the second half of the steady-state window it serves >= {CARRY_SHARE:.0%} of the requests "
+              f"arriving and its requests in flight grow by <= {1 - CARRY_SHARE:.0%} of the offered rate")
+
+
+def carries_load(metrics: Mapping[str, Any] | None) -> bool | None:
+    """CARRY_RULE on a report's load measures (fidelity/measurement.LOAD_MEASURES); None without them."""
+    offered = _num(metrics, "offered_request_rate_rps")
+    share = _num(metrics, "settled_served_share")
+    growth = _num(metrics, "settled_queue_growth_rps")
+    if offered is None or share is None or growth is None or offered <= 0:
+        return None
+    return share >= CARRY_SHARE and growth <= (1.0 - CARRY_SHARE) * offered
+
+
+def replicas_to_carry(metrics: Mapping[str, Any] | None) -> int | None:
+    """Copies of a deployment that would carry its offered load: ceil(offered / served request rate), at
+    least 2 for one that does not carry it alone; None without the rates."""
+    offered, served = _num(metrics, "offered_request_rate_rps"), ranked_value(metrics, "request_throughput_rps")
+    if offered is None or served is None or served <= 0 or offered <= 0:
+        return None
+    return max(2, math.ceil(offered / served - 1e-9))
+
+
+ATTAINMENT_KEYS = {"ranked": None, "raw": "goodput_completed_requests",
+                   "pessimistic": "pessimistic_goodput_completed_requests"}
+
+
+def sla_good_requests(metrics: Mapping[str, Any] | None, basis: str = "ranked") -> float | None:
+    """The window's measured requests that met goal.sla. basis "ranked": at calibrated latencies when the
+    report has them (what picks are judged on), "raw": the replay's own, "pessimistic": TTFT and ITL at the
+    top of their P10-P90 bands (fidelity/apply.py)."""
+    key = ATTAINMENT_KEYS[basis]
+    return ranked_value(metrics, "goodput_completed_requests") if key is None else _num(metrics, key)
+
+
+def sla_attainment(metrics: Mapping[str, Any] | None, basis: str = "ranked") -> float | None:
+    """Share of the window's measured requests (window_counted_requests) that met goal.sla, on `basis`
+    (sla_good_requests); None without an SLA count."""
+    done = _num(metrics, "window_counted_requests")
+    done = done if done is not None else _num(metrics, "completed_requests")
+    good = sla_good_requests(metrics, basis)
+    if done is None or good is None or done <= 0:
+        return None
+    return good / done
+
+
+def meets_sla(metrics: Mapping[str, Any] | None, required: float | None) -> bool | None:
+    """Whether the ranked attainment reaches `required`; None when there is no SLA or no count."""
+    if required is None:
+        return None
+    got = sla_attainment(metrics)
+    return None if got is None else got >= required - 1e-12
+
+
 class FleetSize(NamedTuple):
     """A min_gpus answer for one candidate: `replicas` copies of its deployment, `gpus` in all."""
 
@@ -266,6 +358,8 @@ class Candidate:
     branch: str | None = None
     spec_hash: str | None = None
     spread: dict[str, dict[str, float]] = field(default_factory=dict)
+    # candidates whose replayed metrics equal this one's (report/merge.py), which it stands for in rankings
+    twins: list["Candidate"] = field(default_factory=list)
 
     @classmethod
     def from_report(

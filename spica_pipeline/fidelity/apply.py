@@ -37,7 +37,7 @@ GOAL_KEYS: tuple[str, ...] = ("mean_e2e_latency_ms", "p90_e2e_latency_ms", "outp
 GOAL_PHASE: dict[str, tuple[str, int]] = {
     "throughput": ("tpot", -1), "throughput_per_gpu": ("tpot", -1), "throughput_per_user": ("tpot", -1),
     "goodput": ("tpot", -1), "goodput_per_gpu": ("tpot", -1), "min_gpus": ("tpot", -1),
-    "e2e_latency": ("tpot", 1),
+    "e2e_latency": ("tpot", 1), "cost_per_mtok": ("tpot", 1),
 }
 # what a calibrated report adds (copied into Candidate.metrics so tables and deploy output see it)
 REPORT_KEYS: tuple[str, ...] = (
@@ -46,6 +46,8 @@ REPORT_KEYS: tuple[str, ...] = (
     *(f"{stem}_{p}{tail}" for p in PHASES for stem, tail in (("band", "_lo"), ("band", "_hi"), ("band", "_rows"),
                                                               ("calibration_factor", ""))),
     "calibration_fallback",
+    # the window's requests meeting the SLA with TTFT and ITL at the top of their P10-P90 bands
+    "pessimistic_goodput_completed_requests",
 )
 
 
@@ -153,7 +155,8 @@ def _calibrated_goal(report: Mapping[str, Any], calibrated: Mapping[str, Any], f
     closed loop's clients send the next request when one completes, so its throughputs scale with raw E2E /
     calibrated E2E; an open loop's arrivals are fixed, so its throughputs stay. Goodput: the share of the
     window's output tokens from requests that meet the SLA with their TTFT x f_ttft and ITL x f_tpot (E2E
-    rescaled likewise), times the calibrated output throughput.
+    rescaled likewise), times the calibrated output throughput. The pessimistic count tests the same requests
+    with TTFT and ITL at the top of their bands (`calibrated`'s band_<phase>_hi).
     """
     out: dict[str, float] = {}
     e2e, ttft = _finite(report.get("mean_e2e_latency_ms")), _finite(report.get("mean_ttft_ms"))
@@ -172,10 +175,17 @@ def _calibrated_goal(report: Mapping[str, Any], calibrated: Mapping[str, Any], f
             out[f"calibrated_{key}"] = v * ratio if closed_loop else v
     start, end = _finite(report.get("window_start_ms")), _finite(report.get("window_end_ms"))
     if sla and per_request and start is not None and end is not None:
+        arrivals_only = bool(report.get("window_counts_arrivals"))
         share, good = sla_token_share(per_request, start, end, sla, ttft_scale=f_ttft, itl_scale=f_tpot,
-                                      e2e_scale=1.0 / ratio)
+                                      e2e_scale=1.0 / ratio, arrivals_only=arrivals_only)
         out["calibrated_sla_token_share"] = share
         out["calibrated_goodput_completed_requests"] = float(good)
+        hi_ttft, hi_tpot = _finite(calibrated.get("band_ttft_hi")), _finite(calibrated.get("band_tpot_hi"))
+        if hi_ttft is not None and hi_tpot is not None:
+            _, worst = sla_token_share(per_request, start, end, sla, ttft_scale=f_ttft * hi_ttft,
+                                       itl_scale=f_tpot * hi_tpot, e2e_scale=hi_tpot / ratio,
+                                       arrivals_only=arrivals_only)
+            out["pessimistic_goodput_completed_requests"] = float(worst)
         if "calibrated_output_throughput_tok_s" in out:
             out[f"calibrated_{GOODPUT_KEY}"] = out["calibrated_output_throughput_tok_s"] * share
     return out

@@ -13,6 +13,10 @@ clients drift apart; their phases end up spread over one request cycle.
   and drain are excluded by a stated rule; the counted requests are recorded.
 * Count: every client runs at least `MIN_TURNS` requests (bench/bench_fidelity.py --stability
   shows that doubling it moves mean TTFT/TPOT by <= 5 % on calibration rows).
+* Throughput (`THROUGHPUT_DEFINITION`): one definition for tokens and requests, both over the window,
+  so request rate x mean output length is the token rate.
+* Offered load (`LOAD_MEASURES`): how the window's arrivals compare with what was served in its
+  second half, where a fleet that keeps up has settled: what evaluate/scoring.carries_load judges.
 
 Pure: works on the replay's per-request records (dicts) and plain numbers.
 """
@@ -36,6 +40,17 @@ WINDOW_RULES = {
                          "bench_serving run a fixed-concurrency benchmark: every completed request counts "
                          "(what those clients report)"),
 }
+THROUGHPUT_DEFINITION = (
+    "steady-state window: output tokens generated inside the window (a request's tokens after its first are "
+    "spread evenly from its first to its last token) over the window's length; request throughput counts the "
+    "same output in requests, each request adding the share of its output tokens generated inside the window, "
+    "so request throughput x mean output length = token throughput. The replay's whole-run values stay "
+    "beside them as full_run_*")
+LOAD_MEASURES = (
+    "offered_request_rate_rps: requests arriving in the window over its length; settled_served_share: "
+    "requests served (as above) in the window's second half over those arriving in it; "
+    "settled_queue_growth_rps: requests in flight at the window's end minus at its middle, over that half "
+    "(the window ends at the last arrival at the latest)")
 # How a closed loop's clients start (EvalRequest.context["closed_loop_client"]):
 # "ramp" (default, sweeps): spread over one request cycle and measured in the steady-state window;
 # "together" (bench/bench_fidelity.py): all at t=0, every request counted, like the benchmark
@@ -121,6 +136,7 @@ class Window:
     counted: int
     total: int
     metrics: dict[str, float] = field(default_factory=dict)
+    arrivals_only: bool = False  # the measured requests are those arriving inside (an open loop's window)
 
     @property
     def rule(self) -> str:
@@ -129,7 +145,8 @@ class Window:
     def to_report(self) -> dict[str, float]:
         """Report keys: the window's metrics plus how it was cut (all numeric, ledger-friendly)."""
         return {**self.metrics, "window_start_ms": self.start_ms, "window_end_ms": self.end_ms,
-                "window_counted_requests": float(self.counted), "window_total_requests": float(self.total)}
+                "window_counted_requests": float(self.counted), "window_total_requests": float(self.total),
+                "window_counts_arrivals": float(self.arrivals_only)}
 
 
 def _done(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -196,6 +213,40 @@ def _tokens_in(r: dict[str, Any], start: float, end: float) -> float:
     return count
 
 
+def _requests_in(r: dict[str, Any], start: float, end: float) -> float:
+    """The share of a request served inside [start, end]: its output tokens generated there over its
+    output length (a request without output counts whole when it completes there)."""
+    n = int(r.get("output_length") or 0)
+    if n <= 0:
+        return 1.0 if start < r["terminal_time_ms"] <= end else 0.0
+    return _tokens_in(r, start, end) / n
+
+
+def load_measures(records: Iterable[dict[str, Any]], start: float, end: float) -> dict[str, float]:
+    """LOAD_MEASURES of one replay's window [start, end]: the offered request rate, and the served share
+    and queue growth over the window's second half (empty when the window has no length)."""
+    done = _done(records)
+    if not done:
+        return {}
+    end = min(end, max(r["arrival_time_ms"] for r in done))
+    if end <= start:
+        return {}
+    middle = (start + end) / 2.0
+    half_s = (end - middle) / 1000.0
+
+    def arrivals(lo: float, hi: float) -> int:
+        return sum(1 for r in done if lo <= r["arrival_time_ms"] <= hi)
+
+    def in_flight(t: float) -> int:
+        return sum(1 for r in done if r["arrival_time_ms"] <= t < r["terminal_time_ms"])
+
+    late_arrivals = arrivals(middle, end)
+    served = math.fsum(_requests_in(r, middle, end) for r in done)
+    return {"offered_request_rate_rps": arrivals(start, end) / ((end - start) / 1000.0),
+            "settled_served_share": served / late_arrivals if late_arrivals else 1.0,
+            "settled_queue_growth_rps": (in_flight(end) - in_flight(middle)) / half_s}
+
+
 def _meets(r: dict[str, Any], sla: Mapping[str, float], ttft_scale: float = 1.0, itl_scale: float = 1.0,
            e2e_scale: float = 1.0) -> bool:
     """The replay's goodput test: TTFT and per-request mean ITL within the SLA (or E2E alone); the
@@ -211,16 +262,26 @@ def _meets(r: dict[str, Any], sla: Mapping[str, float], ttft_scale: float = 1.0,
     return ok
 
 
+def counted(r: dict[str, Any], start: float, end: float, arrivals_only: bool = False) -> bool:
+    """Whether a completed request is one of the window's measured requests: it arrives and completes
+    inside the window, or (an open loop's window, `arrivals_only`) it arrives inside it."""
+    if arrivals_only:
+        return start <= r["arrival_time_ms"] <= end
+    return r["arrival_time_ms"] >= start and r["terminal_time_ms"] <= end
+
+
 def sla_token_share(records: Iterable[dict[str, Any]], start: float, end: float, sla: Mapping[str, float], *,
-                    ttft_scale: float = 1.0, itl_scale: float = 1.0, e2e_scale: float = 1.0) -> tuple[float, int]:
-    """(share of the window's output tokens from requests meeting the SLA, requests inside the
-    window meeting it), with each request's latencies scaled: goodput = output throughput x share."""
+                    ttft_scale: float = 1.0, itl_scale: float = 1.0, e2e_scale: float = 1.0,
+                    arrivals_only: bool = False) -> tuple[float, int]:
+    """(share of the window's output tokens from requests meeting the SLA, the window's measured requests
+    meeting it), with each request's latencies scaled: goodput = output throughput x share. The measured
+    requests are the window's own (`counted`; `arrivals_only` for an open loop's window, the report's
+    window_counts_arrivals), so the count over window_counted_requests is the SLA attainment."""
     done = _done(records)
     scales = {"ttft_scale": ttft_scale, "itl_scale": itl_scale, "e2e_scale": e2e_scale}
     total = math.fsum(_tokens_in(r, start, end) for r in done)
     good = math.fsum(_tokens_in(r, start, end) for r in done if _meets(r, sla, **scales))
-    inside = sum(1 for r in done if r["arrival_time_ms"] >= start and r["terminal_time_ms"] <= end
-                 and _meets(r, sla, **scales))
+    inside = sum(1 for r in done if counted(r, start, end, arrivals_only) and _meets(r, sla, **scales))
     return (good / total if total > 0 else 0.0), inside
 
 
@@ -228,8 +289,8 @@ def steady_state(records: Iterable[dict[str, Any]], kind: str, *,
                  sla: dict[str, float] | None = None) -> Window | None:
     """Cut the window (`kind` in WINDOW_RULES) and measure inside it; None when nothing completed.
 
-    Latencies are over requests that arrive and complete in the window; throughputs count the
-    requests completing in it over its length (a steady state's rate, not diluted by ramp/drain).
+    Latencies are over the window's measured requests (`counted`); throughputs are the output generated
+    in it over its length (THROUGHPUT_DEFINITION: a steady state's rate, not diluted by ramp/drain).
     """
     done = _done(records)
     if not done:
@@ -242,11 +303,11 @@ def steady_state(records: Iterable[dict[str, Any]], kind: str, *,
         start, end = open_loop_bounds(done)
     else:
         start, end = min(r["arrival_time_ms"] for r in done), max(r["terminal_time_ms"] for r in done)
-    inside = [r for r in done if r["arrival_time_ms"] >= start and r["terminal_time_ms"] <= end]
-    if kind == "open_loop":  # an overloaded open loop never drains inside: count every arrival in the span
-        inside = [r for r in done if start <= r["arrival_time_ms"] <= end]
+    # an overloaded open loop never drains inside: count every arrival in the span
+    arrivals_only = kind == "open_loop"
+    inside = [r for r in done if counted(r, start, end, arrivals_only)]
     if not inside or end <= start:  # too short for a steady state: say so by measuring everything
-        kind, inside = "whole_run", done
+        kind, inside, arrivals_only = "whole_run", done, False
         start, end = min(r["arrival_time_ms"] for r in done), max(r["terminal_time_ms"] for r in done)
     metrics: dict[str, float] = {}
     metrics.update(_stats("ttft_ms", [r["ttft_ms"] for r in inside]))
@@ -263,19 +324,19 @@ def steady_state(records: Iterable[dict[str, Any]], kind: str, *,
         metrics["mean_output_token_throughput_per_user"] = statistics.fmean(1000.0 / t for t in tpot if t > 0)
     metrics.update(_stats("e2e_latency_ms", [r["e2e_latency_ms"] for r in inside if r.get("e2e_latency_ms")]))
     span_s = (end - start) / 1000.0
-    if span_s > 0:
-        finishing = [r for r in done if start < r["terminal_time_ms"] <= end]
-        metrics["request_throughput_rps"] = len(finishing) / span_s
+    if span_s > 0:  # THROUGHPUT_DEFINITION
+        metrics["request_throughput_rps"] = math.fsum(_requests_in(r, start, end) for r in done) / span_s
         metrics["output_throughput_tok_s"] = math.fsum(_tokens_in(r, start, end) for r in done) / span_s
         metrics["input_throughput_tok_s"] = sum(int(r.get("input_length") or 0) for r in done
                                                 if start < _first_token(r) <= end) / span_s
         metrics["total_throughput_tok_s"] = metrics["output_throughput_tok_s"] + metrics["input_throughput_tok_s"]
+        metrics.update(load_measures(done, start, end))
         if sla:
             good = [r for r in done if _meets(r, sla)]
             metrics["goodput_completed_requests"] = float(sum(1 for r in inside if _meets(r, sla)))
-            metrics["goodput_request_throughput_rps"] = sum(1 for r in good if start < r["terminal_time_ms"] <= end) / span_s
+            metrics["goodput_request_throughput_rps"] = math.fsum(_requests_in(r, start, end) for r in good) / span_s
             metrics["goodput_output_throughput_tok_s"] = math.fsum(_tokens_in(r, start, end) for r in good) / span_s
-    return Window(kind, float(start), float(end), len(inside), len(done), metrics)
+    return Window(kind, float(start), float(end), len(inside), len(done), metrics, arrivals_only)
 
 
 def windowed_summary(summary: dict[str, Any], per_request: list[dict[str, Any]], kind: str | None,
@@ -288,7 +349,8 @@ def windowed_summary(summary: dict[str, Any], per_request: list[dict[str, Any]],
     if window is None:
         return summary
     out = dict(summary)
-    for key in ("mean_ttft_ms", "mean_tpot_ms", "output_throughput_tok_s", "p90_itl_ms", "p99_itl_ms"):
+    for key in ("mean_ttft_ms", "mean_tpot_ms", "output_throughput_tok_s", "request_throughput_rps", "p90_itl_ms",
+                "p99_itl_ms"):
         if key in summary:
             out[f"full_run_{key}"] = summary[key]
     out.update(window.to_report())
