@@ -97,6 +97,19 @@ def test_nothing_feasible_exits_1_with_the_reasons(tmp_path):
     assert (tmp_path / "out" / "ledger.parquet").is_file()  # nothing is lost
 
 
+def test_no_configuration_met_the_sla_exits_5_and_says_so(tmp_path):
+    # the SLA acts through goodput (no strict gate), so every candidate is ranked and none meets it
+    config = write_config(tmp_path, target="goodput_per_gpu", sla={"ttft_ms": 0.001, "tpot_ms": 0.001})
+    out = tmp_path / "out"
+    proc = spica("sweep", "--config", str(config), "--output-dir", str(out))
+    assert proc.returncode == 5, proc.stderr
+    sentence = "No configuration met the SLA (TTFT <= 0.001 ms, ITL <= 0.001 ms for >= 90 % of requests)."
+    assert sentence[:-1] in proc.stdout and "Closest: agg, vllm" in proc.stdout
+    report = (out / "report.md").read_text()
+    assert report.index(sentence[:-1]) < report.index("## Goal")  # at the top
+    assert (out / "deploy" / "1" / "dgd.yaml").is_file()  # an answer, written like any other
+
+
 def test_bad_config_is_exit_2_one_line(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("search_space: {model_name: Qwen/Qwen3-32B, hardware_sku: h200_sxm, gpu_budget: 0}\n"

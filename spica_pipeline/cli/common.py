@@ -5,7 +5,9 @@ Exit codes (the README's table lists them): 0 results; 1 nothing feasible; 2 bad
 journal, output dir), checked before any replay; 3 internal error (a bug: the traceback goes to a log
 file, or to stderr with --debug); 4 environment failure mid-sweep (disk full, read-only filesystem,
 out of memory, worker processes or a Ray that cannot start or be reached), after flushing what can be
-flushed; 130 interrupted (SIGINT); 143 terminated (SIGTERM).
+flushed; 5 results, but no configuration met goal.sla for goal.sla_attainment of its requests (the
+ranking, the closest configuration and what would meet the SLA are written as for 0); 130 interrupted
+(SIGINT); 143 terminated (SIGTERM).
 """
 
 import contextlib
@@ -27,6 +29,7 @@ EXIT_NOTHING_FEASIBLE = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 3
 EXIT_ENVIRONMENT = 4
+EXIT_SLA_NOT_MET = 5  # a finished sweep whose candidates all miss the SLA: an answer, not an error
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 ERROR_LOG_NAME = "spica-error.log"

@@ -13,6 +13,7 @@ from spica_pipeline.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_NOTHING_FEASIBLE,
     EXIT_OK,
+    EXIT_SLA_NOT_MET,
     EXIT_TERMINATED,
     SweepTerminated,
     environment_failure,
@@ -29,6 +30,7 @@ from spica_pipeline.evaluate import scoring
 from spica_pipeline.optimize.journal import JOURNAL_NAME, QUARANTINE_SUFFIX
 from spica_pipeline.preflight import refusal_line
 from spica_pipeline.progress import ProgressPrinter
+from spica_pipeline.report import verdict
 from spica_pipeline.report.tables import describe_candidate
 from spica_pipeline.sweep import run_sweep
 
@@ -117,14 +119,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"  {line}", file=sys.stderr)
         return EXIT_NOTHING_FEASIBLE
 
+    for line in verdict.headline(merge):  # offered load and SLA, in plain sentences, before the ranking
+        print(line)
     lines = merge.cli_lines()
     if merge.is_pareto:
         print(lines.pop(0))
     for line, cand in list(zip(lines, merge.candidates))[: args.show]:
-        print(f"{line}  | {describe_candidate(cand, merge.target, merge.objectives, with_value=False)}")
+        notes = "".join(f" [{m}]" for m in verdict.marks(cand, merge))
+        print(f"{line}{notes}  | {describe_candidate(cand, merge.target, merge.objectives, with_value=False)}")
     if len(merge.candidates) > args.show:
         print(f"... {len(merge.candidates) - args.show} more in {output_dir}/candidates.csv")
-    return EXIT_OK
+    return EXIT_SLA_NOT_MET if verdict.sla_unmet(merge) else EXIT_OK
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ import pandas as pd
 
 from spica_pipeline.config.goal import Target
 from spica_pipeline.evaluate import scoring
-from spica_pipeline.report import accuracy
+from spica_pipeline.report import accuracy, verdict
 from spica_pipeline.report.merge import MergeResult
 from spica_pipeline.report.tables import (
     candidate_bands,
@@ -50,10 +50,47 @@ def _pct(v: float | None, signed: bool = False) -> str:
     return f"±{v:.1f}%" if signed else f"{100.0 * v:.1f}%"
 
 
+def _attainment(c: Any) -> str:
+    """'62.0% [31.0%]': the share of requests within the SLA as picks are judged, then its pessimistic band's."""
+    got, pess = sla_attainment(c), sla_attainment(c, "pessimistic")
+    return _pct(got) + (f" [{_pct(pess)}]" if got is not None and pess is not None else "")
+
+
 def _quality(c: Any) -> list[str]:
-    """SLA attainment, p90 TTFT / ITL and the router-repeat spread of one candidate, as table cells."""
-    return [_pct(sla_attainment(c)), _num(c.metrics.get("p90_ttft_ms")), _num(c.metrics.get("p90_itl_ms")),
-            _pct(router_spread_pct(c), signed=True)]
+    """SLA attainment, p90 TTFT / ITL (calibrated when the report has them, as picks are judged) and the
+    router-repeat spread of one candidate, as table cells."""
+    return [_attainment(c), _num(scoring.ranked_value(c.metrics, "p90_ttft_ms")),
+            _num(scoring.ranked_value(c.metrics, "p90_itl_ms")), _pct(router_spread_pct(c), signed=True)]
+
+
+def _load_cells(c: Any, merge: MergeResult) -> list[str]:
+    """The request rate a candidate served and, with a GPU price, its cost per million output tokens and
+    per thousand requests (the cost of its request rate)."""
+    cost = [_num(scoring.cost_per_mtok(c.metrics)), _num(scoring.cost_per_k_requests(c.metrics))] \
+        if merge.gpu_price is not None else []
+    return [_num(scoring.ranked_value(c.metrics, "request_throughput_rps")), *cost]
+
+
+def _load_header(merge: MergeResult) -> list[str]:
+    return ["served req/s", *(["USD/Mtok", "USD/1k req"] if merge.gpu_price is not None else [])]
+
+
+def _quality_header(candidates: Any) -> list[str]:
+    """QUALITY_HEADER, its p90 columns marked (cal.) when they show calibrated values."""
+    if not any(c.metrics.get("calibrated_p90_ttft_ms") is not None for c in candidates):
+        return QUALITY_HEADER
+    return [h.replace(" ms", " ms (cal.)") if h.startswith("p90") else h for h in QUALITY_HEADER]
+
+
+def _cost_line(c: Any, merge: MergeResult) -> list[str]:
+    """What the pick's GPUs cost at the sweep's GPU price, per hour, per million tokens, per 1k requests."""
+    per_hour = scoring.usd_per_hour(c.metrics)
+    if merge.gpu_price is None or per_hour is None:
+        return []
+    return [f"Cost at {merge.gpu_price:g} USD per GPU-hour: {_num(per_hour)} USD/h; "
+            f"{_num(scoring.cost_per_mtok(c.metrics))} USD per million output tokens and "
+            f"{_num(scoring.cost_per_k_requests(c.metrics))} USD per thousand requests at the "
+            f"{_num(scoring.ranked_value(c.metrics, 'request_throughput_rps'))} req/s it served.", ""]
 
 
 def _has_prefix_hits(candidates: Any) -> bool:
@@ -91,8 +128,10 @@ BAND_NOTE = ("TTFT/TPOT (cal.): the replayed means corrected by the calibration 
              "few rows or a fallback (docs/fidelity.md; measured by bench/bench_fidelity.py, "
              "bench/results/fidelity_*.json); – when calibration is off.")
 
-QUALITY_HEADER = ["SLA met", "p90 TTFT ms", "p90 ITL ms", "router spread"]
-QUALITY_NOTE = ("SLA met: share of completed requests within goal.sla (– without an SLA); router spread: "
+QUALITY_HEADER = ["SLA met [pess.]", "p90 TTFT ms", "p90 ITL ms", "router spread"]
+QUALITY_NOTE = ("SLA met: share of the window's requests within goal.sla, at calibrated latencies when a profile "
+                "is on, then [at the pessimistic end of the bands] (– without an SLA); p90 TTFT / ITL: calibrated "
+                "when a profile is on; notes: what the rank does not say (Glossary below); router spread: "
                 "std of output throughput over the KV-router repeats, as % of the mean (– for one replay). "
                 "tok/s/user is the replay's mean over requests of each request's own output speed "
                 "(`mean_output_token_throughput_per_user`), not 1/TPOT.")
@@ -126,7 +165,12 @@ def _sla_answer(c: Any, goal_summary: Mapping[str, Any]) -> str:
     if not sla:
         return f"Latency: {tails} (no goal.sla set, so no share of requests within an SLA)."
     limits = ", ".join(f"{k.removesuffix('_ms')} <= {v:g} ms" for k, v in sla.items())
-    return f"SLA ({limits}): {_pct(sla_attainment(c))} of completed requests met it; {tails}."
+    good, counted = scoring.sla_good_requests(m), m.get("window_counted_requests", m.get("completed_requests"))
+    counts = f" ({_num(good)} of {_num(counted)})" if good is not None and counted is not None else ""
+    others = [f"{name} {_pct(sla_attainment(c, basis))}" for name, basis in
+              (("replayed", "raw"), ("pessimistic band", "pessimistic")) if sla_attainment(c, basis) is not None]
+    return (f"SLA ({limits}): {_pct(sla_attainment(c))}{counts} of the window's requests met it"
+            + (f" ({', '.join(others)})" if others else "") + f"; {tails}.")
 
 
 def _ranked_on(c: Any, target: str, objectives: Any) -> str:
@@ -158,8 +202,11 @@ def render_report(
 ) -> str:
     """report.md. heldout_check: the recorded held-out check of the numbers ranked on
     (fidelity/profile.heldout_check; None: none recorded)."""
-    lines = ["# Spica sweep report", "", "## Goal", *_kv_lines(goal_summary), "",
-             "## Workload", *_kv_lines(workload_summary), ""]
+    lines = ["# Spica sweep report", ""]
+    answer = verdict.headline(merge)
+    if answer:
+        lines += ["## Answer", "", *answer, ""]
+    lines += ["## Goal", *_kv_lines(goal_summary), "", "## Workload", *_kv_lines(workload_summary), ""]
 
     lines += ["## Outcomes", ""]
     total = sum(merge.counts.values())
@@ -187,7 +234,7 @@ def render_report(
         lines += ["No feasible candidate (check backends, SLA, gpu_budget and the failure reasons above).", ""]
     else:
         lines += [describe_candidate(best, merge.target, merge.objectives), "", _sla_answer(best, goal_summary), "",
-                  _ranked_on(best, merge.target, merge.objectives), ""]
+                  _ranked_on(best, merge.target, merge.objectives), "", *_cost_line(best, merge)]
         if merge.is_pareto and rec is not None:
             lines += [f"Picked by the rule **{rec[1]}**; it is rank 1 (`deploy/1/`). A front has no single "
                       "best point: every point below trades one objective for another.", ""]
@@ -214,10 +261,12 @@ def render_report(
             rank = merge.rank_of(c)
             mark = " ★" if rec is not None and c is rec[0] else ""
             rows.append([f"{rank}{mark}", c.branch, *[_num((c.objectives or {}).get(o)) for o in merge.objectives],
-                         c.used_gpus, *_quality(c), *_prefix_hit(c, hits), *_bands(c, merge.target)[:2],
+                         c.used_gpus, *_load_cells(c, merge), *_quality(c), *_prefix_hit(c, hits),
+                         *_bands(c, merge.target)[:2], "; ".join(verdict.marks(c, merge)) or "–",
                          describe_candidate(c, merge.target, with_value=False)])
-        lines += _table(["rank", "branch", *merge.objectives, "GPUs", *QUALITY_HEADER, *_prefix_hit(None, hits),
-                         *BAND_HEADER[:2], "configuration"], rows)
+        lines += _table(["rank", "branch", *merge.objectives, "GPUs", *_load_header(merge),
+                         *_quality_header(merge.candidates),
+                         *_prefix_hit(None, hits), *BAND_HEADER[:2], "notes", "configuration"], rows)
         lines += ["", "rank = `deploy/<rank>/`; ★ = the recommended point. " + QUALITY_NOTE + " " + BAND_NOTE]
         lines += ["", f"Hypervolume: {merge.hypervolume:.6g} (reference point {tuple(round(r, 6) for r in merge.reference or ())};"
                   " origin for maximised objectives, 1.1 x worst observed for minimised ones)", ""]
@@ -230,10 +279,13 @@ def render_report(
             per_user, per_gpu = plot_axes(c)
             extra = [_num(c.metrics.get("fleet_gpus"))] if fleet else []
             rows.append([i, c.branch, fmt_value(goal_value(c, merge.target), merge.target), c.used_gpus, *extra,
-                         _num(per_gpu), _num(per_user), *_quality(c), *_prefix_hit(c, hits), *_bands(c, merge.target),
+                         _num(per_gpu), _num(per_user), *_load_cells(c, merge), *_quality(c), *_prefix_hit(c, hits),
+                         *_bands(c, merge.target), "; ".join(verdict.marks(c, merge)) or "–",
                          describe_candidate(c, merge.target, with_value=False)])
         lines += _table(["#", "branch", merge.target, "GPUs", *(["fleet GPUs"] if fleet else []), "tok/s/GPU",
-                         "tok/s/user", *QUALITY_HEADER, *_prefix_hit(None, hits), *BAND_HEADER, "configuration"], rows)
+                         "tok/s/user", *_load_header(merge), *_quality_header(merge.candidates[:TOP_RANKED]),
+                         *_prefix_hit(None, hits), *BAND_HEADER,
+                         "notes", "configuration"], rows)
         lines += ["", "# = `deploy/<rank>/`. " + QUALITY_NOTE + " " + BAND_NOTE, ""]
 
     shown = merge.candidates if merge.is_pareto else merge.candidates[:TOP_RANKED]
@@ -246,6 +298,7 @@ def render_report(
         lines += accuracy.report_lines(heldout_check, (c.config.get("backend") for c in shown), calibrated,
                                        models=(c.config.get("model_name") for c in shown))
 
+    lines += ["## Glossary", "", *verdict.glossary(merge), ""]
     lines += ["## Time", ""]
     opt, rep = _seconds(ledger, "optimizer_seconds"), _seconds(ledger, "replay_seconds")
     rows = [[b, f"{opt.get(b, 0.0):.1f}", f"{rep.get(b, 0.0):.1f}"] for b in merge.branches]

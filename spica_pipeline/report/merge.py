@@ -3,6 +3,10 @@
 Input is the sweep ledger (one row per trial, JSON-string columns as written by optimize/ledger.py).
 The merge re-scores each feasible row from its stored replay report, so the result depends only on
 the goal and the reports, never on how a branch happened to sign or store its score.
+
+What a user can act on comes first: candidates that carry the offered load and meet goal.sla for the
+required share of requests rank before those that do not (`tier`), and candidates whose replayed
+metrics are equal are one entry (`collapse_twins`), the others listed as its equivalent settings.
 """
 
 import json
@@ -13,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from spica_pipeline.config.goal import Target, objectives_for
+from spica_pipeline.config.goal import GPU_PRICE_KEY, Target, objectives_for
 from spica_pipeline.evaluate import scoring
 from spica_pipeline.evaluate.scoring import Candidate
 
@@ -67,6 +71,26 @@ class MergeResult:
     # min_gpus: the load the fleet is sized for, and feasible candidates that could not carry any of it
     load_target: dict[str, float] | None = None
     unservable: int = 0
+    # the offered load in words ("8 req/s"; None: a closed loop, nothing to carry), and whether a candidate
+    # that does not carry it ranks after those that do (goal.offered_load "required") or is only marked
+    offered: str | None = None
+    offered_required: bool = True
+    # goal.sla's thresholds and the share of requests a pick must serve within them (None: no SLA)
+    sla: dict[str, float] | None = None
+    sla_required: float | None = None
+    gpu_price: float | None = None  # USD per GPU-hour the candidates are priced at
+
+    def carries(self, c: Candidate) -> bool | None:
+        """Whether `c` carries the offered load (scoring.carries_load); None when nothing is offered."""
+        return scoring.carries_load(c.metrics) if self.offered is not None else None
+
+    def meets_sla(self, c: Candidate) -> bool | None:
+        """Whether `c` serves goal.sla_attainment of its requests within goal.sla; None without an SLA."""
+        return scoring.meets_sla(c.metrics, self.sla_required)
+
+    def tier(self, c: Candidate) -> int:
+        """Where `c` ranks before its score counts (`tier`)."""
+        return tier(c, self.offered is not None and self.offered_required, self.sla_required)
 
     @property
     def is_pareto(self) -> bool:
@@ -154,11 +178,21 @@ class MergeResult:
         return f"{head}; best {self.target}={value:.6g}"
 
 
-def _candidate(row: Mapping[str, Any], target: str, objectives: Sequence[str]) -> Candidate:
+def tier(c: Candidate, load_required: bool, sla_required: float | None) -> int:
+    """0 for a candidate a user can act on; +2 when it does not carry the offered load (and that is
+    required), +1 when it misses the SLA for the required share of requests: rankings order by tier first."""
+    unserved = load_required and scoring.carries_load(c.metrics) is False
+    return 2 * unserved + (scoring.meets_sla(c.metrics, sla_required) is False)
+
+
+def _candidate(row: Mapping[str, Any], target: str, objectives: Sequence[str],
+               gpu_price: float | None = None) -> Candidate:
     config = _loads(row.get("config"), {}) or {}
     if "used_gpus" not in config and row.get("used_gpus") is not None:
         config = {**config, "used_gpus": int(row["used_gpus"])}
     report = _loads(row.get("report"))
+    if report is not None and gpu_price is not None:  # the config's price, also for a ledger priced otherwise
+        report = {**report, GPU_PRICE_KEY: gpu_price}
     spread = _loads(row.get("spread"), {}) or {}
     branch = str(row.get("branch"))
     spec_hash = str(row["spec_hash"]) if _present(row.get("spec_hash")) else None
@@ -187,6 +221,12 @@ def merge_candidates(
     directions: Mapping[str, str] | None = None,
     gpu_budget: int | None = None,
     load_target: Mapping[str, float] | None = None,
+    *,
+    offered: str | None = None,
+    offered_required: bool = True,
+    sla: Mapping[str, float] | None = None,
+    sla_required: float | None = None,
+    gpu_price: float | None = None,
 ) -> MergeResult:
     """Merge every branch's feasible trials by goal (stage 6).
 
@@ -197,6 +237,12 @@ def merge_candidates(
     `min_gpus` with `load_target` ({"request_rate": r} or {"concurrency": c}) ranks by the fleet each
     candidate needs (scoring.size_fleet from its replayed per-replica capacity), fewest GPUs first;
     ties go to the higher score (capacity per GPU). Candidates that carry no load are left out.
+
+    offered (the offered load in words; None for a closed loop) and sla / sla_required (goal.sla and the
+    share of requests to meet it) order every ranking by `MergeResult.tier` first; a front is taken over
+    the best tier present. min_gpus replays a probe load, so it is judged by its fleet, not by `offered`.
+    Twins (equal replayed metrics) become one entry (`collapse_twins`). gpu_price (USD per GPU-hour)
+    prices every candidate for the cost columns and cost_per_mtok.
     """
     missing = [c for c in REQUIRED_COLUMNS if c not in ledger_df.columns]
     if missing:
@@ -246,13 +292,20 @@ def merge_candidates(
                 over_budget += 1
             else:
                 seen.add(h)
-                cand = _candidate(row, target, objs)
+                cand = _candidate(row, target, objs, gpu_price)
                 feasible.append(cand)
         steps.append((branch, cand))
 
+    offered = None if target == Target.MIN_GPUS else offered
+    sla_required = sla_required if sla else None
+
+    def tier_of(c: Candidate) -> int:
+        return tier(c, offered is not None and offered_required, sla_required)
+
     if is_pareto:
         reference = scoring.default_reference([_vec(c, objs) for c in feasible], list(dirs.values()))
-        front = scoring.pareto_front(feasible, dirs)
+        best_tier = min((tier_of(c) for c in feasible), default=0)
+        front = scoring.pareto_front([c for c in feasible if tier_of(c) == best_tier], dirs)
         hv = scoring.hypervolume(front, dirs, reference) if front else 0.0
         ranked = front
     else:
@@ -261,6 +314,7 @@ def merge_candidates(
     unservable = 0
     if target == Target.MIN_GPUS and load_target:
         ranked, unservable = _size_fleets(ranked, dict(load_target), rows)
+    ranked = collapse_twins(sorted(ranked, key=tier_of), {id(c): i for i, c in enumerate(feasible)})
 
     tracker = {scope: _Tracker(is_pareto, dirs, reference) for scope in (*branches, "merged")}
     for branch, cand in steps:
@@ -278,6 +332,8 @@ def merge_candidates(
         convergence=convergence, branches=branches, exhaustive_branches=exhaustive,
         hypervolume=hv, reference=reference, over_budget=over_budget,
         load_target=dict(load_target) if load_target else None, unservable=unservable,
+        offered=offered, offered_required=offered_required, sla=dict(sla) if sla else None, sla_required=sla_required,
+        gpu_price=gpu_price,
     )
 
 
@@ -300,13 +356,72 @@ def _size_fleets(ranked: list[Candidate], load_target: dict[str, float],
     return sized, unservable
 
 
+def offered_load(workload: Any) -> str | None:
+    """The load an open-loop workload offers, in words; None for a closed loop (nothing to carry)."""
+    shape = getattr(workload, "shape", None)
+    if shape == "request_rate":
+        return f"{float(workload.request_rate):g} req/s"
+    if shape == "trace":
+        return "the trace's arrivals"
+    return None
+
+
 def merge_for_config(ledger_df: pd.DataFrame, config: Any) -> MergeResult:
-    """merge_candidates driven by a validated SmartSearchConfig (its goal and GPU budget)."""
+    """merge_candidates driven by a validated SmartSearchConfig: its goal (target, SLA and the share of
+    requests to meet it, the offered-load rule, GPU prices), GPU budget and workload (the offered load)."""
     goal = config.goal
     objectives = goal.objective_names() if goal.is_pareto else None
     load = goal.load.model_dump(exclude_none=True) if getattr(goal, "load", None) is not None else None
     return merge_candidates(ledger_df, goal.target, objectives, None, config.search_space.gpu_budget,
-                            load_target=load)
+                            load_target=load, offered=offered_load(getattr(config, "workload", None)),
+                            offered_required=goal.offered_load == "required", sla=goal.sla_thresholds(),
+                            sla_required=goal.required_attainment(),
+                            gpu_price=goal.gpu_usd_per_hour(getattr(config.search_space, "hardware_sku", None)))
+
+
+# Twins: equal (to TWIN_DIGITS significant digits) in every one of these, raw and calibrated, in one branch.
+TWIN_METRICS = ("output_throughput_tok_s", "request_throughput_rps", "mean_ttft_ms", "p90_ttft_ms", "mean_tpot_ms",
+                "p90_itl_ms", "mean_e2e_latency_ms", "mean_output_token_throughput_per_user",
+                scoring.GOODPUT_KEY, "goodput_completed_requests")
+TWIN_DIGITS = 4
+TWIN_RULE = ("candidates whose replayed metrics are equal (throughput, request rate, TTFT, TPOT/ITL, E2E, goodput; "
+             f"mean and p90, raw and calibrated, to {TWIN_DIGITS} significant digits) are one entry, shown as the "
+             "one with the fewest GPUs, then the smallest max_num_seqs, then the smallest max_num_batched_tokens "
+             "(agg, prefill, decode in turn), then the first evaluated")
+_TWIN_KNOBS = tuple(f"{role}_{knob}" for role in ("agg", "prefill", "decode")
+                    for knob in ("max_num_seqs", "max_num_batched_tokens"))
+
+
+def twin_key(c: Candidate) -> tuple[Any, ...]:
+    """What twins share: the branch and TWIN_METRICS (raw and calibrated) to TWIN_DIGITS digits. The same
+    metrics on more GPUs are the same answer at a higher cost, so the GPU count is not part of it."""
+    def rounded(key: str) -> str | None:
+        v = c.metrics.get(key)
+        return None if v is None else f"{float(v):.{TWIN_DIGITS}g}"
+
+    values = [rounded(k) for m in TWIN_METRICS for k in (m, f"calibrated_{m}")]
+    if all(v is None for v in values):  # nothing replayed to compare: a twin of nothing
+        return ("unique", id(c))
+    return (c.branch, *values)
+
+
+def _representative_key(c: Candidate, order: Mapping[int, int]) -> tuple[Any, ...]:
+    knobs = tuple(float(v) if isinstance(v := c.config.get(k), (int, float)) else math.inf for k in _TWIN_KNOBS)
+    return (c.metrics.get("fleet_gpus", c.used_gpus), *knobs[0::2], *knobs[1::2], order.get(id(c), 0))
+
+
+def collapse_twins(ranked: Sequence[Candidate], order: Mapping[int, int] | None = None) -> list[Candidate]:
+    """One entry per group of twins (`twin_key`), at the place of the group's first member; the entry is the
+    member TWIN_RULE picks, the others in its `twins` (in ranking order). `order`: id -> ledger position."""
+    groups: dict[tuple[Any, ...], list[Candidate]] = {}
+    for c in ranked:
+        groups.setdefault(twin_key(c), []).append(c)
+    out = []
+    for members in groups.values():
+        rep = min(members, key=lambda c: _representative_key(c, order or {}))
+        rep.twins = [c for c in members if c is not rep]
+        out.append(rep)
+    return out
 
 
 def _vec(c: Candidate, objs: Sequence[str]) -> tuple[float, ...]:

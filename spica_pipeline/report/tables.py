@@ -20,6 +20,7 @@ UNITS = {
     "goodput": "tok/s",
     "goodput_per_gpu": "tok/s/GPU",
     "min_gpus": "req/s/GPU",
+    "cost_per_mtok": "USD/Mtok",
 }
 SPREAD_STATS = ("std", "min", "max")
 # The router-repeat spread kept in candidates.csv: a few headline metrics, not every report key.
@@ -27,15 +28,11 @@ SPREAD_METRICS = ("output_throughput_tok_s", "goodput_output_throughput_tok_s", 
                   "p90_itl_ms")
 
 
-def sla_attainment(c: Candidate) -> float | None:
-    """Share of completed requests that met the SLA (replay's goodput count, at calibrated latencies
-    when a calibration profile was on); None without an SLA. The counts are of the steady-state
-    window's requests when the replay was windowed (fidelity/measurement.py), so the share is too."""
-    done = c.metrics.get("window_counted_requests", c.metrics.get("completed_requests"))
-    good = c.metrics.get("calibrated_goodput_completed_requests", c.metrics.get("goodput_completed_requests"))
-    if done is None or good is None or done <= 0:
-        return None
-    return float(good) / float(done)
+def sla_attainment(c: Candidate, basis: str = "ranked") -> float | None:
+    """Share of the steady-state window's requests that met the SLA (scoring.sla_attainment: at calibrated
+    latencies when a calibration profile was on, `basis` "raw" or "pessimistic" for the others); None
+    without an SLA."""
+    return scoring.sla_attainment(c.metrics, basis)
 
 
 def router_spread_pct(c: Candidate) -> float | None:
@@ -92,11 +89,15 @@ def _shape(cfg: Mapping[str, Any], prefix: str = "") -> str:
 
 
 def describe_shape(cfg: Mapping[str, Any]) -> str:
-    """'4 x TP2 (8 GPUs)' or 'prefill 1 x TP4 + decode 2 x DP8+EP8 (24 GPUs)'."""
+    """'4 x TP2 (8 GPUs)' or 'prefill 1 x TP4 + decode 2 x DP8+EP8 (24 GPUs)'; with prefill and decode on two
+    GPU types each names its own ('prefill 1 x TP4 on h100_sxm + decode 2 x TP2 on h200_sxm (8 GPUs)')."""
     gpus = cfg.get("used_gpus")
     if cfg.get("deployment_mode") == "disagg":
-        body = (f"prefill {cfg.get('prefill_replicas', 1)} x {_shape(cfg, 'prefill_')} + "
-                f"decode {cfg.get('decode_replicas', 1)} x {_shape(cfg, 'decode_')}")
+        split = any(f"{r}_hardware_sku" in cfg for r in ("prefill", "decode"))
+        on = {r: f" on {cfg.get(f'{r}_hardware_sku', cfg.get('hardware_sku'))}" if split else ""
+              for r in ("prefill", "decode")}
+        body = (f"prefill {cfg.get('prefill_replicas', 1)} x {_shape(cfg, 'prefill_')}{on['prefill']} + "
+                f"decode {cfg.get('decode_replicas', 1)} x {_shape(cfg, 'decode_')}{on['decode']}")
     else:
         body = f"{cfg.get('replicas', 1)} x {_shape(cfg)}"
     if gpus is None:
@@ -188,6 +189,17 @@ def candidates_frame(candidates: Sequence[Candidate], objectives: Sequence[str] 
         row["tok_s_per_gpu"] = per_gpu
         row["tok_s_per_user"] = per_user
         row["sla_attainment"] = sla_attainment(c)
+        row["sla_attainment_raw"] = sla_attainment(c, "raw")
+        row["sla_attainment_pessimistic"] = sla_attainment(c, "pessimistic")
+        row["sla_good_requests"] = scoring.sla_good_requests(c.metrics)
+        row["carries_offered_load"] = scoring.carries_load(c.metrics)
+        row["replicas_to_carry"] = scoring.replicas_to_carry(c.metrics) if row["carries_offered_load"] is False \
+            else None
+        row["usd_per_hour"] = scoring.usd_per_hour(c.metrics)
+        row["cost_per_mtok_usd"] = scoring.cost_per_mtok(c.metrics)
+        row["cost_per_k_requests_usd"] = scoring.cost_per_k_requests(c.metrics)
+        row["equivalent_settings"] = len(c.twins)
+        row["equivalent_spec_hashes"] = " ".join(str(t.spec_hash) for t in c.twins) or None
         row["router_spread_pct"] = router_spread_pct(c)
         for metric in SPREAD_METRICS:  # the full spread stays in the ledger's `spread` column
             stats = (c.spread or {}).get(metric) or {}
