@@ -73,3 +73,51 @@ def test_pngs_render_with_and_without_candidates():
     assert convergence_png(merge).startswith(PNG_MAGIC)
     empty = merge_candidates(make_ledger(seed=3, n=36).iloc[0:0], "throughput_per_gpu", gpu_budget=16)
     assert pareto_png(empty).startswith(PNG_MAGIC) and convergence_png(empty).startswith(PNG_MAGIC)
+
+
+def test_dagster_plots_an_inline_sketch_and_a_readable_full_size_plot():
+    import base64
+    import io
+    import re
+
+    from PIL import Image
+
+    from spica_pipeline.dagster.result import result_plots
+    from spica_pipeline.dagster.ui_plots import INLINE_LIMIT
+
+    merge = merge_candidates(make_ledger(seed=5, n=60), "throughput_per_gpu", gpu_budget=16)
+    plots = result_plots(merge, {"ttft_ms": 600.0, "itl_ms": 30.0})
+
+    def image(md: str):
+        data = re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", md).group(1)
+        return Image.open(io.BytesIO(base64.b64decode(data)))
+
+    for name in ("tradeoff_plot", "convergence_plot"):
+        md = plots[name].value
+        assert len(md) < INLINE_LIMIT  # the UI renders it inline
+        assert image(md).size == (320, 160)
+    for name in ("tradeoff_plot_full_size", "convergence_plot_full_size"):
+        width, height = image(plots[name].value).size
+        assert 750 <= width <= 1100 and height >= 400  # readable, and fits the UI's dialog without scrolling
+
+
+def test_full_size_plot_keeps_a_branch_colour_that_covers_few_pixels():
+    """One disagg point next to a large shaded SLA region: its orange must survive the palette."""
+    import base64
+    import io
+    import re
+
+    from PIL import Image
+
+    from spica_pipeline.dagster.ui_plots import png_markdown
+
+    ledger = make_ledger(seed=5, n=60)
+    disagg = ledger.index[(ledger["branch"] == "disagg") & (ledger["status"] == "feasible")]
+    merge = merge_candidates(ledger.drop(disagg[1:]), "throughput_per_gpu", gpu_budget=16)
+    png = pareto_png(merge, sla={"itl_ms": 5.0}, dpi=110, legend="below")  # shades nearly all of the axes
+    md = png_markdown("trade-off", png)
+    data = base64.b64decode(re.search(r"base64,([A-Za-z0-9+/=]+)", md).group(1))
+    with Image.open(io.BytesIO(data)) as img:
+        colours = {rgb for _, rgb in img.convert("RGB").getcolors(maxcolors=1 << 16)}
+    for name, rgb in (("tab:orange", (255, 127, 14)), ("tab:blue", (31, 119, 180))):
+        assert min(sum((a - b) ** 2 for a, b in zip(c, rgb)) for c in colours) <= 3 * 8 ** 2, name

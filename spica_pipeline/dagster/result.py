@@ -21,7 +21,7 @@ from spica_pipeline.dagster.config import config_from_frame, fail
 from spica_pipeline.dagster.io import SweepStorage
 from spica_pipeline.dagster.spec import SweepSpec
 from spica_pipeline.dagster.studies import SPACES_FILE, study_timings
-from spica_pipeline.dagster.ui_plots import inline_plot
+from spica_pipeline.dagster.ui_plots import inline_plot, png_markdown
 from spica_pipeline.errors import SpicaError
 from spica_pipeline.evaluate import scoring
 from spica_pipeline.optimize.branch_plan import BranchPlan, plan_branch
@@ -29,7 +29,7 @@ from spica_pipeline.optimize.ledger import STATUSES, TrialRecord
 from spica_pipeline.optimize.trial import BranchOutcome
 from spica_pipeline.optimize.timings import Timings
 from spica_pipeline.report import merge_for_config
-from spica_pipeline.report.plots import plot_axes_for
+from spica_pipeline.report.plots import convergence_png, front_points, pareto_png, plot_axes_for
 from spica_pipeline.report.tables import arrow_safe, candidates_frame, goal_value
 from spica_pipeline.space.branches import BranchSpace
 from spica_pipeline.storage import atomic_write_parquet, atomic_write_text
@@ -154,12 +154,18 @@ def _r(v: Any) -> float:
     return round(float(v), 4)
 
 
-def result_plots(merge: Any) -> dict[str, Any]:
-    """Inline sketches of the trade-off (front squares) and the convergence curve."""
+FULL_SIZE_DPI = 110  # 8-point labels are 12 px; with the legend below the axes, 800-950 px wide
+
+
+def result_plots(merge: Any, sla: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """Inline sketches of the trade-off (front squares) and the convergence curve, and each full plot
+    (the report's pareto.png and convergence.png) behind the UI's "[Show Markdown]"."""
 
     x, y = plot_axes_for(merge)
     pts = [(goal_value(c, x), goal_value(c, y)) for c in merge.feasible]
-    front = [(goal_value(c, x), goal_value(c, y)) for c in merge.candidates] if merge.is_pareto else []
+    front = front_points(pts, (scoring.direction(x), scoring.direction(y)))
+    rec = merge.recommendation
+    pick = (goal_value(rec[0], x), goal_value(rec[0], y)) if rec is not None else None
     conv = merge.convergence
     merged = conv[conv["scope"] == "merged"] if not conv.empty else conv
     flip = (not merge.is_pareto) and scoring.direction(merge.target) == "min"
@@ -167,9 +173,14 @@ def result_plots(merge: Any) -> dict[str, Any]:
                                                                            merged.get("value", []))]
     label = "hypervolume" if merge.is_pareto else f"best {merge.target}"
     return {
-        "tradeoff_plot": dg.MetadataValue.md(inline_plot("trade-off", pts, highlight=front, x_label=x, y_label=y)),
+        "tradeoff_plot": dg.MetadataValue.md(inline_plot("trade-off", pts, highlight=front, pick=pick, x_label=x,
+                                                         y_label=y)),
+        "tradeoff_plot_full_size": dg.MetadataValue.md(png_markdown(
+            "trade-off", pareto_png(merge, sla=sla, dpi=FULL_SIZE_DPI, legend="below"), "pareto.png of the report")),
         "convergence_plot": dg.MetadataValue.md(inline_plot("convergence", curve, x_label="evaluation",
                                                             y_label=label, line=True)),
+        "convergence_plot_full_size": dg.MetadataValue.md(png_markdown(
+            "convergence", convergence_png(merge, dpi=FULL_SIZE_DPI), "convergence.png of the report")),
     }
 
 
@@ -216,7 +227,7 @@ def build_sweep_result(spec: SweepSpec) -> dg.AssetsDefinition:
             metadata[f"best_{merge.target}"] = _r(value)
         metadata["ranked" if not merge.is_pareto else "front"] = candidates_table(
             candidates, merge.objectives if merge.is_pareto else None)
-        metadata.update(result_plots(merge))
+        metadata.update(result_plots(merge, config.goal.sla_thresholds()))
         metadata["output_dir"] = dg.MetadataValue.path(str(output_dir))
         context.log.info(merge.summary_line())
         return dg.Output(candidates, metadata=metadata)

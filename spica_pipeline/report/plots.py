@@ -48,9 +48,12 @@ def _pyplot() -> Any:
     return plt
 
 
-def _png(fig) -> bytes:
+DPI = 120  # the report's PNGs
+
+
+def _png(fig, dpi: int = DPI) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     _pyplot().close(fig)
     return buf.getvalue()
 
@@ -83,7 +86,7 @@ def _xy(c, x: str, y: str) -> tuple[float, float]:
     return goal_value(c, x), goal_value(c, y)
 
 
-def _front(points: list[tuple[float, float]], dirs: tuple[str, str]) -> list[tuple[float, float]]:
+def front_points(points: Sequence[tuple[float, float]], dirs: tuple[str, str]) -> list[tuple[float, float]]:
     """Non-dominated (x, y) points on the plotted axes, ascending in x; y <= 0 never counts (a goal
     value of 0 serves nothing, e.g. no request met the SLA)."""
     usable = [p for p in points if p[1] > 0 and math.isfinite(p[0]) and math.isfinite(p[1])]
@@ -205,8 +208,10 @@ def place_labels(ax, labels: Sequence[tuple[str, tuple[float, float]]], avoid: S
 # the plots
 # --------------------------------------------------------------------------------------------
 
-def pareto_figure(merge: MergeResult, title: str | None = None, sla: Mapping[str, float] | None = None):
-    """The trade-off figure (see `pareto_png`); the caller closes it."""
+def pareto_figure(merge: MergeResult, title: str | None = None, sla: Mapping[str, float] | None = None,
+                  legend: str = "right"):
+    """The trade-off figure (see `pareto_png`); the caller closes it. `legend`: "right" of the axes
+    (the report), or "below" them (narrower, for the Dagster UI's dialog)."""
     xname, yname = plot_axes_for(merge)
     dirs = (scoring.direction(xname), scoring.direction(yname))
     plt = _pyplot()
@@ -223,12 +228,12 @@ def pareto_figure(merge: MergeResult, title: str | None = None, sla: Mapping[str
         zero += [p for p in pts if p[1] <= 0]
         ax.scatter([p[0] for p in live], [p[1] for p in live], s=20, alpha=0.35, color=color, marker=marker,
                    linewidths=0, zorder=2, label=f"{branch}: feasible candidates ({len(live)})")
-        fronts.append((branch, _front(pts, dirs)))
+        fronts.append((branch, front_points(pts, dirs)))
         all_xy += pts
     if zero:
         ax.scatter([p[0] for p in zero], [0.0] * len(zero), s=16, marker="x", color="gray", alpha=0.6, zorder=2,
                    label=f"{yname} = 0: served nothing toward the goal ({len(zero)})")
-    merged = _front(all_xy, dirs)
+    merged = front_points(all_xy, dirs)
     if merged:
         what = "Pareto front of the goal" if merge.is_pareto else "best trade-off of all branches"
         ax.plot([p[0] for p in merged], [p[1] for p in merged], drawstyle="steps-pre", color=MERGED_BAND, lw=9,
@@ -266,7 +271,10 @@ def pareto_figure(merge: MergeResult, title: str | None = None, sla: Mapping[str
         place_labels(ax, rank_groups(spots, (x1 - x0, y1 - y0)), avoid=spots)
         ax.plot([], [], ls="none", label=f"1..{len(ranked)} (ringed): rank, as in deploy/<rank>/; one label per shared point")
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        if legend == "below":
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, fontsize=8, frameon=False)
+        else:
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     return fig
 
 
@@ -276,15 +284,16 @@ def _top(values: Sequence[float], margin: float) -> float:
     return max(finite) * (1 + margin) if finite else 1.0
 
 
-def pareto_png(merge: MergeResult, title: str | None = None, sla: Mapping[str, float] | None = None) -> bytes:
+def pareto_png(merge: MergeResult, title: str | None = None, sla: Mapping[str, float] | None = None,
+               dpi: int = DPI, legend: str = "right") -> bytes:
     """The goal's own metrics (see plot_axes_for): every feasible point per branch, each branch's
     own front (its colour and line style) over the merged front (a grey band), the ranked picks
     numbered as in deploy/<rank> with coinciding picks sharing a label, the pick starred, and the
     SLA (`goal.sla`: ttft_ms / itl_ms / e2e_ms) as a threshold where an axis can show it."""
-    return _png(pareto_figure(merge, title, sla))
+    return _png(pareto_figure(merge, title, sla, legend), dpi)
 
 
-def convergence_png(merge: MergeResult) -> bytes:
+def convergence_png(merge: MergeResult, dpi: int = DPI) -> bytes:
     """Best score (raw goal units) or front hypervolume after each evaluation, per branch and merged.
     The merged curve is a grey band underneath, so a branch curve that equals it stays visible."""
     plt = _pyplot()
@@ -315,4 +324,7 @@ def convergence_png(merge: MergeResult) -> bytes:
     ax.set_title("search convergence (markers: a new best)")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="lower right", fontsize=8)
-    return _png(fig)
+    return _png(fig, dpi)
+
+
+_front = front_points  # its earlier private name, still imported by tests/test_report.py
