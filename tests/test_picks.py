@@ -216,6 +216,19 @@ def test_twins_are_one_entry_with_the_smallest_settings_and_one_deploy_folder(tm
     assert "+3 equivalent settings" in text and "## Glossary" in text and "fewest GPUs" in text
 
 
+def test_twins_are_judged_on_replayed_metrics_within_one_tier():
+    """Calibration spreads a load over a role's engines, so an idle extra engine moves calibrated TTFT though
+    no request saw it: still a twin. A twin that misses the SLA where the other meets it is not one."""
+    base = report(1500.0, 3, served=7.5, good=95.0)
+    rows = ledger([("three", 3, {}, {**base, "calibrated_mean_ttft_ms": 670.0}),
+                   ("four", 4, {}, {**base, "calibrated_mean_ttft_ms": 630.0})])
+    merged = merge_candidates(rows, "throughput_per_gpu")
+    assert [c.spec_hash for c in merged.candidates] == ["three"] and merged.candidates[0].twins[0].spec_hash == "four"
+    rows = ledger([("meets", 3, {}, base), ("misses", 2, {}, {**base, "calibrated_goodput_completed_requests": 50.0})])
+    merged = merge_candidates(rows, "throughput", sla={"e2e_ms": 9000.0}, sla_required=0.9)
+    assert [c.spec_hash for c in merged.candidates] == ["meets", "misses"]
+
+
 def test_cost_per_mtok_ranks_the_cheapest_first_and_every_pick_has_a_cost(tmp_path):
     rows = ledger([("dear", 8, {}, report(1600.0, 8)), ("cheap", 2, {}, report(1000.0, 2))])
     merged = merge_candidates(rows, "cost_per_mtok", gpu_price=3.0)

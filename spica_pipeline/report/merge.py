@@ -13,7 +13,7 @@ import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
@@ -314,7 +314,7 @@ def merge_candidates(
     unservable = 0
     if target == Target.MIN_GPUS and load_target:
         ranked, unservable = _size_fleets(ranked, dict(load_target), rows)
-    ranked = collapse_twins(sorted(ranked, key=tier_of), {id(c): i for i, c in enumerate(feasible)})
+    ranked = collapse_twins(sorted(ranked, key=tier_of), {id(c): i for i, c in enumerate(feasible)}, tier_of)
 
     tracker = {scope: _Tracker(is_pareto, dirs, reference) for scope in (*branches, "merged")}
     for branch, cand in steps:
@@ -379,27 +379,28 @@ def merge_for_config(ledger_df: pd.DataFrame, config: Any) -> MergeResult:
                             gpu_price=goal.gpu_usd_per_hour(getattr(config.search_space, "hardware_sku", None)))
 
 
-# Twins: equal (to TWIN_DIGITS significant digits) in every one of these, raw and calibrated, in one branch.
+# Twins: equal (to TWIN_DIGITS significant digits) in every one of these replayed metrics, in one branch and tier.
 TWIN_METRICS = ("output_throughput_tok_s", "request_throughput_rps", "mean_ttft_ms", "p90_ttft_ms", "mean_tpot_ms",
                 "p90_itl_ms", "mean_e2e_latency_ms", "mean_output_token_throughput_per_user",
                 scoring.GOODPUT_KEY, "goodput_completed_requests")
 TWIN_DIGITS = 4
 TWIN_RULE = ("candidates whose replayed metrics are equal (throughput, request rate, TTFT, TPOT/ITL, E2E, goodput; "
-             f"mean and p90, raw and calibrated, to {TWIN_DIGITS} significant digits) are one entry, shown as the "
-             "one with the fewest GPUs, then the smallest max_num_seqs, then the smallest max_num_batched_tokens "
-             "(agg, prefill, decode in turn), then the first evaluated")
+             f"mean and p90, to {TWIN_DIGITS} significant digits) are one entry, shown as the one with the fewest GPUs, "
+             "then the smallest max_num_seqs, then the smallest max_num_batched_tokens (agg, prefill, decode in "
+             "turn), then the first evaluated, at its own rank")
 _TWIN_KNOBS = tuple(f"{role}_{knob}" for role in ("agg", "prefill", "decode")
                     for knob in ("max_num_seqs", "max_num_batched_tokens"))
 
 
 def twin_key(c: Candidate) -> tuple[Any, ...]:
-    """What twins share: the branch and TWIN_METRICS (raw and calibrated) to TWIN_DIGITS digits. The same
-    metrics on more GPUs are the same answer at a higher cost, so the GPU count is not part of it."""
+    """What twins share: the branch and the replayed TWIN_METRICS to TWIN_DIGITS digits. The same replay on
+    more GPUs is the same answer at a higher cost, so the GPU count is not part of it; nor are calibrated
+    values, which move with the number of engines a load is spread over even when no request saw it."""
     def rounded(key: str) -> str | None:
         v = c.metrics.get(key)
         return None if v is None else f"{float(v):.{TWIN_DIGITS}g}"
 
-    values = [rounded(k) for m in TWIN_METRICS for k in (m, f"calibrated_{m}")]
+    values = [rounded(k) for k in TWIN_METRICS]
     if all(v is None for v in values):  # nothing replayed to compare: a twin of nothing
         return ("unique", id(c))
     return (c.branch, *values)
@@ -410,18 +411,19 @@ def _representative_key(c: Candidate, order: Mapping[int, int]) -> tuple[Any, ..
     return (c.metrics.get("fleet_gpus", c.used_gpus), *knobs[0::2], *knobs[1::2], order.get(id(c), 0))
 
 
-def collapse_twins(ranked: Sequence[Candidate], order: Mapping[int, int] | None = None) -> list[Candidate]:
-    """One entry per group of twins (`twin_key`), at the place of the group's first member; the entry is the
-    member TWIN_RULE picks, the others in its `twins` (in ranking order). `order`: id -> ledger position."""
+def collapse_twins(ranked: Sequence[Candidate], order: Mapping[int, int] | None = None,
+                   tier_of: Callable[[Candidate], int] | None = None) -> list[Candidate]:
+    """One entry per group of twins (`twin_key`, within one `tier_of`): the member TWIN_RULE picks, at its own
+    place in `ranked`, the others in its `twins` (in ranking order). `order`: id -> ledger position."""
     groups: dict[tuple[Any, ...], list[Candidate]] = {}
     for c in ranked:
-        groups.setdefault(twin_key(c), []).append(c)
-    out = []
+        groups.setdefault((tier_of(c) if tier_of else 0, *twin_key(c)), []).append(c)
+    kept = set()
     for members in groups.values():
         rep = min(members, key=lambda c: _representative_key(c, order or {}))
         rep.twins = [c for c in members if c is not rep]
-        out.append(rep)
-    return out
+        kept.add(id(rep))
+    return [c for c in ranked if id(c) in kept]
 
 
 def _vec(c: Candidate, objs: Sequence[str]) -> tuple[float, ...]:
