@@ -5,9 +5,11 @@
 fails on something knowable at start. In order:
 
     algorithm (SPICA_VIZIER_ALGO included) -> the ray extra for `executor: ray` -> the trace file
-    exists -> model and GPU names resolve (space/model_hw.py) -> every backend has a deploy writer
-    (report/dgd.py) -> precision the model and GPU can run -> the workload (trace read whole, input
-    + output or a session's longest history within the context, resource limits, calibration profile,
+    exists -> model and GPU names resolve (space/model_hw.py) -> `calibration: auto` takes an own
+    profile of this model, system and precision from the profile directory -> every backend has a
+    deploy writer (report/dgd.py) -> precision the model and GPU can run -> the workload (trace read
+    whole, input + output or a session's longest history within the context, resource limits,
+    calibration profile (an own profile of another model, system or precision is refused),
     the speculative acceptance a searched speculative method needs) -> planner policies left
     by the goal -> the branch enumeration (perf data per system/backend/precision, KV fit, pins)
 
@@ -22,7 +24,15 @@ from spica_pipeline.config.limits import MAX_REQUESTS_PER_REPLAY, check_resource
 from spica_pipeline.config.sweep import resolve_algorithm
 from spica_pipeline.errors import ConfigError, PolicyFilterError, ResourceLimitError, SpicaError, TraceError
 from spica_pipeline.evaluate.ray_pool import require_ray
-from spica_pipeline.fidelity.profile import FIXED_LENGTHS, fixed_length_backends, load_profile
+from spica_pipeline.fidelity.profile import (
+    FIXED_LENGTHS,
+    deployment_text,
+    find_own_profile,
+    fixed_length_backends,
+    load_profile,
+    own_mismatch,
+    own_of,
+)
 from spica_pipeline.report.dgd import DEPLOY_BACKENDS
 from spica_pipeline.space.branches import BranchEnumeration, enumerate_branches
 from spica_pipeline.space.model_hw import ResolvedName, check_precision, resolve_hardware, resolve_model
@@ -92,6 +102,8 @@ def _preflight(config: SmartSearchConfig) -> Preflight:
         require_ray()
     check_trace_path(config)
     config, renamed = resolve_names(config)
+    config, found = resolve_calibration(config)
+    renamed += found
     check_backends(config)
     space = config.search_space
     check_precision(space.precision, space.model_name, space.hardware_sku)
@@ -125,6 +137,28 @@ def resolve_names(config: SmartSearchConfig) -> tuple[SmartSearchConfig, list[st
         return config, []
     space = space.model_copy(update={"model_name": model.name, "hardware_sku": hardware.name})
     return config.model_copy(update={"search_space": space}), renamed
+
+
+def _precision(config: SmartSearchConfig) -> dict[str, str]:
+    """The sweep's set precision fields ({} for the checkpoint's own), as a candidate carries them."""
+    precision = config.search_space.precision
+    return {k: v for k, v in (precision.model_dump() if precision else {}).items() if v is not None}
+
+
+def resolve_calibration(config: SmartSearchConfig) -> tuple[SmartSearchConfig, list[str]]:
+    """`evaluation.calibration: auto` with an own profile of the sweep's model, system, precision and one of its
+    backends in the profile directory (fidelity/profile.find_own_profile): the config with that file, and one
+    line saying so (plus a line per profile found but not used)."""
+    if config.evaluation.calibration != "auto":
+        return config, []
+    space = config.search_space
+    path, notes = find_own_profile(model=space.model_name, system=space.hardware_sku, backends=list(space.backend),
+                                   precision=_precision(config))
+    if path is None:
+        return config, notes
+    evaluation = config.evaluation.model_copy(update={"calibration": str(path)})
+    return config.model_copy(update={"evaluation": evaluation}), [f"calibration auto -> {path} (an own profile of "
+                                                                  "this model, system and precision)", *notes]
 
 
 def check_backends(config: SmartSearchConfig) -> None:
@@ -218,19 +252,30 @@ def check_sessions(config: SmartSearchConfig) -> None:
 
 
 def check_calibration(config: SmartSearchConfig) -> list[str]:
-    """The profile loads (a ConfigError names a missing or corrupt file), and `client_lengths: fixed` has
-    fixed-length factors to select; a warning names the searched backends it changes nothing for."""
+    """The profile loads (a ConfigError names a missing or corrupt file), an own profile is of this sweep's
+    model, system and precision (else a ConfigError naming both), and `client_lengths: fixed` has fixed-length
+    factors to select; a warning names the searched backends the profile changes nothing for."""
 
     profile, _ = load_profile(config.evaluation.calibration)
+    space = config.search_space
+    why = own_mismatch(profile, model=space.model_name, system=space.hardware_sku, precision=_precision(config))
+    if why:
+        raise ConfigError(f"evaluation.calibration: {config.evaluation.calibration} {why}")
+    own = own_of(profile)
+    warnings = [] if own is None or own["backend"] in space.backend else [
+        f"evaluation.calibration: {config.evaluation.calibration} is the own profile of "
+        f"{deployment_text(own['model'], own['system'], own.get('precision'), own['backend'])}; this sweep searches "
+        f"{', '.join(space.backend)}, whose candidates read the packaged corrections it carries"]
     if config.evaluation.client_lengths != "fixed":
-        return []
+        return warnings
     covered = fixed_length_backends(profile) if profile is not None else frozenset()
     if not covered:
         raise ConfigError(f"evaluation.client_lengths: 'fixed' needs a calibration profile with {FIXED_LENGTHS} "
                           f"factors (calibration: auto has them); {config.evaluation.calibration!r} has none")
     others = [b for b in config.search_space.backend if b not in covered]
     if not others:
-        return []
-    return [f"evaluation.client_lengths 'fixed' changes nothing for backend {', '.join(others)}: the profile has "
-            f"fixed-length factors for {', '.join(sorted(covered))} only (a fixed-length client there drifts apart "
-            "like the spread replay; docs/fidelity.md)"]
+        return warnings
+    return warnings + [
+        f"evaluation.client_lengths 'fixed' changes nothing for backend {', '.join(others)}: the profile has "
+        f"fixed-length factors for {', '.join(sorted(covered))} only (a fixed-length client there drifts apart "
+        "like the spread replay; docs/fidelity.md)"]

@@ -1,12 +1,12 @@
-"""`spica`: the command line (validate, sweep, export, import, list). One module per command; every failure ends
-with one line on stderr, never a traceback, and an exit code that tells the truth (cli/common.py)."""
+"""`spica`: the command line (validate, sweep, export, import, list, calibrate). One module per command; every
+failure ends with one line on stderr, never a traceback, and an exit code that tells the truth (cli/common.py)."""
 
 import argparse
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from spica_pipeline.cli import exchange, sweep, validate
+from spica_pipeline.cli import calibrate, exchange, sweep, validate
 from spica_pipeline.cli import list as listing
 from spica_pipeline.cli.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED, fail, internal_error
 from spica_pipeline.errors import SpicaError
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the traceback of an internal error (exit 3) to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for command in (validate, sweep, exchange, listing):
+    for command in (validate, sweep, exchange, listing, calibrate):
         command.add_parser(sub, common)
     return parser
 

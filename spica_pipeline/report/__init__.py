@@ -66,7 +66,7 @@ def write_outputs(
         written = write_deploy_folder(
             out / "deploy" / str(rank), cand, rank, target=m.target, options=deploy_options,
             description=describe_candidate(cand, m.target, m.objectives), sla=goal_summary.get("sla"),
-            heldout_check=heldout_check)
+            heldout_check=heldout_check, workload=workload_summary)
         paths[f"deploy_{rank}"] = written.get("dgd") or written["dgd_invalid"]
         paths[f"deploy_record_{rank}"] = written["record"]
     _drop_stale_deploy_folders(out / "deploy", keep=len(m.top(top_n)))

@@ -1,7 +1,14 @@
 """How far the numbers a sweep ranked on were from real GPUs on models the calibration profile never
 saw: the profile's recorded held-out check (fidelity/profile.heldout_check), shown per backend
-in report.md and the deploy records, so each accuracy claim names its measurement (file and date)."""
+in report.md and the deploy records, so each accuracy claim names its measurement (file and date).
 
+With an own profile (`spica calibrate`, fidelity/own.py) the check's "own" entry says what the profile knows
+of itself: which file, how many of the model's own measured points, their leave-one-out errors and the band
+its own entries carry; its backend's picks are ranked on it and carry that band, the sweep's other backends
+read the packaged corrections the file carries, with their held-out errors. Every pick's band is listed with
+the profile it came from."""
+
+import math
 from typing import Any, Iterable, Mapping
 
 from spica_pipeline.fidelity.silicon import split_of
@@ -65,19 +72,96 @@ def unreliable(found: Mapping[str, Any]) -> list[str]:
     return [name for p, name in PHASES if (found.get(p) or {}).get("mdape", 0.0) > UNRELIABLE_MDAPE]
 
 
-def report_lines(check: Mapping[str, Any] | None, backends: Iterable[Any], calibrated: bool,
-                 models: Iterable[Any] = ()) -> list[str]:
-    """report.md's section: the held-out errors of the numbers ranked on, for the backends shown;
-    `models`: the sweep's model names, said to be in the calibration split or not."""
+def own_of(check: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The own profile's summary in a check (fidelity/profile.own_summary), or None."""
+    own = (check or {}).get("own")
+    return own if isinstance(own, Mapping) else None
 
-    shown = sorted({str(b) for b in backends if b})
+
+def is_own(check: Mapping[str, Any] | None, config: Mapping[str, Any]) -> bool:
+    """Whether a candidate (its flat config) is corrected by the check's own profile: its backend and system."""
+    own = own_of(check)
+    return own is not None and config.get("backend") == own.get("backend") \
+        and config.get("hardware_sku") == own.get("system")
+
+
+def _loo(own: Mapping[str, Any], phase: str) -> str:
+    e = (own.get("leave_one_out") or {}).get(phase) or {}
+    return f"{_pct(e.get('mdape'))} (worst {_pct(e.get('max'))})" if e else "– (one point)"
+
+
+def _multipliers(band: Any) -> str:
+    if not isinstance(band, (list, tuple)) or len(band) != 2:
+        return "–"
+    return f"x{math.exp(band[0]):.2f}–x{math.exp(band[1]):.2f}"
+
+
+def own_lines(own: Mapping[str, Any]) -> list[str]:
+    """report.md's paragraph on an own profile: file, deployment, rows, leave-one-out errors, band."""
+    precision = ", ".join(f"{k} {v}" for k, v in sorted((own.get("precision") or {}).items())) or "checkpoint default"
+    rows = own.get("rows")
+    return [f"Calibrated by **your own measurements**: the own profile `{own.get('profile')}` (fitted "
+            f"{own.get('fitted')}) on {rows} measured point{'s' if rows != 1 else ''} of {own.get('model')} on "
+            f"{own.get('system')} with {own.get('backend')} (precision {precision}), on top of the packaged profile "
+            f"{(own.get('base') or {}).get('method_name') or ''} fitted {(own.get('base') or {}).get('fitted')}.", "",
+            "| phase | own factor | leave-one-out error, median (worst) | band on its picks (P10–P90) |",
+            "|---|---|---|---|",
+            *[f"| {name} | x{(own.get('factors') or {}).get(p, float('nan')):.3f} | {_loo(own, p)} | "
+              f"{_multipliers((own.get('band') or {}).get(p))} |" for p, name in PHASES], "",
+            f"Each leave-one-out error is one measured point predicted from the others. The band is how far "
+            f"profiles fitted on as many of a model's own points were off on the other points of their benchmark "
+            f"campaign (calibration split; docs/fidelity.md, \"With the model's own measurements\"). "
+            f"{own.get('backend')} candidates on {own.get('system')} are ranked on this profile and carry its band; "
+            "the sweep's other backends read the packaged corrections the file carries.", ""]
+
+
+def pick_band_lines(check: Mapping[str, Any] | None, picks: Iterable[tuple[Any, Any]]) -> list[str]:
+    """A table of the shown picks' P10–P90 band multipliers and the profile they come from (own or packaged), picks
+    with the same band on one row; empty when no pick has a band (calibration off)."""
+    rows: dict[tuple[str, ...], list[str]] = {}
+    for rank, c in picks:
+        m = c.metrics
+        if m.get("band_ttft_lo") is None or m.get("band_tpot_lo") is None:
+            continue
+        source = "own" if is_own(check, c.config) else "packaged"
+        if source == "packaged" and m.get("calibration_fallback"):
+            source = "packaged (fallback entry, widened)"
+        key = (str(c.config.get("backend")), source, f"x{m['band_ttft_lo']:.2f}–x{m['band_ttft_hi']:.2f}",
+               f"x{m['band_tpot_lo']:.2f}–x{m['band_tpot_hi']:.2f}")
+        rows.setdefault(key, []).append(str(rank))
+    if not rows:
+        return []
+    return ["The band on every pick (P10–P90 multipliers of its calibrated TTFT and TPOT) and the profile it "
+            "comes from:", "", "| ranks | backend | profile | TTFT band | TPOT band |", "|---|---|---|---|---|",
+            *[f"| {', '.join(ranks)} | {' | '.join(key)} |" for key, ranks in rows.items()], ""]
+
+
+def report_lines(check: Mapping[str, Any] | None, backends: Iterable[Any], calibrated: bool,
+                 models: Iterable[Any] = (), picks: Iterable[tuple[Any, Any]] = ()) -> list[str]:
+    """report.md's section: the held-out errors of the numbers ranked on, for the backends shown, the own
+    profile where one was used, and the band on every pick; `models`: the sweep's model names, said to be in the
+    calibration split or not; `picks`: (rank, candidate) of the shown picks."""
+
     lines = ["## Accuracy on unseen models (held-out check)", ""]
+    own = own_of(check)
+    if own is not None:
+        lines = ["## Accuracy: your own measurements, and the held-out check", "", *own_lines(own)]
+        backends = [b for b in backends if str(b) != own.get("backend")]
+        if not backends:
+            return lines + pick_band_lines(check, picks)
+        if not (check or {}).get("source"):
+            return lines + [f"No held-out check is recorded for the corrections the own profile carries for "
+                            f"{', '.join(sorted({str(b) for b in backends}))}.", ""] + pick_band_lines(check, picks)
+    shown = sorted({str(b) for b in backends if b})
     if check is None:
         what = "calibration profile (a user file or an edited copy)" if calibrated else "replay"
         return lines + [f"No held-out check is recorded for this {what}: how far its numbers are from real "
                         "GPUs on a model outside the calibration split is not measured.", ""]
-    subject = (f"The calibration profile `{str(check.get('profile') or '').split('/')[-1]}`" if calibrated
+    profile = str(check.get('base_profile') or check.get('profile') or '').split('/')[-1]
+    subject = (f"The packaged calibration profile `{profile}`" if calibrated
                else "The raw replay (`evaluation.calibration: none`)")
+    if own is not None:
+        subject = f"For {', '.join(shown)}, the packaged calibration profile `{profile}` the own profile carries"
     lines += [f"{subject}, checked once against aiconfigurator-core's silicon measurements of models outside "
               f"the calibration split ({provenance(check)}). Median absolute error, P90 and signed median "
               "bias:", ""]
@@ -107,11 +191,29 @@ def report_lines(check: Mapping[str, Any] | None, backends: Iterable[Any], calib
                  "are in docs/fidelity.md)" if split_of(model) == "calibration" else
                  "not a calibration model: the errors above are the measured ones for such a model")
         lines += [f"`{model}` is {where}.", ""]
-    return lines + (warnings + [""] if warnings else [])
+    return lines + (warnings + [""] if warnings else []) + pick_band_lines(check, picks)
+
+
+def own_entry(check: Mapping[str, Any] | None, config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """simulation_record.yaml's "calibration_profile" for a pick corrected by an own profile, else None."""
+    own = own_of(check)
+    if own is None or not is_own(check, config):
+        return None
+    return {"kind": "own", "profile": own.get("profile"), "fitted": own.get("fitted"), "rows": own.get("rows"),
+            "leave_one_out": own.get("leave_one_out"), "band_log_p10_p90": own.get("band"),
+            "note": "calibrated by the model's own measured points (spica calibrate); the bands are the own "
+                    "profile's (docs/fidelity.md)"}
 
 
 def header_line(check: Mapping[str, Any] | None, backend: str | None) -> str | None:
-    """One comment line for dgd.yaml: this backend's held-out median errors and their file."""
+    """One comment line for dgd.yaml: this backend's held-out median errors and their file, or the own profile's
+    leave-one-out errors for its backend."""
+    own = own_of(check)
+    if own is not None and own.get("backend") == backend:
+        loo = own.get("leave_one_out") or {}
+        return (f"# calibrated by your own measurements: {own.get('profile')} ({own.get('rows')} points); "
+                f"leave-one-out median error TTFT {_pct((loo.get('ttft') or {}).get('mdape'))}, "
+                f"TPOT {_pct((loo.get('tpot') or {}).get('mdape'))}")
     found = backend_check(check, backend)
     if found is None:
         return None

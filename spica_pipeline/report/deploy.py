@@ -15,7 +15,8 @@ import yaml
 from spica_pipeline.config.goal import planner_target as goal_planner_target
 from spica_pipeline.config.precision import precision_of
 from spica_pipeline.evaluate.scoring import Candidate
-from spica_pipeline.report.accuracy import backend_check, header_line
+from spica_pipeline.report.accuracy import backend_check, header_line, own_entry
+from spica_pipeline.report.bench_script import bench_script
 from spica_pipeline.report.dgd import dgd_manifest, manifest_name, validate_manifest
 from spica_pipeline.report.tables import candidate_bands
 from spica_pipeline.space.candidate import Candidate as Deployment
@@ -97,6 +98,7 @@ def deployment_dict(c: Candidate, rank: int, *, target: str | None = None,
         "expected": {"goal": target, "score": c.score, "objectives": c.objectives, "metrics": c.metrics,
                      **({"spread": c.spread} if c.spread else {}), **_bands(c, target)},
         **({"heldout_check": found} if (found := backend_check(heldout_check, cfg.get("backend"))) else {}),
+        **({"calibration_profile": own} if (own := own_entry(heldout_check, cfg)) else {}),
         "config": dict(cfg),
     }
 
@@ -155,7 +157,10 @@ def readme_text(c: Candidate, rank: int, description: str) -> str:
         "`deploy:`).\n"
         "- `simulation_record.yaml`: what Dynamo Replay simulated for this candidate (engine arguments "
         "per role, worker counts, router and planner settings, model, backend and perf-database "
-        "version) and what it measured.\n\n"
+        "version) and what it measured.\n"
+        "- `bench.sh`: the AIPerf command(s) that measure this pick, once deployed, at the sweep's workload; "
+        "`spica calibrate <this folder> --output PROFILE.json` then fits a calibration profile from what it "
+        "saved, for the next sweep.\n\n"
         "The numbers are replay predictions, not measurements; benchmark on real hardware before "
         "relying on them.\n"
     )
@@ -173,8 +178,10 @@ def fleet(deployment: Deployment, fleet_replicas: Any) -> Deployment:
 def write_deploy_folder(out_dir: Any, c: Candidate, rank: int, *, target: str | None, description: str,
                         options: Any = None, planner_target: str | None = None,
                         sla: Mapping[str, Any] | None = None,
-                        heldout_check: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """deploy/<rank>/{dgd.yaml, simulation_record.yaml, README.md}; returns name -> path.
+                        heldout_check: Mapping[str, Any] | None = None,
+                        workload: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """deploy/<rank>/{dgd.yaml, simulation_record.yaml, README.md, bench.sh}; returns name -> path.
+    workload: the sweep's workload as report.md states it (bench.sh measures the pick at it).
 
     A manifest that fails validation is a bug in the writer: it is not written as dgd.yaml; its
     problems go to dgd.invalid.txt so the rest of the sweep's output still lands.
@@ -187,6 +194,8 @@ def write_deploy_folder(out_dir: Any, c: Candidate, rank: int, *, target: str | 
     record = deployment_yaml(c, rank, target=target, heldout_check=heldout_check)
     paths["record"] = atomic_write_text(d / "simulation_record.yaml", record)
     atomic_write_text(d / "README.md", readme_text(c, rank, description))
+    paths["bench"] = atomic_write_text(d / "bench.sh", bench_script(c.config, rank, workload))
+    paths["bench"].chmod(0o755)
     deployment = Deployment.from_dict(c.config, extra="ignore")
     planner_config = planner_config_for(deployment, planner_target=planner_target or goal_planner_target(target or ""),
                                         sla=dict(sla) if sla else None)

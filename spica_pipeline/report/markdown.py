@@ -296,7 +296,9 @@ def render_report(
     if best is not None:
         calibrated = scoring.ranked_on(best.metrics, merge.target, merge.objectives or None) == "calibrated"
         lines += accuracy.report_lines(heldout_check, (c.config.get("backend") for c in shown), calibrated,
-                                       models=(c.config.get("model_name") for c in shown))
+                                       models=(c.config.get("model_name") for c in shown),
+                                       picks=[(merge.rank_of(c) if merge.is_pareto else i, c)
+                                              for i, c in enumerate(shown, 1)])
 
     lines += ["## Glossary", "", *verdict.glossary(merge), ""]
     lines += ["## Time", ""]
