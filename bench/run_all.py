@@ -84,6 +84,8 @@ BENCHES: dict[str, Bench] = {
                              Mode((), "silicon_repeats.json", "--json"), HOUR),
     "calibration_cost": Bench("bench_calibration_cost.py", Mode((), "calibration_cost.json", "--out"),
                               Mode((), "calibration_cost.json", "--out"), HOUR),
+    "calibrate": Bench("bench_calibrate.py", Mode((), "calibrate.json", "--out"),
+                       Mode(("--repeats", "1"), "calibrate_quick.json", "--out"), HOUR),
 }
 
 

@@ -24,7 +24,8 @@ backend), each with its replays (fidelity/records.py), and writes a profile in t
 
 The method and its constants were chosen on the calibration split's campaigns (k = 3 and 10 rows, 20 seeded
 draws each): against the median factor alone, the shrunk load slope brings TPOT from 6.6 to 5.8 % MdAPE at 3 rows
-and from 5.6 to 4.6 % at 10, and leaves TTFT as it was (14.4 against 14.6 %, 11.7 against 12.1 %).
+and from 5.6 to 4.6 % at 10, and leaves TTFT about as it was (14.4 against 14.6 %, 11.8 against 12.1 %;
+bench/results/fidelity_calibration.json "own", against its previous version in git).
 
 A benchmark campaign is one source file and one engine version of one (model, precision, system, backend, mode):
 the record's "campaign" key (the bench derives it from the silicon file). An own profile is judged on rows of
