@@ -96,14 +96,16 @@ def _multipliers(band: Any) -> str:
     return f"x{math.exp(band[0]):.2f}–x{math.exp(band[1]):.2f}"
 
 
-def own_lines(own: Mapping[str, Any]) -> list[str]:
-    """report.md's paragraph on an own profile: file, deployment, rows, leave-one-out errors, band."""
+def own_lines(own: Mapping[str, Any], base_profile: Any = None) -> list[str]:
+    """report.md's paragraph on an own profile: file, deployment, rows, leave-one-out errors, band; `base_profile`:
+    the packaged profile it was fitted on (the check's "base_profile")."""
     precision = ", ".join(f"{k} {v}" for k, v in sorted((own.get("precision") or {}).items())) or "checkpoint default"
+    base = f"`{str(base_profile).split('/')[-1]}`" if base_profile else "it was fitted on"
     rows = own.get("rows")
     return [f"Calibrated by **your own measurements**: the own profile `{own.get('profile')}` (fitted "
             f"{own.get('fitted')}) on {rows} measured point{'s' if rows != 1 else ''} of {own.get('model')} on "
             f"{own.get('system')} with {own.get('backend')} (precision {precision}), on top of the packaged profile "
-            f"{(own.get('base') or {}).get('method_name') or ''} fitted {(own.get('base') or {}).get('fitted')}.", "",
+            f"{base} (fitted {(own.get('base') or {}).get('fitted')}).", "",
             "| phase | own factor | leave-one-out error, median (worst) | band on its picks (P10–P90) |",
             "|---|---|---|---|",
             *[f"| {name} | x{(own.get('factors') or {}).get(p, float('nan')):.3f} | {_loo(own, p)} | "
@@ -145,7 +147,8 @@ def report_lines(check: Mapping[str, Any] | None, backends: Iterable[Any], calib
     lines = ["## Accuracy on unseen models (held-out check)", ""]
     own = own_of(check)
     if own is not None:
-        lines = ["## Accuracy: your own measurements, and the held-out check", "", *own_lines(own)]
+        lines = ["## Accuracy: your own measurements, and the held-out check", "",
+                 *own_lines(own, (check or {}).get("base_profile"))]
         backends = [b for b in backends if str(b) != own.get("backend")]
         if not backends:
             return lines + pick_band_lines(check, picks)
