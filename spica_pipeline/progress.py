@@ -95,17 +95,19 @@ class ProgressPrinter:
     bounds the sweep). `goal`: the scalar goal's name, for the best value (None: no best shown,
     e.g. a Pareto goal); `sign`: -1 when it is minimised (record scores are signed so that higher
     is better). `terminal`: force bars (True) or plain lines (False) instead of asking the stream.
+    `engine_log`: the file the replay workers write to, named once before the first branch.
     """
 
     def __init__(self, stream: TextIO | None = None, *, evaluation_budget: int | None = None,
                  time_budget: float | None = None, goal: str | None = None, sign: float = 1.0,
-                 terminal: bool | None = None):
+                 terminal: bool | None = None, engine_log: str | None = None):
         self.stream = stream or sys.stderr
         self.plain = _plain_stream(self.stream) if terminal is None else not terminal
         self.budget = evaluation_budget
         self.time_budget = time_budget
         self.goal = goal
         self.sign = sign
+        self.engine_log = engine_log
         self.branches: dict[str, BranchCount] = {}
         self.current: str | None = None
         self.started = time.perf_counter()
@@ -154,6 +156,8 @@ class ProgressPrinter:
             line = self.budget_line()
             if line:
                 self._line(line)
+            if self.engine_log:
+                self._line(f"replay runtime output (its log lines and warnings): {self.engine_log}")
         count = self._branch(name)
         count.exhaustive = exhaustive or count.exhaustive
         count.started = time.perf_counter()

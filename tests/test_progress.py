@@ -96,3 +96,13 @@ def test_terminal_draws_rich_bars_and_stops():
 def test_dumb_terminal_gets_plain_lines(monkeypatch):
     monkeypatch.setenv("TERM", "dumb")
     assert ProgressPrinter(_Terminal()).plain
+
+
+def test_the_engine_log_is_named_once_before_the_first_branch():
+    out = io.StringIO()
+    printer = ProgressPrinter(out, evaluation_budget=4, engine_log="runs/q/logs/engine.log")
+    _feed(printer)
+    lines = out.getvalue().splitlines()
+    named = [i for i, line in enumerate(lines) if line.endswith("runs/q/logs/engine.log")]
+    assert len(named) == 1 and lines[named[0]].startswith("replay runtime output")
+    assert named[0] < next(i for i, line in enumerate(lines) if line.startswith("branch agg done"))

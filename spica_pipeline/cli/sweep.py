@@ -1,6 +1,7 @@
 """`spica sweep --config F`: run a sweep (resumable) and print the ranked candidates or the front."""
 
 import argparse
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -27,6 +28,8 @@ from spica_pipeline.config import SmartSearchConfig, render_validation_error
 from spica_pipeline.config.sweep import ALGORITHMS
 from spica_pipeline.errors import ConfigError, SpicaError
 from spica_pipeline.evaluate import scoring
+from spica_pipeline.evaluate.pool import ENGINE_LOG
+from spica_pipeline.evaluate.ray_pool import RAY_ADDRESS_ENV
 from spica_pipeline.optimize.journal import JOURNAL_NAME, QUARANTINE_SUFFIX
 from spica_pipeline.preflight import refusal_line
 from spica_pipeline.progress import ProgressPrinter
@@ -55,13 +58,17 @@ def _with_overrides(config: Any, args: argparse.Namespace) -> Any:
         return fail(f"invalid config {args.config}: {err}")
 
 
-def progress_for(config: SmartSearchConfig) -> ProgressPrinter:
-    """The console's progress: the budget it counts against and the goal whose best it shows."""
+def progress_for(config: SmartSearchConfig, output_dir: Path) -> ProgressPrinter:
+    """The console's progress: the budget it counts against, the goal whose best it shows and
+    where the replay runtime's own output goes."""
     target = config.goal.target.value
     pareto = target == "pareto"
+    # a Ray cluster's actors keep their output in Ray's own logs on each node (evaluate/ray_pool.py)
+    cluster = config.sweep.executor == "ray" and bool(config.sweep.ray_address or os.environ.get(RAY_ADDRESS_ENV))
     return ProgressPrinter(evaluation_budget=config.sweep.evaluation_budget, time_budget=config.sweep.time_budget,
                            goal=None if pareto else target,
-                           sign=1.0 if pareto or scoring.direction(target) == "max" else -1.0)
+                           sign=1.0 if pareto or scoring.direction(target) == "max" else -1.0,
+                           engine_log=None if cluster else str(output_dir / ENGINE_LOG))
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -77,7 +84,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except ConfigError as err:
         return fail(f"invalid config {args.config}: {err}")
     output_dir = Path(args.output_dir or Path("runs") / Path(args.config).stem)
-    progress = progress_for(config)
+    progress = progress_for(config, output_dir)
     try:
         with sigterm_as_interrupt():
             result = run_sweep(config, output_dir, progress=progress, repair=args.repair,
