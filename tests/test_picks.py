@@ -162,11 +162,22 @@ def test_a_candidate_that_does_not_carry_the_load_ranks_after_those_that_do():
     merged = merge_candidates(rows, "throughput_per_gpu", offered="8 req/s")
     assert [c.spec_hash for c in merged.candidates] == ["carries", "fast-but-short"]
     short = merged.candidates[1]
-    assert verdict.marks(short, merged) == ["does not carry 8 req/s: served 6.2 req/s; 2 copies (4 GPUs) would"]
+    assert verdict.marks(short, merged) == [
+        "does not carry 8 req/s: served 80 % of the arrivals in the window's settled half; served 6.2 req/s over "
+        "the window; 2 copies (4 GPUs) would carry it"]
     lines = verdict.headline(merged)
-    assert lines[0].startswith("Rank 1 carries the offered load (8 req/s)")
+    assert lines[0].startswith("Rank 1 carries the offered load (8 req/s): in the window's settled second half it "
+                               "served 100 % of the requests arriving (7.8 req/s of 8 req/s over the whole window")
     assert "1 of 2 distinct configurations do not carry it" in lines[1]
-    assert "served only 6.2 req/s; 2 copies (4 GPUs) of it would carry the load" in lines[2]
+    assert "it served 6.2 req/s; 2 copies (4 GPUs) of it would carry the load" in lines[2]
+    # served every arrival, but requests in flight still grew, and a request lasts over a quarter of the window
+    filling = ledger([("filling", 8, {}, {**report(1500.0, 8, served=5.2, growth=0.8, ttft=400.0, itl=50.0),
+                                          "window_start_ms": 3000.0, "window_end_ms": 27000.0}),
+                      ("carries", 8, {}, report(1400.0, 8, served=7.9))])
+    merged = merge_candidates(filling, "throughput_per_gpu", offered="8 req/s")
+    assert "in flight were still growing in the window's settled half (10 % of the offered rate)" in \
+        verdict.marks(merged.candidates[1], merged)[0]
+    assert "may have been filling up rather than falling behind" in verdict.headline(merged)[-1]
     # goal.offered_load: report keeps the goal's order and only marks
     marked = merge_candidates(rows, "throughput_per_gpu", offered="8 req/s", offered_required=False)
     assert [c.spec_hash for c in marked.candidates] == ["fast-but-short", "carries"]

@@ -39,6 +39,8 @@ METRIC_KEYS: tuple[str, ...] = (
     "completed_requests",
     "goodput_completed_requests",
     "window_counted_requests",  # the steady-state window's requests: what the goodput counts are out of
+    "window_start_ms",  # where the window lies on the replay's timeline
+    "window_end_ms",
     "prefix_cache_reused_ratio",  # prefix-cache hit rate: input tokens served from cache / all input tokens
     # the offered load against what was served (fidelity/measurement.LOAD_MEASURES; carries_load judges them)
     "offered_request_rate_rps",

@@ -41,14 +41,37 @@ def carry_fleet(c: Candidate) -> str | None:
     return None if n is None else f"{n} copies ({n * c.used_gpus} GPUs)"
 
 
+def settled(c: Candidate) -> str:
+    """'99 %': the share of arrivals served in the settled second half of the window."""
+    return _pct(c.metrics.get("settled_served_share"))
+
+
+def why_not_carried(c: Candidate) -> str:
+    """Which half of the carry rule failed: too few requests served, or requests in flight still growing."""
+    share = c.metrics.get("settled_served_share")
+    if share is not None and share < scoring.CARRY_SHARE:
+        return f"served {settled(c)} of the arrivals in the window's settled half"
+    growth, offered = c.metrics.get("settled_queue_growth_rps"), c.metrics.get("offered_request_rate_rps")
+    grew = f" ({100.0 * growth / offered:.0f} % of the offered rate)" if growth and offered else ""
+    return f"its requests in flight were still growing in the window's settled half{grew}"
+
+
+def _filling(c: Candidate) -> bool:
+    """A candidate whose requests last over a quarter of its window may still be filling up when the replay
+    ends, rather than falling behind: a longer replay tells the two apart."""
+    e2e = c.metrics.get("mean_e2e_latency_ms")  # the replay's own timeline, not the calibrated one
+    start, end = c.metrics.get("window_start_ms"), c.metrics.get("window_end_ms")
+    return e2e is not None and start is not None and end is not None and e2e > 0.25 * (end - start)
+
+
 def marks(c: Candidate, merge: MergeResult) -> list[str]:
     """Why an entry is not (only) what its score says: the offered load it does not carry, the SLA share
     it misses, the equivalent settings it stands for."""
     out = []
     if merge.carries(c) is False:
         fleet = carry_fleet(c)
-        out.append(f"does not carry {merge.offered}: served {_rate(served(c))}"
-                   + (f"; {fleet} would" if fleet else ""))
+        out.append(f"does not carry {merge.offered}: {why_not_carried(c)}; served {_rate(served(c))} over the window"
+                   + (f"; {fleet} would carry it" if fleet else ""))
     if merge.meets_sla(c) is False:
         out.append(f"SLA met by {_pct(scoring.sla_attainment(c.metrics))} of requests "
                    f"(needs {_pct(merge.sla_required)})")
@@ -75,8 +98,10 @@ def _load_lines(merge: MergeResult) -> list[str]:
                 + (f"; {fleet} of it would carry the load." if fleet else ".")]
     lines = []
     if merge.carries(top):
-        lines.append(f"Rank 1 carries the offered load ({merge.offered}): it served {_rate(served(top))} of "
-                     f"{_rate(top.metrics.get('offered_request_rate_rps'))} arriving.")
+        lines.append(f"Rank 1 carries the offered load ({merge.offered}): in the window's settled second half it "
+                     f"served {settled(top)} of the requests arriving ({_rate(served(top))} of "
+                     f"{_rate(top.metrics.get('offered_request_rate_rps'))} over the whole window, its fill-up "
+                     "included).")
     if short:
         where = ("they rank after every configuration that carries it" if merge.offered_required
                  else "they are marked in place (goal.offered_load: report)")
@@ -85,8 +110,14 @@ def _load_lines(merge: MergeResult) -> list[str]:
         if not merge.is_pareto and best.score > top.score:
             fleet = carry_fleet(best)
             lines.append(f"The best of them by {merge.target}, "
-                         f"{describe_candidate(best, merge.target, merge.objectives)}, served only "
-                         f"{_rate(served(best))}" + (f"; {fleet} of it would carry the load." if fleet else "."))
+                         f"{describe_candidate(best, merge.target, merge.objectives)}: {why_not_carried(best)}; "
+                         f"it served {_rate(served(best))}" + (f"; {fleet} of it would carry the load." if fleet else "."))
+        filling = [c for c in short if _filling(c) and c.metrics.get("settled_served_share", 0.0) >= scoring.CARRY_SHARE]
+        if filling:
+            lines.append(f"{len(filling)} of them served their arrivals but their requests in flight still grew, and "
+                         "their requests last over a quarter of the window: they may have been filling up rather "
+                         "than falling behind when the replay ended; a longer replay (workload.num_request_ratio) "
+                         "tells the two apart.")
     return lines
 
 
