@@ -14,13 +14,19 @@ fails on something knowable at start. In order:
     by the goal -> the branch enumeration (perf data per system/backend/precision, KV fit, pins)
 
 A refusal is a `PreflightError` (exit 2) whose `line(where)` is the one line both commands print.
+
+With prefill and decode on their own GPU types, their names and the budget's types resolve with the
+model's, and right after (`check_gpu_types`) every type a role may run on has perf data for a
+searched backend and a budget per type names each type a role runs on, and only those.
 """
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from spica_pipeline.config import SmartSearchConfig
 from spica_pipeline.config.limits import MAX_REQUESTS_PER_REPLAY, check_resource_limits
+from spica_pipeline.config.search_space import SearchSpace
 from spica_pipeline.config.sweep import resolve_algorithm
 from spica_pipeline.errors import ConfigError, PolicyFilterError, ResourceLimitError, SpicaError, TraceError
 from spica_pipeline.evaluate.ray_pool import require_ray
@@ -35,7 +41,13 @@ from spica_pipeline.fidelity.profile import (
 )
 from spica_pipeline.report.dgd import DEPLOY_BACKENDS
 from spica_pipeline.space.branches import BranchEnumeration, enumerate_branches
-from spica_pipeline.space.model_hw import ResolvedName, check_precision, resolve_hardware, resolve_model
+from spica_pipeline.space.model_hw import (
+    ResolvedName,
+    check_precision,
+    perf_databases,
+    resolve_hardware,
+    resolve_model,
+)
 from spica_pipeline.space.parallel import resolve_max_seq_len
 from spica_pipeline.space.policies import PolicyFilterResult, filter_scaling_policies
 from spica_pipeline.traces import path_problem, read_mooncake_trace
@@ -102,6 +114,7 @@ def _preflight(config: SmartSearchConfig) -> Preflight:
         require_ray()
     check_trace_path(config)
     config, renamed = resolve_names(config)
+    check_gpu_types(config)
     config, found = resolve_calibration(config)
     renamed += found
     check_backends(config)
@@ -133,10 +146,78 @@ def resolve_names(config: SmartSearchConfig) -> tuple[SmartSearchConfig, list[st
     model: ResolvedName = resolve_model(space.model_name)
     hardware: ResolvedName = resolve_hardware(space.hardware_sku)
     renamed = [note for note in (model.note("model"), hardware.note("hardware")) if note]
+    update, types = _resolve_gpu_types(space)
+    renamed += types
     if not renamed:
         return config, []
-    space = space.model_copy(update={"model_name": model.name, "hardware_sku": hardware.name})
+    space = space.model_copy(update={"model_name": model.name, "hardware_sku": hardware.name, **update})
     return config.model_copy(update={"search_space": space}), renamed
+
+
+def _resolve_gpu_types(space: SearchSpace) -> tuple[dict[str, Any], list[str]]:
+    """A disagg role's own GPU types and the budget's types as aiconfigurator-core names them: the fields to
+    update (none when every name is as written) and one line per name that changed."""
+    update: dict[str, Any] = {}
+    notes: list[str] = []
+
+    def resolved(field: str, given: str) -> str:
+        try:
+            found = resolve_hardware(given)
+        except SpicaError as err:  # the message names hardware_sku: say which field it is
+            raise PreflightError(str(err).replace("search_space.hardware_sku", f"search_space.{field}")) from None
+        note = found.note(field)
+        if note:
+            notes.append(note)
+        return found.name
+
+    for field in ("prefill_hardware_sku", "decode_hardware_sku"):
+        listed = getattr(space, field)
+        if listed:
+            names = [resolved(field, name) for name in listed]
+            if names != list(listed):
+                update[field] = names
+    if space.gpu_budget_by_type is not None:
+        budgets: dict[str, int] = {}
+        for name, gpus in space.gpu_budget_by_type.items():
+            key = resolved("gpu_budget", name)
+            if key in budgets:
+                raise PreflightError(f"search_space.gpu_budget names {key} twice ({name!r} is {key} too)")
+            budgets[key] = gpus
+        if list(budgets) != list(space.gpu_budget_by_type):
+            update["gpu_budget_by_type"] = budgets
+    return update, notes
+
+
+def check_gpu_types(config: SmartSearchConfig) -> None:
+    """Every GPU type a disagg role may run on has aiconfigurator-core perf data for a searched backend, and a
+    budget per GPU type names each type a role runs on and no other."""
+    space = config.search_space
+    databases = perf_databases()
+    if space.split_systems:
+        for role in ("prefill", "decode"):
+            for system in space.role_systems(role):
+                have = databases.get(system, {})
+                if not any(backend in have for backend in space.backend):
+                    with_data = [s for s, found in databases.items() if any(b in found for b in space.backend)]
+                    raise PreflightError(
+                        f"search_space.{role}_hardware_sku: {system} has no aiconfigurator-core perf data for "
+                        f"backend {', '.join(space.backend)} (it has {', '.join(sorted(have)) or 'none'}), so its "
+                        f"{role} passes cannot be timed; GPU types with that data: {', '.join(with_data)}")
+    if space.gpu_budget_by_type is None:
+        return
+    used = {space.hardware_sku} if "agg" in space.deployment_mode or not space.split_systems else set()
+    if "disagg" in space.deployment_mode:
+        used |= {s for role in ("prefill", "decode") for s in space.role_systems(role)}
+    named = dict.fromkeys([space.hardware_sku, *space.role_systems("prefill"), *space.role_systems("decode")])
+    missing = [s for s in named if s in used and s not in space.gpu_budget_by_type]
+    if missing:
+        raise PreflightError(f"search_space.gpu_budget gives GPUs of {', '.join(space.gpu_budget_by_type)} but the "
+                             f"candidates also run on {', '.join(missing)}; give each GPU type its GPUs")
+    unused = [s for s in space.gpu_budget_by_type if s not in used]
+    if unused:
+        raise PreflightError(f"search_space.gpu_budget gives GPUs of {', '.join(unused)}, which no role runs on "
+                             f"(roles run on {', '.join(sorted(used))}); remove it or list it in "
+                             "prefill_hardware_sku / decode_hardware_sku")
 
 
 def _precision(config: SmartSearchConfig) -> dict[str, str]:

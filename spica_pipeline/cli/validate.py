@@ -41,8 +41,13 @@ def _inert_reason(space: Any, name: str) -> str | None:
 def summarize(config: Any) -> list[str]:
     """A short human summary: branches, searched knobs, pins, workload and goal."""
     space, workload, goal, sweep = config.search_space, config.workload, config.goal, config.sweep
-    lines = [f"model {space.model_name} on {space.hardware_sku}, gpu_budget {space.gpu_budget}"
+    budget = (" + ".join(f"{gpus} {system}" for system, gpus in space.gpu_budget_by_type.items())
+              if space.gpu_budget_by_type else str(space.gpu_budget))
+    lines = [f"model {space.model_name} on {space.hardware_sku}, gpu_budget {budget}"
              + (f" (min {space.min_gpu_budget})" if space.min_gpu_budget else "")]
+    if space.split_systems:  # disagg roles on their own GPU types (searched when one lists several)
+        lines.append("disagg roles on: " + "; ".join(f"{role} {' | '.join(space.role_systems(role))}"
+                                                      for role in ("prefill", "decode")))
     lines.append(f"branches: {', '.join(dict.fromkeys(space.deployment_mode))}")
     searched, pinned, inert = [], [], []
     for name, values in space.choice_lists().items():
@@ -62,6 +67,10 @@ def summarize(config: Any) -> list[str]:
         (searched if len(values) > 1 else pinned).append(
             f"  {name}: {len(values)} choices [{_choices_text(values)}]" if len(values) > 1
             else f"  {name} = {_choices_text(values)}")
+    for role in ("prefill", "decode") if "disagg" in space.deployment_mode else ():
+        if len(space.role_systems(role)) > 1:
+            searched.append(f"  {role}_hardware_sku: {len(space.role_systems(role))} choices "
+                            f"[{_choices_text(space.role_systems(role))}]")
     lines.append(f"searched knobs ({len(searched)}):")
     lines += searched or ["  (none)"]
     lines.append(f"pinned knobs ({len(pinned)}):")

@@ -125,6 +125,37 @@ SPECULATIVE_DEFAULTS: dict[str, Any] = {"speculative_method": ["none"], "specula
                                         "speculative_draft_model": None}
 
 
+# the fields of heterogeneous disaggregation, left out of a dump while unset (SearchSpace._dump)
+ROLE_SYSTEM_FIELDS = ("prefill_hardware_sku", "decode_hardware_sku")
+
+
+def _gpu_types(field: str, value: Any) -> Any:
+    """A role's GPU type: one name or a non-empty, duplicate-free list of names (kept as a list)."""
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items:
+        raise ValueError(f"{field} must be a GPU type or a non-empty list of them, got {value!r}")
+    for i, item in enumerate(items):
+        if not isinstance(item, str) or not item.strip():
+            raise ValueError(f"{field} must name GPU types (strings), got {item!r}")
+        if item in items[:i]:
+            raise ValueError(f"{field} lists {item!r} more than once")
+    return list(items)
+
+
+def _budget_map(value: dict[Any, Any]) -> dict[str, int]:
+    """gpu_budget written per GPU type: {type: GPUs}, each a positive integer."""
+    if not value:
+        raise ValueError("gpu_budget must be a positive number of GPUs or a map of GPU type to GPUs, got {}")
+    for key, gpus in value.items():
+        if not isinstance(key, str) or not key.strip():
+            raise ValueError(f"gpu_budget: a GPU type must be a name, got {key!r}")
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+            raise ValueError(f"gpu_budget.{key} must be a positive number of GPUs, got {gpus!r}")
+    return dict(value)
+
+
 def _names(names: Iterable[str]) -> list[str | dict[str, Any]]:
     """A composite field's default: the preset names (a fresh list per config)."""
     return list(names)
@@ -139,7 +170,14 @@ class SearchSpace(StrictModel):
     parallel_configs: list[dict[str, Any]] = Field(default_factory=list)
     model_name: str = Field(min_length=1)
     hardware_sku: str = Field(min_length=1)
+    # GPUs a candidate may use: one number, or a map per GPU type ({h100_sxm: 8, h200_sxm: 8}), which
+    # `gpu_budget_by_type` holds while gpu_budget is their sum (a dump writes the map back as gpu_budget)
     gpu_budget: PosInt = 32
+    gpu_budget_by_type: dict[str, PosInt] | None = Field(default=None, exclude=True)
+    # heterogeneous disaggregation: the GPU type of the prefill and of the decode workers, one or a list
+    # to search; unset = hardware_sku (what agg runs on)
+    prefill_hardware_sku: list[str] | None = None
+    decode_hardware_sku: list[str] | None = None
     min_gpu_budget: PosInt | None = None
     min_endpoint: PosInt | None = None
     context_length: PosInt | None = None
@@ -224,7 +262,28 @@ class SearchSpace(StrictModel):
         for key, default in SPECULATIVE_DEFAULTS.items():
             if key in out and out[key] == default:
                 out.pop(key)
+        for key in ROLE_SYSTEM_FIELDS:
+            if key in out and out[key] is None:
+                out.pop(key)
+        if self.gpu_budget_by_type is not None and "gpu_budget" in out:
+            out["gpu_budget"] = dict(self.gpu_budget_by_type)
         return out
+
+    @model_validator(mode="before")
+    @classmethod
+    def _budget_per_type(cls, data: Any) -> Any:
+        """gpu_budget as a map per GPU type: the map is kept in gpu_budget_by_type, gpu_budget is its sum."""
+        if not isinstance(data, dict) or not isinstance(data.get("gpu_budget"), dict):
+            return data
+        if data.get("gpu_budget_by_type") is not None:
+            raise ValueError("write the budget per GPU type as gpu_budget: {type: GPUs}, without gpu_budget_by_type")
+        per_type = _budget_map(data["gpu_budget"])
+        return {**data, "gpu_budget": sum(per_type.values()), "gpu_budget_by_type": per_type}
+
+    @field_validator(*ROLE_SYSTEM_FIELDS, mode="before")
+    @classmethod
+    def _role_systems(cls, v: Any, info: Any) -> Any:
+        return _gpu_types(info.field_name, v)
 
     @field_validator("speculative_method", mode="before")
     @classmethod
@@ -294,6 +353,7 @@ class SearchSpace(StrictModel):
                 "kv_bytes_per_token is required when num_g2_blocks > 0 so replay can model KVBM offload"
             )
         self._check_speculative()
+        self._check_role_systems()
         if "kv_router" in self.router_mode:
             set_fields = [f for f in presets.ADMISSION_FIELDS[:3] if getattr(self, f) is not None]
             if self.no_admission_control:
@@ -312,6 +372,23 @@ class SearchSpace(StrictModel):
         if "eagle3" in self.speculative_method and self.speculative_draft_model is None:
             raise ValueError("speculative_method eagle3 needs speculative_draft_model: the EAGLE-3 draft "
                              "head's checkpoint (a Hugging Face id or path) the engines load")
+
+    def _check_role_systems(self) -> None:
+        """Per-role GPU types are a disagg setting; a budget per type sums to gpu_budget. Which types the
+        budget must name is checked once the names resolve (preflight.check_gpu_types)."""
+        if self.gpu_budget_by_type is not None and sum(self.gpu_budget_by_type.values()) != self.gpu_budget:
+            raise ValueError(f"gpu_budget_by_type sums to {sum(self.gpu_budget_by_type.values())}, not gpu_budget "
+                             f"{self.gpu_budget}; write the budget per GPU type as gpu_budget: {{type: GPUs}}")
+        if not self.split_systems:
+            return
+        set_fields = [f for f in ROLE_SYSTEM_FIELDS if getattr(self, f) is not None]
+        if "disagg" not in self.deployment_mode:
+            raise ValueError(f"{set_fields[0]} places a disagg role on its own GPU type, but deployment_mode is "
+                             f"{self.deployment_mode}; add disagg or remove {', '.join(set_fields)}")
+        if self.parallel_configs:
+            raise ValueError(f"parallel_configs are checked on one GPU type, and {', '.join(set_fields)} gives the "
+                             "disagg roles their own: leave parallel_configs out (each role is enumerated on its "
+                             "own type) or remove the per-role types")
 
     def _check_parallel_configs(self) -> None:
         if not self.parallel_configs:
@@ -354,6 +431,23 @@ class SearchSpace(StrictModel):
         """Some method other than none with some draft token count above 0 is listed."""
         methods = any(m != "none" for m in self.speculative_method)
         return methods and any(k > 0 for k in self.speculative_num_tokens)
+
+    def role_systems(self, role: str) -> list[str]:
+        """The GPU types a role may run on: agg on hardware_sku, prefill and decode on their own lists
+        (hardware_sku when unset)."""
+        listed = getattr(self, f"{role}_hardware_sku", None) if role in ("prefill", "decode") else None
+        return list(listed) if listed else [self.hardware_sku]
+
+    @property
+    def split_systems(self) -> bool:
+        """Whether a disagg role may run on another GPU type than hardware_sku."""
+        return any(self.role_systems(role) != [self.hardware_sku] for role in ("prefill", "decode"))
+
+    def type_budget(self, system: str) -> int:
+        """The GPUs the candidates may use of one GPU type: its gpu_budget entry, else all of gpu_budget."""
+        if self.gpu_budget_by_type is None:
+            return int(self.gpu_budget)
+        return int(self.gpu_budget_by_type.get(system, 0))
 
     def choice_lists(self) -> dict[str, list[Any]]:
         """Every list knob (atomic and composite) by name, in schema order."""

@@ -7,8 +7,10 @@ identity, the model's context length, whether a trace file is valid, the latest 
 comes in through `EngineFacts`; `evaluate/replay.py` supplies the real one and runs the call.
 
 Fidelity rules (docs/evaluator.md): every role gets an AIC-derived timing table and an explicit
-`num_gpu_blocks` (the replay's defaults are model-agnostic), disagg KV transfer is charged on the
-prefill args, and kv_router replays are repeated because routing ties are broken randomly.
+`num_gpu_blocks` (the replay's defaults are model-agnostic), each from the role's own GPU type when
+prefill and decode run on two (heterogeneous disaggregation), disagg KV transfer is charged on the
+prefill args (between two GPU types at the slower side's link, `kv_transfer_gbps`), and kv_router
+replays are repeated because routing ties are broken randomly.
 """
 
 import math
@@ -58,6 +60,10 @@ class EngineFacts(Protocol):
 
     def context_length(self, model_name: str) -> int | None: ...
 
+    def inter_node_gbps(self, hardware_sku: str) -> float | None:
+        """A GPU's network link off its node (GB/s; AIC's system spec), None when the spec has none."""
+        ...
+
     def check_trace(self, path: str, context: int | None, block_size: int) -> None: ...
 
     def step_estimators(self, timing_model: dict[str, Any]) -> tuple[Callable[[int], float],
@@ -78,6 +84,11 @@ class ReplaySettings:
     benchmark_granularity: int = 8
     kv_transfer_bandwidth_gbps: float = 25.0
     router_repeats: int = 3
+
+
+class OverTypeBudget(InfeasibleKVCapacity):
+    """A candidate with more GPUs of a type than the budget of that type (a type pair searched from lists):
+    infeasible, like a KV shortfall, and refused before any replay."""
 
 
 @dataclass
@@ -112,6 +123,9 @@ def build_replay_call(request: EvalRequest, settings: ReplaySettings, facts: Eng
         version = facts.backend_version(candidate.system, candidate.backend)
         candidate = replace(candidate, backend_version=version)
         derived["backend_version"] = candidate.backend_version
+    over = candidate.over_type_budget()
+    if over:
+        raise OverTypeBudget(over)
 
     # 1. load: a KV-load ratio becomes a per-candidate concurrency (space/kv_load.py)
     override: int | None = None
@@ -378,7 +392,7 @@ def engine_config(candidate: Candidate, role: str, args: dict[str, Any], context
         engine["sglang"] = {"chunked_prefill_size": max(block_size, mnbt // block_size * block_size),
                             "max_prefill_tokens": mnbt}
     if role == "prefill":
-        engine["kv_transfer_bandwidth"] = float(settings.kv_transfer_bandwidth_gbps)
+        engine["kv_transfer_bandwidth"] = kv_transfer_gbps(candidate, settings, facts, derived)
         engine["kv_transfer_bytes_per_token"] = int(capacity.bytes_per_token)
     if int(args.get("num_g2_blocks") or 0) > 0:
         engine.update(host_offload(args))
@@ -395,6 +409,27 @@ def engine_config(candidate: Candidate, role: str, args: dict[str, Any], context
     if args.get("startup_time") is not None:
         config["startup_time"] = float(args["startup_time"])
     return config
+
+
+def kv_transfer_gbps(candidate: Candidate, settings: ReplaySettings, facts: EngineFacts,
+                     derived: dict[str, Any]) -> float:
+    """The per-GPU link a disagg prompt's KV crosses (GB/s): the evaluator's kv_transfer_bandwidth_gbps,
+    and between two GPU types no faster than the slower side's link off its node (AIC's inter_node_bw):
+    different types never share a node, so the hand-off always crosses the network. Recorded in `derived`
+    for such a candidate."""
+    bandwidth = float(settings.kv_transfer_bandwidth_gbps)
+    systems = candidate.systems
+    if len(systems) < 2:
+        return bandwidth
+    sides = {system: facts.inter_node_gbps(system) for system in systems}
+    known = {system: float(gbps) for system, gbps in sides.items() if gbps}
+    slower = min(known, key=lambda system: known[system]) if known else None
+    limited = slower is not None and known[slower] < bandwidth
+    if limited and slower is not None:
+        bandwidth = known[slower]
+    derived["kv_transfer"] = {"bandwidth_gbps": bandwidth, "link_gbps": sides,
+                              "limited_by": slower if limited else "kv_transfer_bandwidth_gbps"}
+    return bandwidth
 
 
 def router_config(plan: DeploymentPlan) -> dict[str, Any] | None:

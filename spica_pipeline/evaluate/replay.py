@@ -48,6 +48,7 @@ from spica_pipeline.jsonvalue import spec_hash
 from spica_pipeline.space import kv
 from spica_pipeline.space.engine import EngineIdentity, KvCapacity
 from spica_pipeline.space.model_hw import latest_backend_version
+from spica_pipeline.space.parallel import topology
 from spica_pipeline.storage import atomic_write_text
 from spica_pipeline.traces import read_mooncake_trace
 
@@ -181,7 +182,9 @@ class ReplayEvaluator(BaseModel, Evaluator):
             return outcome
         replay_seconds = time.perf_counter() - started
         report, spread = summarise_repeats(summaries)
-        price = request.goal.gpu_usd_per_hour(request.candidate.system) if request.goal.scores_cost() else None
+        # each role's GPUs at its type's price (space/candidate.Candidate.gpu_usd_per_hour)
+        price = request.candidate.gpu_usd_per_hour(request.goal.gpu_usd_per_hour) if request.goal.scores_cost() \
+            else None
         if price is not None:  # what cost_per_mtok prices the GPU-hours at (evaluate/scoring.py)
             report[scoring.GPU_PRICE_KEY] = price
         if ticks:
@@ -356,6 +359,9 @@ class ReplayFacts:
 
     def context_length(self, model_name: str) -> int | None:
         return timing.model_context_length(model_name)
+
+    def inter_node_gbps(self, hardware_sku: str) -> float | None:
+        return topology(hardware_sku).inter_node_gbps
 
     def check_trace(self, path: str, context: int | None, block_size: int) -> None:
         _check_trace(path, context, block_size)

@@ -9,6 +9,12 @@ no perf DB / no viable shape, are dropped with a warning; no viable branch at al
 Pinned parallel_configs are not enumerated: each pin is read (in the canonical keys or the engine's
 own) and checked rule by rule on every backend it names (space/pins.py); a pin no backend runs is
 refused with the rule and the nearest accepted shape.
+
+With prefill and decode on their own GPU types (`prefill_hardware_sku` / `decode_hardware_sku`) the
+disagg pool is the union over the listed type pairs of each pair's pool (space/parallel.py
+`split_disagg_configs`), and a type listed more than once is a searched knob of the disagg branch; a
+(pool config, type pair) the budget of a type does not allow is refused when the candidate is built
+(evaluate/engine_args.py).
 """
 
 from dataclasses import dataclass, field
@@ -26,7 +32,12 @@ from spica_pipeline.space.model_hw import (
     latest_backend_version,
     model_facts,
 )
-from spica_pipeline.space.parallel import DEFAULT_MEMORY_FRACTION, parallel_configs_for, resolve_max_seq_len
+from spica_pipeline.space.parallel import (
+    DEFAULT_MEMORY_FRACTION,
+    parallel_configs_for,
+    resolve_max_seq_len,
+    split_disagg_configs,
+)
 from spica_pipeline.space.perf_data import check_timing, is_missing_data
 from spica_pipeline.space.pins import PinContext, check_pins
 from spica_pipeline.space.policies import is_static
@@ -152,6 +163,10 @@ def knob_choices_for(
     for name in ENGINE_KNOBS[mode]:
         knobs[name] = list(getattr(space, name))
     knobs["backend"] = list(viable_backends)
+    if mode == "disagg" and getattr(space, "split_systems", False):  # a role's GPU type, when several are listed
+        for role in ("prefill", "decode"):
+            if len(space.role_systems(role)) > 1:
+                knobs[f"{role}_hardware_sku"] = space.role_systems(role)
     knobs.update(speculative_choices(space).knobs())  # method and draft tokens, when the model can speculate
     float_ranges: dict[str, tuple[float, float]] = {}
     if isinstance(kv_load_ratio, (list, tuple)):
@@ -161,17 +176,19 @@ def knob_choices_for(
     return knobs, float_ranges
 
 
-def timing_check(space: Any, backend: str, config: ParallelConfig) -> str | None:
-    """Can AIC's perf data time this backend for the model at all? Probes one shape of its pool.
+def timing_check(space: Any, backend: str, config: ParallelConfig, system: str | None = None) -> str | None:
+    """Can AIC's perf data time this backend for the model at all? Probes one shape of its pool on
+    `system` (default hardware_sku).
 
     Returns the fidelity note of a substitution (None: exact data); raises PerfModelError when
     even the nearest data cannot serve it (the backend is then dropped before sampling).
     """
     shape = config.prefill if hasattr(config, "prefill") else config
     p = space.precision
+    system = system or space.hardware_sku
     identity = EngineIdentity(
-        model=space.model_name, system=space.hardware_sku, backend=backend,
-        version=latest_backend_version(space.hardware_sku, backend), tp=shape.tp, pp=shape.pp,
+        model=space.model_name, system=system, backend=backend,
+        version=latest_backend_version(system, backend), tp=shape.tp, pp=shape.pp,
         attention_dp=shape.attention_dp, moe_tp=shape.moe_tp, moe_ep=shape.moe_ep, nextn=int(space.aic_nextn or 0),
         weight_dtype=p.weights if p else None, moe_dtype=p.moe if p else None,
         attention_dtype=p.attention if p else None, kv_cache_dtype=p.kv_cache if p else None,
@@ -189,15 +206,17 @@ def _timing_may_lack_data(space: Any) -> bool:
     return model_facts(space.model_name).is_mla or (p is not None and any(p.model_dump().values()))
 
 
-def _timing_verdict(space: Any, backend: str, config: ParallelConfig, warnings: list[str]) -> PerfModelError | None:
-    """The reason AIC cannot time `backend` at all (None: it can), warning once either way."""
+def _timing_verdict(space: Any, backend: str, config: ParallelConfig, warnings: list[str],
+                    system: str | None = None) -> PerfModelError | None:
+    """The reason AIC cannot time `backend` at all on `system` (default hardware_sku; None: it can), warning
+    once either way."""
     try:
-        note = timing_check(space, backend, config)
+        note = timing_check(space, backend, config, system)
     except PerfModelError as exc:
         if not is_missing_data(exc.__cause__):
             return None  # not a data gap (e.g. this one shape): keep the backend; its trials record why
         warnings.append(f"smart-sweep: backend '{backend}' dropped: aiconfigurator-core's perf data cannot time "
-                        f"{space.model_name} on {space.hardware_sku}: {exc.detail}")
+                        f"{space.model_name} on {system or space.hardware_sku}: {exc.detail}")
         return exc
     if note:
         warnings.append(f"smart-sweep: backend '{backend}': {note} (recorded as fidelity_note on every trial)")
@@ -223,7 +242,7 @@ def _enumerated_pool(space: Any, mode: str, excluded: list[str], max_seq_len: in
         if backend in excluded:
             continue
         try:
-            result = parallel_configs_for(space.model_name, space.hardware_sku, backend, mode, int(space.gpu_budget),
+            result = parallel_configs_for(space.model_name, space.hardware_sku, backend, mode, mode_budget(space, mode),
                                           space.min_gpu_budget, max_seq_len, precision=quant,
                                           memory_fraction=fraction)
         except (NoPerfDatabase, NoViableParallelConfig) as exc:
@@ -244,6 +263,69 @@ def _enumerated_pool(space: Any, mode: str, excluded: list[str], max_seq_len: in
     return _merge_pools(tuple((b, _Identity(configs)) for b, configs in legal.items()))
 
 
+def mode_budget(space: Any, mode: str) -> int:
+    """The GPUs a branch's candidates may use: gpu_budget, or with a budget per GPU type the budget of
+    hardware_sku (what agg, and disagg without per-role types, run on)."""
+    type_budget = getattr(space, "type_budget", None)
+    return int(type_budget(space.hardware_sku)) if type_budget is not None else int(space.gpu_budget)
+
+
+def split_pair_pool(space: Any, backend: str, prefill: str, decode: str, max_seq_len: int,
+                    quant: Any) -> tuple[tuple[ParallelConfig, ...], dict[str, Any]]:
+    """The disagg pool of prefill on `prefill` and decode on `decode` with its diagnostics: one type's own
+    disagg pool within its budget, or each role enumerated on its own type (space/parallel.py)."""
+    if prefill == decode:
+        result = parallel_configs_for(space.model_name, prefill, backend, "disagg", space.type_budget(prefill),
+                                      space.min_gpu_budget, max_seq_len, precision=quant,
+                                      memory_fraction=memory_fraction_of(space, "disagg"))
+        return result.configs, result.diagnostics.to_dict()
+    per_type = space.gpu_budget_by_type is not None
+    budgets = (space.type_budget(prefill), space.type_budget(decode)) if per_type else None
+    pool = split_disagg_configs(
+        space.model_name, prefill, decode, backend, budgets=budgets,
+        total=sum(budgets) if budgets else int(space.gpu_budget), min_budget=space.min_gpu_budget,
+        max_seq_len=max_seq_len, precision=quant,
+        memory_fractions=(float(space.prefill_gpu_memory_utilization), float(space.decode_gpu_memory_utilization)))
+    return pool.configs, pool.diagnostics()
+
+
+def _split_pool(space: Any, excluded: list[str], max_seq_len: int, quant: Any, mode_diag: dict[str, Any],
+                warnings: list[str], why_not: list[str], timing_verdicts: dict[str, PerfModelError | None],
+                ) -> tuple[tuple[ParallelConfig, ...], tuple[tuple[str, ...], ...]]:
+    """The disagg pool with prefill and decode on their own GPU types: per backend the union over the listed
+    type pairs (a pair or backend without perf data or a viable shape dropped with the reason)."""
+    legal: dict[str, tuple[ParallelConfig, ...]] = {}
+    for backend in space.backend:
+        if backend in excluded:
+            continue
+        configs: dict[ParallelConfig, None] = {}
+        diag: dict[str, Any] = {}
+        for prefill in space.role_systems("prefill"):
+            for decode in space.role_systems("decode"):
+                pair = f"prefill {prefill} + decode {decode}"
+                try:
+                    pool, diag[pair] = split_pair_pool(space, backend, prefill, decode, max_seq_len, quant)
+                except (NoPerfDatabase, NoViableParallelConfig) as exc:
+                    warnings.append(f"smart-sweep: {pair} dropped for backend '{backend}': {exc}")
+                    diag[pair] = {"error": str(exc)}
+                    why_not.append(f"disagg/{backend} ({pair}): {getattr(exc, 'pruning', None) or exc}")
+                    continue
+                if pool and _timing_may_lack_data(space):
+                    for system in dict.fromkeys((prefill, decode)):
+                        if f"{backend}@{system}" not in timing_verdicts:
+                            timing_verdicts[f"{backend}@{system}"] = _timing_verdict(space, backend, pool[0],
+                                                                                     warnings, system)
+                if any(timing_verdicts.get(f"{backend}@{system}") for system in (prefill, decode)):
+                    diag[pair] = {"error": "no perf data to time it"}
+                    why_not.append(f"disagg/{backend} ({pair}): no perf data to time it")
+                    continue
+                configs.update(dict.fromkeys(pool))
+        mode_diag[backend] = diag
+        if configs:
+            legal[backend] = tuple(sorted(configs, key=lambda c: c.sort_key()))
+    return _merge_pools(tuple((b, _Identity(configs)) for b, configs in legal.items()))
+
+
 def _pinned_pool(space: Any, mode: str, pins: list[dict[str, Any]], excluded: list[str], max_seq_len: int,
                  quant: Any, mode_diag: dict[str, Any], warnings: list[str],
                  ) -> tuple[tuple[ParallelConfig, ...], tuple[tuple[str, ...], ...]]:
@@ -261,7 +343,7 @@ def _pinned_pool(space: Any, mode: str, pins: list[dict[str, Any]], excluded: li
             continue
         backends.append(backend)
     ctx = PinContext(
-        model=space.model_name, hardware=space.hardware_sku, mode=mode, budget=int(space.gpu_budget),
+        model=space.model_name, hardware=space.hardware_sku, mode=mode, budget=mode_budget(space, mode),
         min_budget=space.min_gpu_budget, max_seq_len=max_seq_len, precision=quant,
         memory_fraction={"agg": float(space.agg_gpu_memory_utilization),
                          "prefill": float(space.prefill_gpu_memory_utilization),
@@ -277,19 +359,23 @@ def _pinned_pool(space: Any, mode: str, pins: list[dict[str, Any]], excluded: li
 def enumerate_branches(config: Any) -> BranchEnumeration:
     """Stage 3 on a (policy-filtered) SmartSearchConfig; see the module docstring."""
     space = config.search_space
-    check_hardware(space.hardware_sku)
+    systems = dict.fromkeys([space.hardware_sku, *(s for role in ("prefill", "decode")
+                                                   for s in getattr(space, "role_systems", lambda r: [])(role))])
+    for system in systems:
+        check_hardware(system)
     check_model(space.model_name)
-    check_precision(space.precision, space.model_name, space.hardware_sku)
+    for system in systems:
+        check_precision(space.precision, space.model_name, system)
     max_seq_len = resolve_max_seq_len(space.model_name, space.context_length)
     pins = list(space.parallel_configs or [])
-    budget = int(space.gpu_budget)
     warnings: list[str] = []
     diagnostics: dict[str, dict[str, Any]] = {}
     branches: list[BranchSpace] = []
     skipped: list[str] = []
     why_not: list[str] = []  # per mode/backend: the pruning reasons, for the refusal below
     quant = quant_modes(space.precision.sample_fields()) if space.precision is not None else None
-    timing_verdicts: dict[str, PerfModelError | None] = {}  # backend -> why AIC cannot time it (once)
+    # backend (or backend@system of a per-role GPU type) -> why AIC cannot time it (once)
+    timing_verdicts: dict[str, PerfModelError | None] = {}
     warnings.extend(speculative_choices(space).warnings())
 
     for mode in dict.fromkeys(space.deployment_mode):
@@ -298,7 +384,12 @@ def enumerate_branches(config: Any) -> BranchEnumeration:
             warnings.append(f"smart-sweep: backend(s) {excluded} skipped for deployment_mode='{mode}': "
                             "Dynamo replay cannot run TRT-LLM disaggregation")
         mode_diag: dict[str, Any] = {b: {"error": "replay-incompatible"} for b in excluded}
-        if pins:
+        split = mode == "disagg" and getattr(space, "split_systems", False)
+        budget = int(space.gpu_budget) if split else mode_budget(space, mode)
+        if split:
+            pool, supported = _split_pool(space, excluded, max_seq_len, quant, mode_diag, warnings, why_not,
+                                          timing_verdicts)
+        elif pins:
             pool, supported = _pinned_pool(space, mode, pins, excluded, max_seq_len, quant, mode_diag, warnings)
         else:
             pool, supported = _enumerated_pool(space, mode, excluded, max_seq_len, quant, mode_diag, warnings,

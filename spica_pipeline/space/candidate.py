@@ -3,12 +3,14 @@
 Per role (agg, or prefill and decode) its parallel shape with its replica count and its engine
 arguments; the router and its knobs; the planner (None when static); the search space's pinned
 scalars (budgets, context length, startup time, MTP draft layers, host offload); speculative decoding
-when searched (method and draft tokens); the precision;
+when searched (method and draft tokens); the precision; a role's own GPU type when it is not the
+candidate's (heterogeneous disaggregation) and the budget per GPU type;
 and, once the sweep resolves them, the perf-database version and the load it is replayed at.
 
 `Candidate.to_dict()` is its one flat serialisation: agg shape fields unprefixed (`tp`), disagg ones
 by role (`prefill_tp`), engine knobs by role (`agg_max_num_seqs`), router and planner fields
-unprefixed, and keys that do not apply to the mode, router or planner state absent. Spec hashes,
+unprefixed, a role's GPU type (`decode_hardware_sku`) only where it is not `hardware_sku`, and keys
+that do not apply to the mode, router or planner state absent. Spec hashes,
 the journal, the ledger's `config` column and the deploy output are built from it, so its keys and
 values never change; `Candidate.from_dict` reads it back.
 
@@ -16,8 +18,9 @@ values never change; `Candidate.from_dict` reads it back.
 pinned scalars folded in, so nothing downstream decodes preset ids again.
 """
 
+import json
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 from spica_pipeline.config import presets
 from spica_pipeline.config.precision import CHOICES as PRECISION_FIELDS
@@ -47,13 +50,14 @@ SEARCHED_ENGINE_FIELDS = ("max_num_batched_tokens", "max_num_seqs")  # the rest 
 
 @dataclass(frozen=True)
 class Role:
-    """One worker pool: agg, prefill or decode; its engine layout with the replica count, and its
-    engine arguments. A per-role setting (a GPU type of its own, say) is a field here whose default
-    the flat form leaves out."""
+    """One worker pool: agg, prefill or decode; its engine layout with the replica count, its engine
+    arguments, and its GPU type when it is not the candidate's (`system`; None = the candidate's, and
+    then absent from the flat form). Read a role's type with `Candidate.role_system`."""
 
     name: str
     shape: RoleShape
     engine: EngineArgs
+    system: str | None = None
 
     @property
     def replicas(self) -> int:
@@ -197,6 +201,9 @@ class Candidate:
     `concurrency` and `kv_load_ratio` are None until the sweep resolves them (and stay None where a
     workload has no such load).
 
+    `system` is the GPU type of every role without one of its own (`Role.system`); `gpu_budget` is the
+    GPUs it may use in all, `gpu_budget_by_type` the GPUs of each type when the budget is per type.
+
     A new setting (a role's own GPU type, a speculative-decoding method) is a field whose default
     `to_dict` leaves out, so every existing candidate keeps its flat keys and its spec hash."""
 
@@ -214,6 +221,7 @@ class Candidate:
     context_length: int | None = None
     startup_time: float | None = None
     aic_nextn: int | None = None
+    gpu_budget_by_type: Mapping[str, int] | None = None
     offload: HostOffload = field(default_factory=HostOffload)
     # speculative decoding searched: the method (mtp, eagle3) and its draft tokens per step; both None
     # when off (a method with 0 tokens is off), and then absent from the flat form
@@ -228,6 +236,8 @@ class Candidate:
         names = tuple(r.name for r in self.roles)
         if names not in MODE_ROLES.values():
             raise ValueError(f"a candidate's roles are (agg,) or (prefill, decode), got {names}")
+        if names == ("agg",) and self.roles[0].system not in (None, self.system):
+            raise ValueError("an agg candidate runs on its own GPU type (system), not a role's")
 
     # ---- reading ---------------------------------------------------------------------------
 
@@ -259,6 +269,44 @@ class Candidate:
     def is_static(self) -> bool:
         return self.planner is None
 
+    def role_system(self, role: "str | Role") -> str:
+        """The GPU type a role runs on: its own, else the candidate's."""
+        r = self.role(role) if isinstance(role, str) else role
+        return r.system or self.system
+
+    @property
+    def systems(self) -> tuple[str, ...]:
+        """The GPU types the candidate runs on, in role order (one unless its roles have their own)."""
+        return tuple(dict.fromkeys(self.role_system(r) for r in self.roles))
+
+    def gpus_by_system(self) -> dict[str, int]:
+        """Provisioned GPUs per GPU type (a static fleet), in role order."""
+        out: dict[str, int] = {}
+        for r in self.roles:
+            out[self.role_system(r)] = out.get(self.role_system(r), 0) + r.used_gpus
+        return out
+
+    def over_type_budget(self) -> str | None:
+        """Why the candidate uses more GPUs of a type than its budget for that type gives, or None."""
+        if self.gpu_budget_by_type is None:
+            return None
+        for system, gpus in self.gpus_by_system().items():
+            budget = int(self.gpu_budget_by_type.get(system, 0))
+            if gpus > budget:
+                return f"over gpu_budget for {system}: {gpus} GPUs > {budget}"
+        return None
+
+    def gpu_usd_per_hour(self, price_of: Callable[[str], float | None]) -> float | None:
+        """USD per GPU-hour averaged over the candidate's GPUs, each priced by its type (`price_of`, e.g. the
+        goal's gpu_usd_per_hour): what its GPUs cost per hour over their count; None when a type has no price."""
+        gpus = self.gpus_by_system()
+        if len(gpus) == 1:  # one GPU type: its price as it is
+            return price_of(next(iter(gpus)))
+        prices = {system: price_of(system) for system in gpus}
+        if any(p is None for p in prices.values()) or not sum(gpus.values()):
+            return None
+        return sum(float(prices[s] or 0.0) * n for s, n in gpus.items()) / sum(gpus.values())
+
     @property
     def draft_tokens(self) -> int:
         """Draft tokens per decode step: the searched speculative count, else the pinned aic_nextn, else 0."""
@@ -282,8 +330,11 @@ class Candidate:
         """The flat candidate dict (module docstring): the form every hash and record is built from."""
         out: dict[str, Any] = {"deployment_mode": self.deployment_mode, "backend": self.backend,
                                "model_name": self.model, "hardware_sku": self.system}
+        out.update({f"{r.name}_hardware_sku": r.system for r in self.roles if r.system not in (None, self.system)})
         for key in PINNED_SCALARS:
             out[key] = getattr(self, key)
+        if self.gpu_budget_by_type is not None:
+            out["gpu_budget_by_type"] = dict(self.gpu_budget_by_type)
         out.update({k: v for k in SPECULATIVE_FIELDS if (v := getattr(self, k)) is not None})
         for key in OFFLOAD_FIELDS:
             out[key] = getattr(self.offload, key)
@@ -323,7 +374,8 @@ class Candidate:
         mode = d.get("deployment_mode")
         if mode not in MODE_ROLES:
             raise ValueError(f"deployment_mode must be 'agg' or 'disagg', got {mode!r}")
-        roles = tuple(_role_from_dict(d, name) for name in MODE_ROLES[mode])
+        system = _required(d, "hardware_sku")
+        roles = tuple(_role_from_dict(d, name, system) for name in MODE_ROLES[mode])
         router = Router(
             mode=str(d.get("router_mode") or "round_robin"),
             **{k: d[k] for k in ROUTER_KNOBS if d.get(k) is not None},
@@ -341,13 +393,14 @@ class Candidate:
             planner = Planner(**settings, predictor=predictor)
         policy = d.get("planner_scaling_policy", "disabled")
         candidate = cls(
-            model=_required(d, "model_name"), system=_required(d, "hardware_sku"),
+            model=_required(d, "model_name"), system=system,
             backend=_required(d, "backend"),
             roles=roles, router=router, scaling_policy=dict(policy) if isinstance(policy, dict) else policy,
             planner=planner,
             precision={k: str(d[f"{PRECISION_PREFIX}{k}"]) for k in PRECISION_FIELDS
                        if d.get(f"{PRECISION_PREFIX}{k}")},
             **{k: d.get(k) for k in PINNED_SCALARS},
+            gpu_budget_by_type=_budget_by_type(d.get("gpu_budget_by_type")),
             **{k: d.get(k) for k in SPECULATIVE_FIELDS},
             offload=HostOffload(**{k: d.get(k) for k in OFFLOAD_FIELDS}),
             backend_version=d.get("backend_version"), concurrency=d.get("concurrency"),
@@ -364,14 +417,25 @@ def _required(d: Mapping[str, Any], key: str) -> Any:
     return d[key]
 
 
-def _role_from_dict(d: Mapping[str, Any], name: str) -> Role:
+def _budget_by_type(value: Any) -> dict[str, int] | None:
+    """A per-type budget as the flat form holds it (a ledger may have stored it as JSON text)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = json.loads(value)
+    return {str(k): int(v) for k, v in dict(value).items()}
+
+
+def _role_from_dict(d: Mapping[str, Any], name: str, system: str) -> Role:
     prefix = "" if name == "agg" else f"{name}_"
     replicas = d.get("replicas" if name == "agg" else f"{name}_replicas")
     shape = RoleShape(**{k: int(d.get(f"{prefix}{k}") or 1) for k in SHAPE_KEYS}, replicas=int(replicas or 1))
     missing = [f"{name}_{k}" for k in ENGINE_FIELDS if f"{name}_{k}" not in d]
     if missing:
         raise ValueError(f"a {name} role needs {', '.join(missing)}")
-    return Role(name, shape, EngineArgs(**{k: d[f"{name}_{k}"] for k in ENGINE_FIELDS}))
+    own = d.get(f"{name}_hardware_sku") if name != "agg" else None
+    return Role(name, shape, EngineArgs(**{k: d[f"{name}_{k}"] for k in ENGINE_FIELDS}),
+                system=str(own) if own and own != system else None)
 
 
 def _check_round_trip(d: Mapping[str, Any], back: dict[str, Any]) -> None:
@@ -488,7 +552,9 @@ def build_candidate(
     for name, shape in _role_shapes(mode, parallel_config).items():
         searched = {k: _pick(space, selection, f"{name}_{k}") for k in SEARCHED_ENGINE_FIELDS}
         pinned = {k: getattr(space, f"{name}_{k}") for k in ENGINE_FIELDS if k not in SEARCHED_ENGINE_FIELDS}
-        roles.append(Role(name, shape, EngineArgs(**searched, **pinned)))
+        system = _role_system(space, selection, name)
+        roles.append(Role(name, shape, EngineArgs(**searched, **pinned),
+                          system=None if system == space.hardware_sku else system))
     entry = _pick(space, selection, "planner_scaling_policy")
     method, tokens = _speculative(selection)
     return Candidate(
@@ -499,10 +565,23 @@ def build_candidate(
         precision={k: v for k, v in (space.precision.model_dump() if space.precision else {}).items()
                    if v is not None},
         **{k: getattr(space, k) for k in PINNED_SCALARS},
+        gpu_budget_by_type=dict(space.gpu_budget_by_type) if space.gpu_budget_by_type is not None else None,
         offload=HostOffload(**{k: getattr(space, k) for k in OFFLOAD_FIELDS}),
         speculative_method=method, speculative_num_tokens=tokens,
         speculative_draft_model=space.speculative_draft_model if method == "eagle3" else None,
     )
+
+
+def _role_system(space: SearchSpace, selection: Mapping[str, Any], role: str) -> str:
+    """A role's GPU type: the selection's when the branch searches it (`<role>_hardware_sku`), else the one
+    type the space gives the role (space/branches.knob_choices_for lists the knob only for several)."""
+    key = f"{role}_hardware_sku"
+    if key in selection:
+        return str(selection[key])
+    systems = space.role_systems(role)
+    if len(systems) != 1:
+        raise KeyError(f"selection is missing {key!r} (searched over {len(systems)} GPU types)")
+    return systems[0]
 
 
 def _speculative(selection: Mapping[str, Any]) -> tuple[str | None, int | None]:

@@ -22,7 +22,8 @@ def role_kv_capacity_tokens(
     """
     r = candidate.role(role)
     per_rank = estimate(
-        candidate.model, candidate.system, candidate.backend, candidate.backend_version, r.shape.engine_key(),
+        candidate.model, candidate.role_system(r), candidate.backend, candidate.backend_version,
+        r.shape.engine_key(),
         max_num_tokens=int(r.engine.max_num_batched_tokens),
         max_batch_size=int(r.engine.max_num_seqs),
         memory_fraction=float(r.engine.gpu_memory_utilization),

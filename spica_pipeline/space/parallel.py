@@ -8,7 +8,8 @@ inside a node with attention DP across, experts expert-parallel) after the backe
 AIC's per-rank KV capacity (max_num_tokens 8192, max_batch_size 256, the mode's gpu_memory_utilization,
 nextn 0) exceeds max_seq_len. Results are memoised per argument tuple, and every pruned shape is counted
 per rule in `EnumerationDiagnostics`, so a user can see why a shape is absent. Pinned shapes are checked
-rule by rule in space/pins.py.
+rule by rule in space/pins.py. With prefill and decode on two GPU types (`split_disagg_configs`) each
+role's shapes are enumerated on its own system and paired within the budget of each type.
 
 Deviation from upstream, on purpose: an AIC ValueError saying a width does not divide the model
 (e.g. "num_heads 40 should be divisible by tp_size 16") prunes that shape under rule "kv" instead
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, TypedDict
 
-from spica_pipeline.errors import InfeasibleKVCapacity, ModelHardwareError, NoViableParallelConfig
+from spica_pipeline.errors import InfeasibleKVCapacity, ModelHardwareError, NoPerfDatabase, NoViableParallelConfig
 from spica_pipeline.space.kv import estimate_kv_tokens
 from spica_pipeline.space.model_hw import QuietAIC, check_hardware, hardware_facts, latest_backend_version, model_facts
 from spica_pipeline.space.shapes import DisaggShape, ParallelConfig, RoleShape
@@ -117,12 +118,14 @@ class EnumerationResult:
 
 @dataclass(frozen=True)
 class Topology:
-    """How a system joins its GPUs: GPUs per node, and GPUs per NVLink domain (the whole rack on GB200 /
-    GB300 NVL72, else the node). AIC's system spec holds both (`node.num_gpus_per_node`, `num_gpus_per_rack`)."""
+    """How a system joins its GPUs: GPUs per node, GPUs per NVLink domain (the whole rack on GB200 / GB300
+    NVL72, else the node) and each GPU's link off the node. AIC's system spec holds them
+    (`node.num_gpus_per_node`, `num_gpus_per_rack`, `inter_node_bw`)."""
 
     hardware_sku: str
     gpus_per_node: int
     nvlink_domain: int
+    inter_node_gbps: float | None = None  # a GPU's link off its node, GB/s (AIC's node.inter_node_bw)
 
     @property
     def tp_cap(self) -> int:
@@ -161,7 +164,8 @@ def topology(hardware_sku: str) -> Topology:
     with QuietAIC():
         spec = load_system_spec(hardware_sku) or {}
     rack = int((spec.get("node") or {}).get("num_gpus_per_rack") or 0)
-    return Topology(hardware_sku, node, max(node, rack))
+    link = (spec.get("node") or {}).get("inter_node_bw")
+    return Topology(hardware_sku, node, max(node, rack), float(link) / 1e9 if link else None)
 
 
 def gpu_ladder(topo: Topology, budget: int) -> tuple[int, ...]:
@@ -433,3 +437,52 @@ def _pair(roles: list[RoleShape], budget: int, min_budget: int | None, feasible,
              for p in prefills for d in decodes]
     pruned["kv"].count += _pairs_between(Counter(r.used_gpus for r in pairable), lo, budget) - len(pairs)
     return pairs
+
+
+@dataclass(frozen=True)
+class SplitPool:
+    """The disagg pool of prefill on one GPU type and decode on another: pairs of role shapes each enumerated
+    and KV-filtered on its own system, and per role the enumeration that gave its shapes."""
+
+    configs: tuple[DisaggShape, ...]
+    backend_version: str
+    prefill: EnumerationDiagnostics
+    decode: EnumerationDiagnostics
+
+    def diagnostics(self) -> dict[str, Any]:
+        return {"prefill": self.prefill.to_dict(), "decode": self.decode.to_dict(), "configs_kept": len(self.configs)}
+
+
+def split_disagg_configs(model: str, prefill_hardware: str, decode_hardware: str, backend: str, *,
+                         budgets: tuple[int, int] | None, total: int, min_budget: int | None = None,
+                         max_seq_len: int | None = None,
+                         precision: tuple[str | None, str | None, str | None, str | None] | None = None,
+                         memory_fractions: tuple[float, float] = (DEFAULT_MEMORY_FRACTION, DEFAULT_MEMORY_FRACTION),
+                         ) -> SplitPool:
+    """Disagg pairs with prefill on `prefill_hardware` and decode on `decode_hardware` (two GPU types).
+
+    Each role's shapes are the agg pool of its own system (the ladder, backend filter and KV filter there,
+    at the role's gpu_memory_utilization), sized by `budgets` (GPUs of each type) when the budget is per
+    type, else by `total` less one GPU for the other role; a pair is kept within `total` and, when set,
+    at least `min_budget`. NoPerfDatabase / NoViableParallelConfig name the system that has none."""
+    caps = budgets if budgets is not None else (total - 1, total - 1)
+    roles = []
+    for hardware, cap, fraction in zip((prefill_hardware, decode_hardware), caps, memory_fractions):
+        if cap < 1:
+            raise NoViableParallelConfig(f"no GPUs of {hardware} in gpu_budget for a disagg role on it")
+        roles.append(parallel_configs_for(model, hardware, backend, "agg", cap, None, max_seq_len,
+                                          precision=precision, memory_fraction=fraction))
+    prefill, decode = roles
+    if prefill.backend_version != decode.backend_version:
+        raise NoPerfDatabase(f"aiconfigurator-core's latest {backend} perf data is {prefill.backend_version} on "
+                             f"{prefill_hardware} and {decode.backend_version} on {decode_hardware}: one deployment "
+                             "runs one engine version")
+    lo = int(min_budget or 0)
+    pairs = tuple(DisaggShape(p, d) for p in prefill.configs for d in decode.configs  # type: ignore[arg-type]
+                  if lo <= p.used_gpus + d.used_gpus <= total)
+    if not pairs:
+        raise NoViableParallelConfig(f"no disagg pair of prefill on {prefill_hardware} and decode on "
+                                     f"{decode_hardware} fits gpu_budget={total}"
+                                     + (f", min_gpu_budget={min_budget}" if min_budget else ""))
+    return SplitPool(tuple(sorted(pairs, key=lambda c: c.sort_key())), prefill.backend_version,
+                     prefill.diagnostics, decode.diagnostics)

@@ -46,7 +46,7 @@ def _engine_args(candidate: Candidate, role: Role) -> dict[str, Any]:
         "engine_type": backend,
         "aic_backend": backend,
         "aic_backend_version": candidate.backend_version,
-        "aic_system": candidate.system,
+        "aic_system": candidate.role_system(role),
         "aic_model_path": candidate.model,
         "aic_tp_size": shape.tp,
         "aic_attention_dp_size": shape.attention_dp,
