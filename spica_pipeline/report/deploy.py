@@ -17,7 +17,7 @@ from spica_pipeline.config.precision import precision_of
 from spica_pipeline.evaluate.scoring import Candidate
 from spica_pipeline.report.accuracy import backend_check, header_line, own_entry
 from spica_pipeline.report.bench_script import bench_script
-from spica_pipeline.report.dgd import dgd_manifest, manifest_name, validate_manifest
+from spica_pipeline.report.dgd import GPU_PRODUCT_LABEL, GPU_PRODUCTS, dgd_manifest, manifest_name, validate_manifest
 from spica_pipeline.report.tables import candidate_bands
 from spica_pipeline.space.candidate import Candidate as Deployment
 from spica_pipeline.space.plan import planner_config_for
@@ -52,7 +52,10 @@ def _role(cfg: Mapping[str, Any], role: str, shape_prefix: str) -> dict[str, Any
         engine["nextn"] = cfg["aic_nextn"]
     if cfg.get("startup_time") is not None:
         engine["startup_time"] = cfg["startup_time"]
-    return {"count": count, "gpus_per_worker": gpus_per_worker, "parallel": parallel, "engine_args": engine}
+    out = {"count": count, "gpus_per_worker": gpus_per_worker, "parallel": parallel, "engine_args": engine}
+    if any(f"{r}_hardware_sku" in cfg for r in ("prefill", "decode")):  # roles on two GPU types: name each
+        out = {"hardware_sku": cfg.get(f"{role}_hardware_sku", cfg.get("hardware_sku")), **out}
+    return out
 
 
 def deployment_dict(c: Candidate, rank: int, *, target: str | None = None,
@@ -131,6 +134,7 @@ def dgd_yaml(c: Candidate, rank: int, doc: Mapping[str, Any], *, target: str | N
              "# Generated from the replayed sample; validated against the vendored DGD CRD schema subset",
              "# and backend flag lists (spica_pipeline/report/dgd_data/SOURCES.md).",
              f"# GPUs: {c.used_gpus}. Predicted by Dynamo Replay, not measured: benchmark before production."]
+    lines += gpu_type_lines(c.config)
     if c.metrics.get("fleet_replicas", 1) > 1:
         lines.append(f"# min_gpus fleet: {int(c.metrics['fleet_replicas'])} x the replayed deployment = "
                      f"{int(c.metrics['fleet_gpus'])} GPUs; worker replicas below are already multiplied.")
@@ -145,6 +149,19 @@ def dgd_yaml(c: Candidate, rank: int, doc: Mapping[str, Any], *, target: str | N
     if accuracy:
         lines.append(accuracy)
     return "\n".join(lines) + "\n" + yaml.safe_dump(dict(doc), sort_keys=False, default_flow_style=False, width=1000)
+
+
+def gpu_type_lines(cfg: Mapping[str, Any]) -> list[str]:
+    """The manifest header's line naming each worker role's GPU type, when prefill and decode run on two."""
+    if not any(f"{r}_hardware_sku" in cfg for r in ("prefill", "decode")):
+        return []
+    roles = []
+    for role in ("prefill", "decode"):
+        system = str(cfg.get(f"{role}_hardware_sku", cfg.get("hardware_sku")))
+        product = GPU_PRODUCTS.get(system)
+        roles.append(f"{role} on {system}" + (f" (nodes labelled {GPU_PRODUCT_LABEL}={product})" if product
+                                              else " (no known node label: add a nodeSelector for it)"))
+    return ["# GPU types: " + "; ".join(roles)]
 
 
 def readme_text(c: Candidate, rank: int, description: str) -> str:

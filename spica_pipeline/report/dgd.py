@@ -4,8 +4,10 @@ Built from the candidate alone (space/candidate.py), the way the replay saw it: 
 router mode and settings as `dynamo.frontend` flags, one component per worker role with its replica
 count and `nvidia.com/gpu` per pod, `python3 -m dynamo.vllm` / `dynamo.sglang` with the backend's
 own flag names, a Planner when a scaling policy is on, and `multinode` when an engine spans more GPUs
-than one node of the hardware has. Every manifest is checked against the vendored CRD schema subset
-and flag lists in `dgd_data/` (see SOURCES.md) before it is written.
+than one node of the hardware has. With prefill and decode on two GPU types each worker service selects
+its type's nodes (`nodeSelector` on the GPU product label GPU Feature Discovery sets) and sizes its pods
+by that type's node. Every manifest is checked against the vendored CRD schema subset and flag lists in
+`dgd_data/` (see SOURCES.md) before it is written.
 """
 
 import json
@@ -16,7 +18,9 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Mapping
 
+from spica_pipeline.errors import ModelHardwareError
 from spica_pipeline.space.candidate import ADMISSION_FIELDS, Candidate, Role
+from spica_pipeline.space.model_hw import hardware_facts
 
 API_VERSIONS = ("v1beta1", "v1alpha1")
 DEFAULT_API_VERSION = "v1beta1"
@@ -57,6 +61,14 @@ QUANTIZATION_FLAGS = {"fp8": "fp8"}
 # speculative method -> SGLang's --speculative-algorithm (NEXTN runs the checkpoint's MTP layers)
 _SGLANG_SPECULATIVE = {"mtp": "NEXTN", "eagle3": "EAGLE3"}
 KV_CACHE_DTYPE_FLAGS = {"vllm": {"fp8": "fp8"}, "sglang": {"fp8": "fp8_e4m3"}}
+# The node label NVIDIA GPU Feature Discovery sets to the GPU's product name (nvidia-smi's, spaces as dashes)
+# and its value per AIC system (dgd_data/SOURCES.md); a worker on its own GPU type selects nodes by it.
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_PRODUCTS = {
+    "a100_sxm": "NVIDIA-A100-SXM4-80GB", "b200_sxm": "NVIDIA-B200", "b300_sxm": "NVIDIA-B300-SXM6-AC",
+    "gb200": "NVIDIA-GB200", "gb300": "NVIDIA-GB300", "h100_sxm": "NVIDIA-H100-80GB-HBM3", "h200_sxm": "NVIDIA-H200",
+    "l40s": "NVIDIA-L40S", "rtx_pro_6000_server": "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition",
+}
 
 
 @dataclass(frozen=True)
@@ -226,6 +238,27 @@ def _container(image: str, module: str, args: list[str], gpus: int | None, secre
     return c
 
 
+def node_selector(c: Candidate, role: Role) -> dict[str, str] | None:
+    """The nodes a worker role's pods may land on: its GPU type's product label when the candidate runs on
+    two types (None otherwise, or for a type without a known label: the manifest header names it)."""
+    if len(c.systems) < 2:
+        return None
+    product = GPU_PRODUCTS.get(c.role_system(role))
+    return {GPU_PRODUCT_LABEL: product} if product else None
+
+
+def _node_size(c: Candidate, role: Role, opts: DeployOptions) -> int | None:
+    """GPUs per node of the role's type: the deploy options' (hardware_sku's, or as configured), or for a
+    role on its own GPU type that type's AIC system spec."""
+    system = c.role_system(role)
+    if system == c.system or len(c.systems) < 2:
+        return opts.gpus_per_node
+    try:
+        return hardware_facts(system).gpus_per_node
+    except ModelHardwareError:
+        return opts.gpus_per_node
+
+
 @dataclass(frozen=True)
 class _Component:
     name: str
@@ -234,6 +267,7 @@ class _Component:
     container: dict[str, Any]
     nodes: int = 1
     gpus_per_pod: int = 0
+    node_selector: dict[str, str] | None = None
 
 
 def _components(c: Candidate, opts: DeployOptions,
@@ -245,12 +279,13 @@ def _components(c: Candidate, opts: DeployOptions,
     comps = [_Component("Frontend", "frontend", 1,
                         _container(image, "dynamo.frontend", frontend_args(c), None, None))]
     for role in c.roles:
-        lay = worker_layout(role, opts.gpus_per_node)
+        lay = worker_layout(role, _node_size(c, role, opts))
         kind = "worker" if role.name == "agg" else role.name
         comps.append(_Component(_COMPONENT_NAMES[backend][role.name], kind, lay.replicas,
                                 _container(image, _MODULES[backend], engine_args(c, role), lay.gpus_per_pod,
                                            opts.hf_token_secret),
-                                nodes=lay.nodes, gpus_per_pod=lay.gpus_per_pod))
+                                nodes=lay.nodes, gpus_per_pod=lay.gpus_per_pod,
+                                node_selector=node_selector(c, role)))
     if planner_config:
         comps.append(_Component("Planner", "planner", 1,
                                 _container(opts.planner_image or default_planner_image(), "dynamo.planner",
@@ -273,7 +308,8 @@ def dgd_manifest(candidate: Candidate, *, name: str, options: DeployOptions | No
             if not _SEMVER_TAG.search(str(c.container.get("image", ""))):
                 # DGD admission needs the runtime version when the image tag does not carry one
                 item["runtimeVersionOverride"] = DYNAMO_VERSION
-            item["podTemplate"] = {"spec": {"containers": [c.container]}}
+            pod: dict[str, Any] = {"nodeSelector": dict(c.node_selector)} if c.node_selector else {}
+            item["podTemplate"] = {"spec": {**pod, "containers": [c.container]}}
             items.append(item)
         spec: dict[str, Any] = {"backendFramework": backend, "components": items}
     else:
@@ -290,7 +326,8 @@ def dgd_manifest(candidate: Candidate, *, name: str, options: DeployOptions | No
                 svc["envFromSecret"] = c.container["envFrom"][0]["secretRef"]["name"]
             if c.gpus_per_pod:
                 svc["resources"] = {"limits": {"gpu": str(c.gpus_per_pod)}}
-            svc["extraPodSpec"] = {"mainContainer": main}
+            extra: dict[str, Any] = {"nodeSelector": dict(c.node_selector)} if c.node_selector else {}
+            svc["extraPodSpec"] = {**extra, "mainContainer": main}
             services[c.name] = svc
         spec = {"backendFramework": backend, "services": services}
     return {"apiVersion": f"nvidia.com/{opts.api_version}", "kind": "DynamoGraphDeployment",
