@@ -443,10 +443,20 @@ def goal_summary(config: SmartSearchConfig) -> dict[str, Any]:
         "target": goal.target.value,
         "objectives": goal.objective_names(),
         "sla": goal.sla_thresholds(),
-        "gpu_budget": config.search_space.gpu_budget,
+        "gpu_budget": dict(config.search_space.gpu_budget_by_type or {}) or config.search_space.gpu_budget,
         "model": config.search_space.model_name,
-        "hardware": config.search_space.hardware_sku,
+        "hardware": hardware_text(config.search_space),
     }
+
+
+def hardware_text(space: Any) -> str:
+    """The GPU type(s) a sweep runs on, as report.md states them: hardware_sku, or with disagg roles on their
+    own types each role's ('h100_sxm (prefill), h200_sxm (decode)'; a searched list joined by ' or ')."""
+    if not getattr(space, "split_systems", False):
+        return str(space.hardware_sku)
+    roles = {role: " or ".join(space.role_systems(role)) for role in ("prefill", "decode")}
+    text = f"{roles['prefill']} (prefill), {roles['decode']} (decode)"
+    return f"{space.hardware_sku} (agg), {text}" if "agg" in space.deployment_mode else text
 
 
 def workload_summary(config: SmartSearchConfig) -> dict[str, Any]:

@@ -87,7 +87,10 @@ def _cost_line(c: Any, merge: MergeResult) -> list[str]:
     per_hour = scoring.usd_per_hour(c.metrics)
     if merge.gpu_price is None or per_hour is None:
         return []
-    return [f"Cost at {merge.gpu_price:g} USD per GPU-hour: {_num(per_hour)} USD/h; "
+    price = float(c.metrics.get(scoring.GPU_PRICE_KEY, merge.gpu_price))  # with two GPU types, its own mean
+    types = (" (the mean over its GPUs of " + ", ".join(f"{s} {p:g}" for s, p in merge.gpu_prices.items()) + ")"
+             if merge.gpu_prices else "")
+    return [f"Cost at {price:g} USD per GPU-hour{types}: {_num(per_hour)} USD/h; "
             f"{_num(scoring.cost_per_mtok(c.metrics))} USD per million output tokens and "
             f"{_num(scoring.cost_per_k_requests(c.metrics))} USD per thousand requests at the "
             f"{_num(scoring.ranked_value(c.metrics, 'request_throughput_rps'))} req/s it served.", ""]

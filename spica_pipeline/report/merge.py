@@ -20,6 +20,7 @@ import pandas as pd
 from spica_pipeline.config.goal import GPU_PRICE_KEY, Target, objectives_for
 from spica_pipeline.evaluate import scoring
 from spica_pipeline.evaluate.scoring import Candidate
+from spica_pipeline.space.candidate import Candidate as Deployment
 
 STATUSES = ("feasible", "infeasible", "failed", "timed_out", "unsupported", "cached")
 REQUIRED_COLUMNS = ("branch", "status", "spec_hash", "config", "report", "used_gpus")
@@ -79,6 +80,8 @@ class MergeResult:
     sla: dict[str, float] | None = None
     sla_required: float | None = None
     gpu_price: float | None = None  # USD per GPU-hour the candidates are priced at
+    # with disagg roles on two GPU types: each type's USD per GPU-hour (a candidate's price is the mean over its GPUs)
+    gpu_prices: dict[str, float] | None = None
 
     def carries(self, c: Candidate) -> bool | None:
         """Whether `c` carries the offered load (scoring.carries_load); None when nothing is offered."""
@@ -185,12 +188,25 @@ def tier(c: Candidate, load_required: bool, sla_required: float | None) -> int:
     return 2 * unserved + (scoring.meets_sla(c.metrics, sla_required) is False)
 
 
+def _price(config: Mapping[str, Any], gpu_price: float | None,
+           gpu_prices: Mapping[str, float] | None) -> float | None:
+    """A candidate's USD per GPU-hour: with roles on their own GPU types the mean of its GPUs' prices by type
+    (space/candidate.Candidate.gpu_usd_per_hour), else the sweep's one price."""
+    if not gpu_prices or not any(f"{r}_hardware_sku" in config for r in ("prefill", "decode")):
+        return gpu_price
+    try:
+        return Deployment.from_dict(config, extra="ignore").gpu_usd_per_hour(gpu_prices.get)
+    except (ValueError, TypeError, KeyError):  # not a whole candidate (a hand-made ledger row)
+        return gpu_price
+
+
 def _candidate(row: Mapping[str, Any], target: str, objectives: Sequence[str],
-               gpu_price: float | None = None) -> Candidate:
+               gpu_price: float | None = None, gpu_prices: Mapping[str, float] | None = None) -> Candidate:
     config = _loads(row.get("config"), {}) or {}
     if "used_gpus" not in config and row.get("used_gpus") is not None:
         config = {**config, "used_gpus": int(row["used_gpus"])}
     report = _loads(row.get("report"))
+    gpu_price = _price(config, gpu_price, gpu_prices)
     if report is not None and gpu_price is not None:  # the config's price, also for a ledger priced otherwise
         report = {**report, GPU_PRICE_KEY: gpu_price}
     spread = _loads(row.get("spread"), {}) or {}
@@ -227,6 +243,7 @@ def merge_candidates(
     sla: Mapping[str, float] | None = None,
     sla_required: float | None = None,
     gpu_price: float | None = None,
+    gpu_prices: Mapping[str, float] | None = None,
 ) -> MergeResult:
     """Merge every branch's feasible trials by goal (stage 6).
 
@@ -292,7 +309,7 @@ def merge_candidates(
                 over_budget += 1
             else:
                 seen.add(h)
-                cand = _candidate(row, target, objs, gpu_price)
+                cand = _candidate(row, target, objs, gpu_price, gpu_prices)
                 feasible.append(cand)
         steps.append((branch, cand))
 
@@ -333,7 +350,7 @@ def merge_candidates(
         hypervolume=hv, reference=reference, over_budget=over_budget,
         load_target=dict(load_target) if load_target else None, unservable=unservable,
         offered=offered, offered_required=offered_required, sla=dict(sla) if sla else None, sla_required=sla_required,
-        gpu_price=gpu_price,
+        gpu_price=gpu_price, gpu_prices=dict(gpu_prices) if gpu_prices else None,
     )
 
 
@@ -376,7 +393,19 @@ def merge_for_config(ledger_df: pd.DataFrame, config: Any) -> MergeResult:
                             load_target=load, offered=offered_load(getattr(config, "workload", None)),
                             offered_required=goal.offered_load == "required", sla=goal.sla_thresholds(),
                             sla_required=goal.required_attainment(),
-                            gpu_price=goal.gpu_usd_per_hour(getattr(config.search_space, "hardware_sku", None)))
+                            gpu_price=goal.gpu_usd_per_hour(getattr(config.search_space, "hardware_sku", None)),
+                            gpu_prices=type_prices(config))
+
+
+def type_prices(config: Any) -> dict[str, float] | None:
+    """Each GPU type's USD per GPU-hour when disagg roles run on their own types (None otherwise, or when a
+    type has no price)."""
+    space = config.search_space
+    if not getattr(space, "split_systems", False):
+        return None
+    systems = dict.fromkeys([space.hardware_sku, *space.role_systems("prefill"), *space.role_systems("decode")])
+    prices = {system: config.goal.gpu_usd_per_hour(system) for system in systems}
+    return None if any(p is None for p in prices.values()) else {s: float(p) for s, p in prices.items()}
 
 
 # Twins: equal (to TWIN_DIGITS significant digits) in every one of these replayed metrics, in one branch and tier.

@@ -208,7 +208,10 @@ def glossary(merge: MergeResult) -> list[str]:
         f"- **Equivalent settings**: {TWIN_RULE}.",
     ]
     if merge.gpu_price is not None:
-        lines.append(f"- **Cost**: the deployment's GPUs at {merge.gpu_price:g} USD per GPU-hour (goal.gpu_prices, else "
+        priced = (f"at {merge.gpu_price:g} USD per GPU-hour" if not merge.gpu_prices else  # roles on two GPU types
+                  "each at its GPU type's USD per GPU-hour (" + ", ".join(f"{s} {p:g}" for s, p in merge.gpu_prices.items())
+                  + "; a deployment's price is the mean over its GPUs)")
+        lines.append(f"- **Cost**: the deployment's GPUs {priced} (goal.gpu_prices, else "
                      "the default table in config/goal.py): USD/h; USD per million output tokens (cost_per_mtok) "
                      "and per thousand requests at the throughputs above.")
     return lines
