@@ -68,6 +68,8 @@ def _file_values(config: SmartSearchConfig) -> dict[str, Any]:
         values[name] = node
     if values["time_budget"] is not None:
         values["time_budget"] = _duration_text(float(values["time_budget"]))
+    if isinstance(values["gpu_budget"], dict):  # a budget per GPU type: the form shows (and takes) the total
+        values["gpu_budget"] = config.search_space.gpu_budget
     return values
 
 
