@@ -49,8 +49,9 @@ THROUGHPUT_DEFINITION = (
 LOAD_MEASURES = (
     "offered_request_rate_rps: requests arriving in the window over its length; settled_served_share: "
     "requests served (as above) in the window's second half over those arriving in it; "
-    "settled_queue_growth_rps: requests in flight at the window's end minus at its middle, over that half "
-    "(the window ends at the last arrival at the latest)")
+    "settled_queue_growth_rps: the mean number of requests in flight over the window's last quarter minus over "
+    "its third, over a quarter's length (means over time, so one request arriving just before an instant is not "
+    "growth); the window ends at the last arrival at the latest")
 # How a closed loop's clients start (EvalRequest.context["closed_loop_client"]):
 # "ramp" (default, sweeps): spread over one request cycle and measured in the steady-state window;
 # "together" (bench/bench_fidelity.py): all at t=0, every request counted, like the benchmark
@@ -237,14 +238,17 @@ def load_measures(records: Iterable[dict[str, Any]], start: float, end: float) -
     def arrivals(lo: float, hi: float) -> int:
         return sum(1 for r in done if lo <= r["arrival_time_ms"] <= hi)
 
-    def in_flight(t: float) -> int:
-        return sum(1 for r in done if r["arrival_time_ms"] <= t < r["terminal_time_ms"])
+    def in_flight(lo: float, hi: float) -> float:  # the mean number of requests in flight over [lo, hi]
+        return math.fsum(max(0.0, min(hi, r["terminal_time_ms"]) - max(lo, r["arrival_time_ms"])) for r in done) \
+            / (hi - lo)
 
     late_arrivals = arrivals(middle, end)
     served = math.fsum(_requests_in(r, middle, end) for r in done)
+    quarter = (end - middle) / 2.0
+    growth = in_flight(middle + quarter, end) - in_flight(middle, middle + quarter)
     return {"offered_request_rate_rps": arrivals(start, end) / ((end - start) / 1000.0),
             "settled_served_share": served / late_arrivals if late_arrivals else 1.0,
-            "settled_queue_growth_rps": (in_flight(end) - in_flight(middle)) / half_s}
+            "settled_queue_growth_rps": growth / (half_s / 2.0)}
 
 
 def _meets(r: dict[str, Any], sla: Mapping[str, float], ttft_scale: float = 1.0, itl_scale: float = 1.0,
