@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from spica_pipeline.config import load_config
+from spica_pipeline.preflight import resolve_names
 from spica_pipeline.report.dgd import dgd_manifest, manifest_gpus, manifest_name, validate_manifest
 from spica_pipeline.space.branches import enumerate_branches
 from spica_pipeline.space.candidate import build_candidate
@@ -22,7 +23,8 @@ EXAMPLES = sorted((REPO / "examples" / "configs").glob("*.yaml"))
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_every_example_manifest_validates(path, monkeypatch):
     monkeypatch.chdir(REPO)
-    config = filter_policies(load_config(path)).config
+    config, _ = resolve_names(load_config(path))  # as the sweep does: Hugging Face ids -> shipped names
+    config = filter_policies(config).config
     options = deploy_options(config)
     goal = config.goal
     sla = goal.sla.model_dump(exclude_none=True) if goal.sla else None

@@ -282,7 +282,7 @@ def test_kv_estimate_passes_the_precision(monkeypatch):
 
 @pytest.mark.integration
 def test_backend_without_perf_data_dropped_with_one_warning(monkeypatch):
-    def check(space, backend, config):
+    def check(space, backend, config, system=None):
         if backend == "sglang":
             raise PerfModelError.wrap(PerfDataNotAvailableError("perf database error: context MLA data missing"))
         return None
@@ -305,7 +305,7 @@ def test_backend_without_perf_data_dropped_with_one_warning(monkeypatch):
 
 @pytest.mark.integration
 def test_a_shape_refusal_does_not_drop_the_backend(monkeypatch):
-    def check(space, backend, config):
+    def check(space, backend, config, system=None):
         raise PerfModelError.wrap(ValueError("Parallelism width mismatch"))
 
     monkeypatch.setattr(branches_mod, "timing_check", check)
