@@ -434,7 +434,8 @@ def deploy_options(config: SmartSearchConfig) -> "DeployOptions":
         except ModelHardwareError:
             gpus_per_node = None
     return DeployOptions(api_version=d.api_version, image=d.image, planner_image=d.planner_image,
-                         gpus_per_node=gpus_per_node, hf_token_secret=d.hf_token_secret)
+                         gpus_per_node=gpus_per_node, hf_token_secret=d.hf_token_secret,
+                         served_model=d.served_model)
 
 
 def goal_summary(config: SmartSearchConfig) -> dict[str, Any]:

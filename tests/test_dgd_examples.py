@@ -46,3 +46,32 @@ def test_every_example_manifest_validates(path, monkeypatch):
                     checked += 1
     assert checked > 0
     print(f"{path.name}: {checked} manifests validated")
+
+
+def test_a_hugging_face_id_is_served_as_written(tmp_path, monkeypatch):
+    """sla.yaml names meta-llama/Llama-3.1-70B-Instruct: the sweep times aiconfigurator-core's Meta-Llama-3.1-70B,
+    and dgd.yaml and bench.sh serve the instruct checkpoint the user asked for."""
+    from spica_pipeline.evaluate.scoring import Candidate as Pick
+    from spica_pipeline.report.deploy import write_deploy_folder
+
+    monkeypatch.chdir(REPO)
+    asked = "meta-llama/Llama-3.1-70B-Instruct"
+    config, renamed = resolve_names(load_config(REPO / "examples" / "configs" / "sla.yaml"))
+    assert config.search_space.model_name != asked and renamed
+    assert config.deploy.served_model == asked
+    branch = enumerate_branches(filter_policies(config).config).branches[0]
+    selection = {k: v[0] for k, v in branch.knob_choices.items()}
+    selection.update(backend=branch.supported_backends[0][0], deployment_mode=branch.deployment_mode)
+    candidate = build_candidate(config.search_space, selection, branch.parallel_configs[0])
+    pick = Pick(config=candidate.to_dict(), used_gpus=candidate.used_gpus, score=1.0, metrics={})
+    write_deploy_folder(tmp_path, pick, 1, target="throughput", description="", options=deploy_options(config))
+    dgd = (tmp_path / "dgd.yaml").read_text()
+    assert asked in dgd and "Meta-Llama-3.1-70B\n" not in dgd
+    assert f'MODEL="${{MODEL:-{asked}}}"' in (tmp_path / "bench.sh").read_text()
+
+
+def test_a_served_model_given_in_deploy_is_kept(monkeypatch):
+    monkeypatch.chdir(REPO)
+    config = load_config(REPO / "examples" / "configs" / "sla.yaml")
+    config = config.model_copy(update={"deploy": config.deploy.model_copy(update={"served_model": "my-org/tuned"})})
+    assert resolve_names(config)[0].deploy.served_model == "my-org/tuned"

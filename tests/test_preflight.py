@@ -158,7 +158,8 @@ def test_preflight_returns_the_resolved_config_for_every_later_stage():
     space = checked.config.search_space
     assert (space.model_name, space.hardware_sku) == ("meta-llama/Meta-Llama-3.1-70B", "h200_sxm")
     assert checked.filtered.config.search_space.model_name == "meta-llama/Meta-Llama-3.1-70B"
-    assert checked.warnings[:2] == checked.renamed and len(checked.renamed) == 2
+    assert checked.warnings[:3] == checked.renamed and len(checked.renamed) == 3
+    assert checked.config.deploy.served_model == "meta-llama/Llama-3.1-70B-Instruct"  # what dgd.yaml serves
     unchanged = SmartSearchConfig.from_dict(config_with())
     assert preflight(unchanged).config is unchanged  # shipped names: the very same config, same hashes
 

@@ -17,5 +17,8 @@ class DeploySettings(StrictModel):
     planner_image: str | None = None
     # GPUs per node; default: the AIC system spec of the hardware. Engines larger than this go multinode.
     gpus_per_node: PosInt | None = None
+    # The model the workers load and the Frontend serves; default: search_space.model_name as written when
+    # it is a Hugging Face id (org/name), else the aiconfigurator-core model the sweep timed.
+    served_model: str | None = None
     # Secret with HF_TOKEN for model download, mounted into the workers; null leaves it out.
     hf_token_secret: str | None = "hf-token-secret"

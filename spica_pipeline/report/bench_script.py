@@ -50,11 +50,12 @@ def _line(args: list[str], indent: str = "") -> str:
     return "\n".join(out)
 
 
-def bench_script(config: Mapping[str, Any], rank: int, workload: Mapping[str, Any] | None) -> str:
+def bench_script(config: Mapping[str, Any], rank: int, workload: Mapping[str, Any] | None,
+                 model: str | None = None) -> str:
     """bench.sh for the pick whose flat candidate is `config`, at `workload` (the sweep's workload section as
-    report.md states it)."""
+    report.md states it); `model`: the name the manifest serves (None: the candidate's model)."""
     workload = dict(workload or {})
-    model = str(config.get("model_name"))
+    model = model or str(config.get("model_name"))
     name = manifest_name(model, rank, str(config.get("deployment_mode")))
     shape = str(workload.get("shape") or "")
     concurrency = config.get("concurrency") or workload.get("concurrency")

@@ -211,9 +211,12 @@ def write_deploy_folder(out_dir: Any, c: Candidate, rank: int, *, target: str | 
     record = deployment_yaml(c, rank, target=target, heldout_check=heldout_check)
     paths["record"] = atomic_write_text(d / "simulation_record.yaml", record)
     atomic_write_text(d / "README.md", readme_text(c, rank, description))
-    paths["bench"] = atomic_write_text(d / "bench.sh", bench_script(c.config, rank, workload))
-    paths["bench"].chmod(0o755)
     deployment = Deployment.from_dict(c.config, extra="ignore")
+    served = getattr(options, "served_model", None)
+    if served:
+        deployment = replace(deployment, model=served)
+    paths["bench"] = atomic_write_text(d / "bench.sh", bench_script(c.config, rank, workload, model=deployment.model))
+    paths["bench"].chmod(0o755)
     planner_config = planner_config_for(deployment, planner_target=planner_target or goal_planner_target(target or ""),
                                         sla=dict(sla) if sla else None)
     doc = dgd_manifest(fleet(deployment, c.metrics.get("fleet_replicas")),

@@ -80,6 +80,8 @@ class DeployOptions:
     planner_image: str | None = None
     gpus_per_node: int | None = None
     hf_token_secret: str | None = DEFAULT_HF_SECRET
+    # The model the workers load and the Frontend serves; None: the candidate's model.
+    served_model: str | None = None
 
     def __post_init__(self) -> None:
         if self.api_version not in API_VERSIONS:
