@@ -181,12 +181,12 @@ def _resolve_gpu_types(space: SearchSpace) -> tuple[dict[str, Any], list[str]]:
             notes.append(note)
         return found.name
 
-    for field in ("prefill_hardware_sku", "decode_hardware_sku"):
-        listed = getattr(space, field)
+    for role_field in ("prefill_hardware_sku", "decode_hardware_sku"):
+        listed = getattr(space, role_field)
         if listed:
-            names = [resolved(field, name) for name in listed]
+            names = [resolved(role_field, name) for name in listed]
             if names != list(listed):
-                update[field] = names
+                update[role_field] = names
     if space.gpu_budget_by_type is not None:
         budgets: dict[str, int] = {}
         for name, gpus in space.gpu_budget_by_type.items():

@@ -5,7 +5,6 @@ import json
 import math
 from pathlib import Path
 
-import pytest
 from shared_data import REAL_TRACE, require
 
 from spica_pipeline import cli

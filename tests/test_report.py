@@ -52,9 +52,9 @@ def _disagg_config(rng, i):
         "decode_gpu_memory_utilization": 0.9, "prefill_enable_prefix_caching": True,
         "decode_enable_prefix_caching": False, "router_mode": "round_robin",
         "planner_scaling_policy": {"enable_throughput_scaling": True, "enable_load_scaling": False,
-                                   "throughput_adjustment_interval": 240, "load_adjustment_interval": 5},
+                                   "throughput_adjustment_interval_seconds": 240, "load_adjustment_interval_seconds": 5},
         "enable_throughput_scaling": True, "enable_load_scaling": False,
-        "throughput_adjustment_interval": 240, "load_adjustment_interval": 5,
+        "throughput_adjustment_interval_seconds": 240, "load_adjustment_interval_seconds": 5,
         "kv_load_ratio": round(rng.random(), 3),
     }
     return cfg
@@ -259,7 +259,7 @@ def test_write_outputs_files_are_present_and_consistent(tmp_path, target):
             assert roles["agg"]["parallel"]["tp"] * roles["agg"]["count"] == cand.used_gpus
         else:
             assert roles["decode"]["count"] == cand.config["decode_replicas"]
-            assert doc["planner"]["enabled"] and doc["planner"]["settings"]["throughput_adjustment_interval"] == 240
+            assert doc["planner"]["enabled"] and doc["planner"]["settings"]["throughput_adjustment_interval_seconds"] == 240
             gpus = sum(r["count"] * r["gpus_per_worker"] for r in roles.values())
             assert gpus == cand.used_gpus
         assert doc["router"]["mode"] == cand.config["router_mode"]
@@ -435,3 +435,12 @@ def test_best_configuration_answers_the_sla_question(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert ("SLA (ttft <= 500 ms, itl <= 30 ms): 90.0% (180 of 200) of the window's requests met it "
             "(replayed 90.0%); p90 TTFT 420 ms, p90 ITL 25 ms.") in report
+
+
+def test_a_custom_planner_is_described_by_its_intervals():
+    from spica_pipeline.report.tables import describe_planner
+
+    cfg = {"planner_scaling_policy": {"enable_throughput_scaling": True}, "enable_throughput_scaling": True,
+           "enable_load_scaling": True, "throughput_adjustment_interval_seconds": 240.0,
+           "load_adjustment_interval_seconds": 5}
+    assert describe_planner(cfg) == "planner custom (throughput every 240 s, load every 5 s)"

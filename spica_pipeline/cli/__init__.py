@@ -2,13 +2,14 @@
 failure ends with one line on stderr, never a traceback, and an exit code that tells the truth (cli/common.py)."""
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from spica_pipeline.cli import calibrate, exchange, sweep, validate
 from spica_pipeline.cli import list as listing
-from spica_pipeline.cli.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED, fail, internal_error
+from spica_pipeline.cli.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, fail, internal_error
 from spica_pipeline.errors import SpicaError
 
 DESCRIPTION = (
@@ -47,6 +48,9 @@ def main(argv: Sequence[str] | None = None, *, evaluator: Any = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `spica validate ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush stays quiet
+        return EXIT_OK
     except SpicaError as err:
         return fail(str(err), err.exit_code)
     except Exception as err:  # a bug in any command: one line, the traceback only with --debug

@@ -15,7 +15,6 @@ profile directory (fidelity/profile.profile_dir). Bad input: one line naming the
 import argparse
 import math
 import shlex
-import sys
 from pathlib import Path
 from typing import Any
 

@@ -9,8 +9,6 @@ the same as one JSON document.
 
 import argparse
 import json
-import os
-import sys
 from typing import Any
 
 from spica_pipeline.cli.common import EXIT_OK
@@ -98,10 +96,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         text = json.dumps(doc, indent=1)
     else:
         text = "\n".join(_text(args.what, rows))
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:  # `spica list models | head`: the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush stays quiet
+    print(text, flush=True)  # a reader that stops early (`| head`) is main's BrokenPipeError
     return EXIT_OK
 
 

@@ -19,6 +19,7 @@ from spica_pipeline.report.accuracy import backend_check, header_line, own_entry
 from spica_pipeline.report.bench_script import bench_script
 from spica_pipeline.report.dgd import GPU_PRODUCT_LABEL, GPU_PRODUCTS, dgd_manifest, manifest_name, validate_manifest
 from spica_pipeline.report.tables import candidate_bands
+from spica_pipeline.space.candidate import PLANNER_FIELDS, PREDICTOR_FIELDS
 from spica_pipeline.space.candidate import Candidate as Deployment
 from spica_pipeline.space.plan import planner_config_for
 from spica_pipeline.space.shapes import SHAPE_KEYS
@@ -31,11 +32,7 @@ OFFLOAD_KEYS = ("kv_bytes_per_token", "offload_batch_size")
 ROUTER_KEYS = ("overlap_score_credit", "prefill_load_scale", "router_temperature", "host_cache_hit_weight",
                "disk_cache_hit_weight", "active_decode_blocks_threshold", "active_prefill_tokens_threshold",
                "active_prefill_tokens_threshold_frac", "no_admission_control")
-PLANNER_KEYS = ("enable_throughput_scaling", "enable_load_scaling", "throughput_adjustment_interval",
-                "load_adjustment_interval", "max_num_fpm_samples", "fpm_sample_bucket_size",
-                "load_scaling_down_sensitivity", "load_min_observations", "load_predictor",
-                "load_predictor_log1p", "prophet_window_size", "kalman_q_level", "kalman_q_trend", "kalman_r",
-                "kalman_min_points")
+PLANNER_KEYS = PLANNER_FIELDS + PREDICTOR_FIELDS  # the flat candidate's planner settings, as space/candidate names them
 LOAD_KEYS = ("concurrency", "kv_load_ratio", "kv_load_concurrency", "kv_capacity_concurrency")
 
 

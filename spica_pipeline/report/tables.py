@@ -112,8 +112,8 @@ def describe_planner(cfg: Mapping[str, Any]) -> str:
     if isinstance(policy, str):
         text = f"planner {policy}"
     else:
-        modes = [f"{m} {cfg[f'{m}_adjustment_interval']}s" for m in ("throughput", "load")
-                 if cfg.get(f"enable_{m}_scaling") and cfg.get(f"{m}_adjustment_interval") is not None]
+        modes = [f"{m} every {cfg[f'{m}_adjustment_interval_seconds']:g} s" for m in ("throughput", "load")
+                 if cfg.get(f"enable_{m}_scaling") and cfg.get(f"{m}_adjustment_interval_seconds") is not None]
         text = f"planner custom ({', '.join(modes) or 'scaling on'})"
     if cfg.get("load_predictor"):
         text += f" (predictor {cfg['load_predictor']})"

@@ -33,7 +33,6 @@ from spica_pipeline.space.model_hw import (
     model_facts,
 )
 from spica_pipeline.space.parallel import (
-    DEFAULT_MEMORY_FRACTION,
     parallel_configs_for,
     resolve_max_seq_len,
     split_disagg_configs,

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spica_pipeline.config.search_space import pin_spelling
-from spica_pipeline.errors import InfeasibleKVCapacity, NoViableParallelConfig, PerfModelError, one_line
+from spica_pipeline.errors import NoViableParallelConfig, PerfModelError, one_line
 from spica_pipeline.space.engine import EngineIdentity
 from spica_pipeline.space.kv import memory_picture
 from spica_pipeline.space.model_hw import latest_backend_version, model_facts
@@ -38,7 +38,6 @@ from spica_pipeline.space.parallel import (
     engine_shapes_at,
     gpu_ladder,
     probe_kv,
-    shape_label,
     config_label,
     topology,
 )
