@@ -209,13 +209,14 @@ def write_deploy_folder(out_dir: Any, c: Candidate, rank: int, *, target: str | 
     paths["record"] = atomic_write_text(d / "simulation_record.yaml", record)
     atomic_write_text(d / "README.md", readme_text(c, rank, description))
     deployment = Deployment.from_dict(c.config, extra="ignore")
+    # the planner times engines as the sweep did (aiconfigurator-core's model); the workers serve `served_model`
+    planner_config = planner_config_for(deployment, planner_target=planner_target or goal_planner_target(target or ""),
+                                        sla=dict(sla) if sla else None)
     served = getattr(options, "served_model", None)
     if served:
         deployment = replace(deployment, model=served)
     paths["bench"] = atomic_write_text(d / "bench.sh", bench_script(c.config, rank, workload, model=deployment.model))
     paths["bench"].chmod(0o755)
-    planner_config = planner_config_for(deployment, planner_target=planner_target or goal_planner_target(target or ""),
-                                        sla=dict(sla) if sla else None)
     doc = dgd_manifest(fleet(deployment, c.metrics.get("fleet_replicas")),
                        name=manifest_name(deployment.model, rank, deployment.deployment_mode),
                        options=options, planner_config=planner_config)
