@@ -95,3 +95,10 @@ def atomic_write_parquet(path: str | os.PathLike, frame: Any) -> Path:
     buf = io.BytesIO()
     frame.to_parquet(buf, index=False)
     return atomic_write_bytes(path, buf.getvalue())
+
+
+def default_cache_dir() -> Path:
+    """Where derived data is cached (timing tables, KV estimates, aiconfigurator-core's database index):
+    `$SPICA_CACHE_DIR`, else ~/.cache/spica-pipeline."""
+    env = os.environ.get("SPICA_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "spica-pipeline"

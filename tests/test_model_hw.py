@@ -84,3 +84,19 @@ def test_available_lists():
 def test_one_line_choices_truncates():
     text = model_hw._one_line_choices("b", [f"n{i}" for i in range(30)], limit=4)
     assert text.endswith("(+26 more)")
+
+
+def test_the_perf_database_index_is_kept_on_disk_and_read_back(monkeypatch, tmp_path):
+    """aiconfigurator-core's database index costs seconds at every command's start: it is cached under
+    $SPICA_CACHE_DIR per installed version, read back equal, and recomputed when the file is unreadable."""
+    monkeypatch.setenv("SPICA_CACHE_DIR", str(tmp_path))
+    model_hw._supported_databases.cache_clear()
+    first = model_hw._supported_databases()
+    (index,) = (tmp_path / "aic-databases").glob("*.json")
+    model_hw._supported_databases.cache_clear()
+    assert model_hw._supported_databases() == first
+    index.write_text("{not json")
+    model_hw._supported_databases.cache_clear()
+    assert model_hw._supported_databases() == first
+    assert model_hw._supported_databases()["h200_sxm"]["vllm"]
+    model_hw._supported_databases.cache_clear()

@@ -40,7 +40,6 @@ from spica_pipeline.evaluate.engine_args import (
     check_context,
 )
 from spica_pipeline.evaluate.evaluator import EvalOutcome, EvalRequest, Evaluator
-from spica_pipeline.evaluate.timing import default_cache_dir
 from spica_pipeline.fidelity import measurement
 from spica_pipeline.fidelity.apply import calibrate
 from spica_pipeline.fidelity.profile import for_client, load_profile, needs_client, uses_fixed_lengths
@@ -49,7 +48,7 @@ from spica_pipeline.space import kv
 from spica_pipeline.space.engine import EngineIdentity, KvCapacity
 from spica_pipeline.space.model_hw import latest_backend_version
 from spica_pipeline.space.parallel import topology
-from spica_pipeline.storage import atomic_write_text
+from spica_pipeline.storage import atomic_write_text, default_cache_dir
 from spica_pipeline.traces import read_mooncake_trace
 
 os.environ.setdefault("DYN_LOG", "warn")  # the KV router logs one INFO line per routing decision

@@ -51,7 +51,7 @@ from spica_pipeline.space import perf_data
 from spica_pipeline.space.engine import EngineIdentity, KvCapacity
 from spica_pipeline.space.kv import estimate_kv
 from spica_pipeline.space.model_hw import model_facts
-from spica_pipeline.storage import atomic_write_bytes, atomic_write_text
+from spica_pipeline.storage import atomic_write_bytes, atomic_write_text, default_cache_dir
 
 FORMAT_VERSION = 2  # 2: precision dtypes in the identity, fidelity note beside each table
 TIME_SCALE = 10.0
@@ -66,11 +66,6 @@ _lock = threading.Lock()
 _timing_memo: dict[str, "TimingTable"] = {}
 _kv_memo: dict[str, "KvCapacity"] = {}
 _models: dict[str, Any] = {}  # identity -> (AIC model, fidelity note)
-
-
-def default_cache_dir() -> Path:
-    env = os.environ.get("SPICA_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "spica-pipeline"
 
 
 def _aic_version() -> str:

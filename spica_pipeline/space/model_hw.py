@@ -30,6 +30,8 @@ from typing import Any
 
 from spica_pipeline.config.precision import CHOICES
 from spica_pipeline.errors import ModelHardwareError, NoPerfDatabase
+from spica_pipeline.jsonvalue import spec_hash
+from spica_pipeline.storage import atomic_write_text, default_cache_dir
 
 # MLA = MoE and not in the GQA-MoE allow-list (informational only).
 _GQA_MOE_ARCHITECTURES = frozenset({"Qwen3MoeForCausalLM"})
@@ -203,11 +205,36 @@ def hardware_facts(hardware_sku: str) -> HardwareFacts:
 
 @lru_cache(maxsize=1)
 def _supported_databases() -> dict[str, dict[str, tuple[str, ...]]]:
+    """{system: {backend: queryable perf-DB versions}}. aiconfigurator-core reads every system's YAML and data
+    folder for it (seconds, at every command's start), so the answer is kept on disk per installed version."""
     from aiconfigurator_core.sdk.perf_database import get_supported_databases
 
+    cache = _database_index_path()
+    try:
+        stored = json.loads(cache.read_text())
+        return {sku: {b: tuple(v) for b, v in backends.items()} for sku, backends in stored.items()}
+    except (OSError, ValueError, AttributeError):
+        pass
     with QuietAIC():
         raw = get_supported_databases()
-    return {sku: {b: tuple(v) for b, v in backends.items() if v} for sku, backends in raw.items()}
+    found = {sku: {b: tuple(v) for b, v in backends.items() if v} for sku, backends in raw.items()}
+    try:
+        atomic_write_text(cache, json.dumps(found, sort_keys=True))
+    except OSError:  # a read-only home still answers, only slower
+        pass
+    return found
+
+
+def _database_index_path() -> Path:
+    """The cached index's file: named by aiconfigurator-core's version and where its systems folder lies and
+    when that folder last changed, so an upgrade or an edited install is read afresh."""
+    from importlib.metadata import version
+
+    from aiconfigurator_core.sdk.perf_database import get_systems_paths
+
+    stamp = [(str(path), Path(path).stat().st_mtime_ns) for path in get_systems_paths() if Path(path).is_dir()]
+    key = spec_hash({"aiconfigurator_core": version("aiconfigurator-core"), "systems": stamp})
+    return default_cache_dir() / "aic-databases" / f"{key}.json"
 
 
 def supported_backends(hardware_sku: str) -> dict[str, list[str]]:
