@@ -262,3 +262,19 @@ def test_a_calibrated_sweep_ranks_on_calibrated_goodput_and_says_so(tmp_path):
     assert "## Accuracy on unseen models (held-out check)" in report and "`replay-v16.json`" in report
     assert "| vllm | 429 |" in report and "| sglang |" not in report
     assert "# held-out check of these numbers: vllm TTFT median error" in (out / "deploy" / "1" / "dgd.yaml").read_text()
+
+
+def test_each_phase_reads_the_system_that_runs_it():
+    """Prefill on H100 and decode on H200: TTFT takes h100_sxm's correction, TPOT h200_sxm's, each as a
+    one-system candidate on that GPU would get it."""
+    packaged, _ = load_profile("auto")
+    assert packaged is not None
+    prof = for_client(packaged, None, "vllm")
+    split = ap.calibrate(REPORT, prof, system={"ttft": "h100_sxm", "tpot": "h200_sxm"}, backend="vllm",
+                         concurrency=16, closed_loop=True)
+    for phase, system in (("ttft", "h100_sxm"), ("tpot", "h200_sxm")):
+        alone = ap.calibrate(REPORT, prof, system=system, backend="vllm", concurrency=16, closed_loop=True)
+        assert split[f"calibration_factor_{phase}"] == alone[f"calibration_factor_{phase}"]
+        assert split[f"calibrated_mean_{phase}_ms"] == alone[f"calibrated_mean_{phase}_ms"]
+    on_h200 = ap.calibrate(REPORT, prof, system="h200_sxm", backend="vllm", concurrency=16, closed_loop=True)
+    assert split["calibration_factor_ttft"] != on_h200["calibration_factor_ttft"]  # the two GPUs' TTFT slices differ

@@ -301,12 +301,13 @@ def _calibrate(report: dict[str, Any], request: EvalRequest, derived: dict[str, 
     if concurrency is None and report.get("request_throughput_rps") and report.get("mean_e2e_latency_ms"):
         # open loop / trace: Little's law gives the mean number of requests in flight
         concurrency = report["request_throughput_rps"] * report["mean_e2e_latency_ms"] / 1000.0
-    engines = {}
+    engines, systems = {}, {}
     for phase, role in (("ttft", "prefill"), ("tpot", "decode")):
         role = "agg" if candidate.deployment_mode == "agg" else role
         engines[phase] = float(concurrency or 1) / max(1, candidate.role(role).replicas)
+        systems[phase] = candidate.role_system(role)  # prefill and decode may run on two GPU types
     widen = 1.5 if derived.get("fidelity_note") else 1.0  # a perf-data fallback was used: less certain
-    report.update(calibrate(report, profile, system=candidate.system, backend=candidate.backend,
+    report.update(calibrate(report, profile, system=systems, backend=candidate.backend,
                             concurrency=engines, extra_widen=widen, closed_loop=closed_loop, per_request=per_request,
                             sla=request.goal.sla_thresholds(), client=client))
 

@@ -87,7 +87,7 @@ def lookup(profile: Mapping[str, Any], system: str, backend: str, phase: str,
             "source": f"fallback:{source}", "overhead_ms": overhead}
 
 
-def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: str, backend: str,
+def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: str | Mapping[str, str], backend: str,
               concurrency: Mapping[str, float] | float | None = None, extra_widen: float = 1.0,
               closed_loop: bool = False, per_request: list[dict[str, Any]] | None = None,
               sla: Mapping[str, float] | None = None,
@@ -95,8 +95,10 @@ def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: 
     """`calibrated_<key>` for every calibrated key present, the goal metrics at calibrated TTFT/TPOT
     (`_calibrated_goal`), `calibration_factor_<phase>` and the `band_<phase>_lo/hi` multipliers.
 
+    system: the GPU system, one name or {"ttft": prefill-side, "tpot": decode-side} when a disagg candidate's
+    roles run on two types: each phase reads the slice of the system that runs it.
     concurrency: per-engine concurrency, one number or {"ttft": prefill-side, "tpot": decode-side} (a disagg
-    candidate's TTFT is prefill-bound and its TPOT decode-bound; both read the (system, backend) slices).
+    candidate's TTFT is prefill-bound and its TPOT decode-bound).
     extra_widen > 1 widens the bands further (e.g. a perf-data fallback was used for this candidate).
     client: the same candidate's benchmark-client replay, mean {"ttft", "tpot"} (ms). A phase the profile fits
     on that replay is calibrated as client value x factor; the phase's factor on this report is then that over
@@ -106,6 +108,7 @@ def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: 
     """
     out: dict[str, Any] = {}
     per_phase = concurrency if isinstance(concurrency, Mapping) else {p: concurrency for p in PHASES}
+    systems = system if isinstance(system, Mapping) else {p: system for p in PHASES}
     looked: dict[str, dict[str, Any]] = {}
     for p in PHASES:
         own = _finite(report.get(f"mean_{p}_ms"))
@@ -113,16 +116,16 @@ def calibrate(report: Mapping[str, Any], profile: Mapping[str, Any], *, system: 
         corrected, base = profile, own  # the profile whose factors (and overhead) apply, and the value they correct
         if replay_basis(profile, p) == "client" and seen is not None and seen > 0 and own is not None and own > 0:
             ratio = seen / own  # the client replay over the report's own mean
-            info = lookup(profile, system, backend, p, per_phase.get(p))
+            info = lookup(profile, systems[p], backend, p, per_phase.get(p))
             info = {**info, "factor": info["factor"] * ratio}
             base = own * ratio
             out[f"client_mean_{p}_ms"] = seen
         elif replay_basis(profile, p) == "client":
             corrected = profile[SWEEP_FALLBACK]
-            info = lookup(corrected, system, backend, p, per_phase.get(p))
+            info = lookup(corrected, systems[p], backend, p, per_phase.get(p))
             info = {**info, "source": f"{SWEEP_FALLBACK}:{info['source']}"}
         else:
-            info = lookup(profile, system, backend, p, per_phase.get(p))
+            info = lookup(profile, systems[p], backend, p, per_phase.get(p))
         overhead = info["overhead_ms"]
         if overhead and base is not None and base > 0:  # factor x replayed -> factor x (replayed + a)
             info = {**info, "factor": info["factor"] * (base + overhead) / base}
