@@ -206,7 +206,7 @@ def hardware_facts(hardware_sku: str) -> HardwareFacts:
 @lru_cache(maxsize=1)
 def _supported_databases() -> dict[str, dict[str, tuple[str, ...]]]:
     """{system: {backend: queryable perf-DB versions}}. aiconfigurator-core reads every system's YAML and data
-    folder for it (seconds, at every command's start), so the answer is kept on disk per installed version."""
+    folder for it (over a second at every command's start), so the answer is kept on disk per installed version."""
     from aiconfigurator_core.sdk.perf_database import get_supported_databases
 
     cache = _database_index_path()
