@@ -40,6 +40,14 @@ def _check_choices(field: str, value: list[Any], allowed: tuple[Any, ...]) -> li
     return value
 
 
+# The atomic list knobs and the choice table each is a subset of (the router's float knobs convert first).
+LIST_CHOICES: dict[str, tuple[Any, ...]] = {
+    "deployment_mode": presets.DEPLOYMENT_MODES, "backend": presets.BACKENDS, "router_mode": presets.ROUTER_MODES,
+    "speculative_method": presets.SPECULATIVE_METHODS, "speculative_num_tokens": presets.SPECULATIVE_TOKENS,
+    **presets.ENGINE_CHOICES,
+}
+
+
 class ShapePin(StrictModel):
     """One pinned engine shape in the canonical keys (`space/shapes.RoleShape`'s fields).
 
@@ -291,35 +299,10 @@ class SearchSpace(StrictModel):
         """One method may be written as a plain string."""
         return [v] if isinstance(v, str) else v
 
-    @field_validator("speculative_method")
+    @field_validator(*LIST_CHOICES)
     @classmethod
-    def _methods(cls, v: list[str]) -> list[str]:
-        return _check_choices("speculative_method", v, presets.SPECULATIVE_METHODS)
-
-    @field_validator("speculative_num_tokens")
-    @classmethod
-    def _draft_tokens(cls, v: list[int]) -> list[int]:
-        return _check_choices("speculative_num_tokens", v, presets.SPECULATIVE_TOKENS)
-
-    @field_validator("deployment_mode")
-    @classmethod
-    def _modes(cls, v: list[str]) -> list[str]:
-        return _check_choices("deployment_mode", v, presets.DEPLOYMENT_MODES)
-
-    @field_validator("backend")
-    @classmethod
-    def _backends(cls, v: list[str]) -> list[str]:
-        return _check_choices("backend", v, presets.BACKENDS)
-
-    @field_validator("router_mode")
-    @classmethod
-    def _router_modes(cls, v: list[str]) -> list[str]:
-        return _check_choices("router_mode", v, presets.ROUTER_MODES)
-
-    @field_validator(*presets.ENGINE_CHOICES)
-    @classmethod
-    def _engine(cls, v: list[int], info: Any) -> list[int]:
-        return _check_choices(info.field_name, v, presets.ENGINE_CHOICES[info.field_name])
+    def _choices(cls, v: list[Any], info: Any) -> list[Any]:
+        return _check_choices(info.field_name, v, LIST_CHOICES[info.field_name])
 
     @field_validator(*presets.ROUTER_CHOICES)
     @classmethod
