@@ -87,7 +87,7 @@ def test_whole_methods_are_left_out_by_architecture():
     rows = [{**r, "sweep": dict(r["ours"]), "window_rule": "benchmark_client", "client_lengths": "spread"}
             for r in _records()]
     result = bc.methods(rows)
-    names = [f"choice per {lv}" for lv in bc.shipped.LEVELS] + [f"uniform {n}" for n in bc.shipped.UNIFORM]
+    names = [f"choice per {lv}" for lv in bc.shipped.LEVELS] + [f"uniform {n}" for n in bc.UNIFORM]
     assert [k for k in result if k != "rows"] == names
     for name in names:
         assert set(result[name]["by_architecture"]) == set(MODELS) and result[name]["score"] > 0

@@ -89,7 +89,7 @@ def test_bands_come_from_the_left_out_residuals():
 
 def test_a_uniform_method_and_the_sweep_fallback():
     rows = rows_for({"a": 2.0, "b": 2.0, "c": 2.0})
-    raw = transfer.fit(rows, fitted="d", source="t", candidates=transfer.UNIFORM["raw"])
+    raw = transfer.fit(rows, fitted="d", source="t", candidates={"ttft": ("raw",), "tpot": ("raw",)})
     assert {e["correction"] for e in raw["slices"].values()} == {"raw"} and raw["method_name"].startswith("uniform")
     p = transfer.fit(rows, fitted="d", source="t")
     assert p[SWEEP_FALLBACK]["replay"] == {"ttft": "sweep", "tpot": "sweep"}

@@ -86,13 +86,6 @@ BANDS = BandMethod("backend")
 # where a correction is chosen (fit_phase_by_transfer's level); the module docstring says why per backend
 LEVELS = ("slice", "backend", "phase")
 CHOICE_LEVEL = "backend"
-# one correction for every entry: the methods the choice replaces, for comparison (replay-v15 and replay-v14
-# chose these on other grounds; raw is the uncorrected client replay)
-UNIFORM: dict[str, dict[str, tuple[str, ...]]] = {
-    "v15": {"ttft": ("factor+load",), "tpot": ("overhead",)},
-    "v14": {"ttft": ("factor+load",), "tpot": ("raw",)},
-    "raw": {"ttft": ("raw",), "tpot": ("raw",)},
-}
 
 Held = tuple[dict[str, Any], float]  # (residual row, calibrated residual ln(silicon / corrected))
 
