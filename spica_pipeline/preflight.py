@@ -152,17 +152,11 @@ def resolve_names(config: SmartSearchConfig) -> tuple[SmartSearchConfig, list[st
         return config, []
     space = space.model_copy(update={"model_name": model.name, "hardware_sku": hardware.name, **update})
     deploy = config.deploy
-    if deploy.served_model is None and model.name != model.given and _is_hub_id(model.given):
+    if deploy.served_model is None and model.served is not None:
         # the sweep times the shipped config of the same shape; the manifest serves the checkpoint asked for
-        deploy = deploy.model_copy(update={"served_model": model.given})
-        renamed.append(f"deploy.served_model {model.given} (dgd.yaml and bench.sh serve the checkpoint as named)")
+        deploy = deploy.model_copy(update={"served_model": model.served})
+        renamed.append(f"deploy.served_model {model.served} (dgd.yaml and bench.sh serve the checkpoint as named)")
     return config.model_copy(update={"search_space": space, "deploy": deploy}), renamed
-
-
-def _is_hub_id(name: str) -> bool:
-    """`org/name` as the Hugging Face Hub spells a model, and not a local path."""
-    parts = name.split("/")
-    return len(parts) == 2 and all(parts) and not Path(name).expanduser().exists()
 
 
 def _resolve_gpu_types(space: SearchSpace) -> tuple[dict[str, Any], list[str]]:

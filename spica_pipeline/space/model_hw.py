@@ -311,6 +311,8 @@ class ResolvedName:
     given: str
     name: str
     how: str | None = None
+    # the checkpoint a deployment serves when it is not `name`: a Hugging Face id timed by a shipped config's shape
+    served: str | None = None
 
     def note(self, what: str) -> str | None:
         """`model X -> Y (how)`, or None when the name is used as written."""
@@ -418,7 +420,8 @@ def resolve_model(given: str) -> ResolvedName:
     key = _model_key(given)
     matches = (SAME_SHAPE[key],) if key in SAME_SHAPE else _models_by_key().get(key, ())
     if len(matches) == 1:
-        return ResolvedName(given, matches[0], "aiconfigurator-core's shipped config of the same shape")
+        hub_id = given.strip() if "/" in given else None  # org/name; an alias has no checkpoint of its own
+        return ResolvedName(given, matches[0], "aiconfigurator-core's shipped config of the same shape", hub_id)
     if matches:
         raise ModelHardwareError(f"search_space.model_name {given!r} may be any of {', '.join(matches)}; "
                                  "name one of them")
